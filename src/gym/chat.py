@@ -1,0 +1,127 @@
+"""`ChatModel`: load what Gym trained and talk to it with the template it was trained with.
+
+The model comes from `model_name_or_path` plus `adapter_name_or_path`; a training config whose
+`output_dir` holds a finished run is also enough (its adapter or model is picked up). The chat
+template and generation defaults are read from the `gym_config.yaml` saved with the output, so a
+model never answers in a format it was not trained on. Keys given explicitly always win.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from threading import Thread
+from typing import Any
+
+import torch
+import yaml
+
+from gym.config.parser import get_train_args, load_config_file
+from gym.data.templates import get_chat_format
+from gym.errors import ModelError
+from gym.models.loader import load_causal_lm, load_tokenizer, resolve_model_path
+from gym.train.outputs import CONFIG_FILE, MANIFEST_FILE
+
+logger = logging.getLogger(__name__)
+
+# Keys a saved training config passes on to inference, unless the user sets them.
+_INHERITED = ("template", "default_system", "enable_thinking", "do_sample", "temperature", "top_p", "top_k",
+              "max_new_tokens", "repetition_penalty")
+
+
+def _finished_output(config: dict[str, Any]) -> Path | None:
+    out = config.get("output_dir")
+    if out and not config.get("adapter_name_or_path") and (Path(out) / MANIFEST_FILE).is_file():
+        return Path(out)
+    return None
+
+
+def resolve_inference_config(config: dict[str, Any] | str | os.PathLike | None) -> dict[str, Any]:
+    """A user config -> the complete inference config: which model, adapters, template and decoding."""
+    if config is None:
+        config = {}
+    elif not isinstance(config, dict):
+        config = load_config_file(config)
+    config = dict(config)
+    trained = _finished_output(config)
+    if trained is not None:
+        manifest = yaml.safe_load((trained / MANIFEST_FILE).read_text())
+        if manifest.get("what") == "lora-adapter":
+            config["adapter_name_or_path"] = str(trained)
+        else:
+            config["model_name_or_path"] = str(trained)
+        logger.info("Using the trained model in %s", trained)
+    # Settings saved by training (with the first adapter) fill in what the user left unset.
+    first_adapter = (config.get("adapter_name_or_path") or "").split(",")[0].strip()
+    saved_dir = Path(first_adapter) if first_adapter else Path(str(config.get("model_name_or_path") or ""))
+    saved = saved_dir / CONFIG_FILE if str(saved_dir) else None
+    if saved is not None and saved.is_file():
+        saved_config = yaml.safe_load(saved.read_text()) or {}
+        for key in _INHERITED:
+            if key not in config and key in saved_config:
+                config[key] = saved_config[key]
+        if first_adapter and "model_name_or_path" not in config:
+            config["model_name_or_path"] = saved_config.get("model_name_or_path")
+    return config
+
+
+class ChatModel:
+    """Python entry point: `ChatModel(config).chat(messages)` / `.stream_chat(messages)`."""
+
+    def __init__(self, config: dict[str, Any] | str | os.PathLike | None = None) -> None:
+        from peft import PeftModel
+
+        resolved = resolve_inference_config(config)
+        args = get_train_args({k: v for k, v in resolved.items() if k not in ("output_dir",)})
+        self.model_args, self.data_args, self.generating_args = args.model, args.data, args.generating
+        model_path = resolve_model_path(self.model_args.model_name_or_path)
+        self.tokenizer = load_tokenizer(model_path, self.model_args)
+        self.model = load_causal_lm(model_path, self.model_args, dtype=self._dtype())
+        for adapter in [a.strip() for a in (self.model_args.adapter_name_or_path or "").split(",") if a.strip()]:
+            if not (Path(adapter) / "adapter_config.json").is_file():
+                raise ModelError(f"{adapter} is not a LoRA adapter folder (no adapter_config.json).")
+            self.model = PeftModel.from_pretrained(self.model, adapter).merge_and_unload()
+        self.model.eval()
+        self.chat_format = get_chat_format(self.tokenizer, self.data_args.template, self.data_args.default_system,
+                                           self.data_args.enable_thinking)
+
+    def _dtype(self) -> torch.dtype:
+        choice = self.model_args.infer_dtype
+        if choice != "auto":
+            return getattr(torch, choice)
+        if torch.cuda.is_available():
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        # On CPU, bf16 matmuls can be fast but the many small ops of decoding are not: keep float32.
+        return torch.float32
+
+    def render(self, messages: list[dict[str, str]], system: str | None = None) -> list[int]:
+        """Token ids of the prompt exactly as the model sees it."""
+        text = self.chat_format.render_prompt(messages, system)
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def _generate_kwargs(self, overrides: dict[str, Any]) -> dict[str, Any]:
+        kwargs = self.generating_args.to_generate_kwargs()
+        kwargs.update({k: v for k, v in overrides.items() if v is not None})
+        if not kwargs.get("do_sample", True):
+            for key in ("temperature", "top_p", "top_k"):
+                kwargs.pop(key, None)
+        kwargs["eos_token_id"] = self.chat_format.stop_token_ids()
+        kwargs["pad_token_id"] = self.tokenizer.pad_token_id
+        return kwargs
+
+    def stream_chat(self, messages: list[dict[str, str]], system: str | None = None, **overrides: Any) -> Iterator[str]:
+        from transformers import TextIteratorStreamer
+
+        ids = torch.tensor([self.render(messages, system)], device=self.model.device)
+        streamer = TextIteratorStreamer(self.tokenizer, skip_prompt=True, skip_special_tokens=True)
+        kwargs = self._generate_kwargs(overrides)
+        worker = Thread(target=self.model.generate,
+                        kwargs=dict(input_ids=ids, attention_mask=torch.ones_like(ids), streamer=streamer, **kwargs))
+        worker.start()
+        yield from streamer
+        worker.join()
+
+    def chat(self, messages: list[dict[str, str]], system: str | None = None, **overrides: Any) -> str:
+        return "".join(self.stream_chat(messages, system, **overrides))

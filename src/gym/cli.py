@@ -1,0 +1,206 @@
+"""`gym <verb>`: parse argv, call one function per verb, turn GymError into exit status 2."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Callable
+
+from gym.errors import GymError
+
+USAGE = """usage: gym <command> [options]
+
+commands:
+  train CONFIG [key=value ...] [--key value ...]   fine-tune (see `gym train --help` for every key)
+  chat [CONFIG] [--key value ...] [--prompt TEXT]  talk to a model; --prompt answers once and exits
+  env                                              versions of Python, torch and the HF stack, and the device
+  version                                          Gym's version
+
+add --debug to any command to see tracebacks."""
+
+
+def _setup_logging(debug: bool) -> None:
+    logging.basicConfig(level=logging.DEBUG if debug else logging.INFO, format="[gym] %(message)s")
+    for noisy in ("transformers", "peft", "datasets", "accelerate", "httpx", "filelock", "urllib3", "matplotlib"):
+        logging.getLogger(noisy).setLevel(logging.DEBUG if debug else logging.WARNING)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if not debug:
+        import warnings
+
+        import transformers
+
+        # Deprecation notices from inside the libraries are for us, not for users.
+        warnings.filterwarnings("ignore", category=FutureWarning)
+
+        transformers.utils.logging.set_verbosity_error()
+        transformers.utils.logging.disable_progress_bar()
+
+
+def train_help() -> str:
+    import dataclasses
+
+    from gym.config.parser import ALIASES, CONCERNS, _fields, _method_option_classes, _type_name
+
+    lines = ["usage: gym train CONFIG.yaml [key=value ...] [--key value ...]", ""]
+    sections = list(CONCERNS.items()) + [(f"{name} options", cls) for name, cls in _method_option_classes().items()]
+    for title, cls in sections:
+        lines.append(f"{title}:")
+        for name, (tp, f) in _fields(cls).items():
+            default = f.default if f.default is not dataclasses.MISSING else (
+                f.default_factory() if f.default_factory is not dataclasses.MISSING else None)  # type: ignore[misc]
+            if hasattr(default, "value"):
+                default = default.value
+            text = " ".join(str(f.metadata.get("help", "")).split())
+            lines.append(f"  {name} ({_type_name(tp)}, default {default!r})\n      {text}")
+        lines.append("")
+    lines.append("aliases: " + ", ".join(f"{k} -> {v}" for k, v in ALIASES.items()))
+    return "\n".join(lines)
+
+
+def cmd_train(argv: list[str]) -> int:
+    if "--help" in argv or "-h" in argv:
+        print(train_help())
+        return 0
+    if not argv:
+        raise GymError("gym train needs a config: `gym train examples/quickstart.yaml` (see `gym train --help`).")
+    from gym.config.parser import get_train_args, parse_cli_args
+    from gym.train.run import run_exp
+
+    args = get_train_args(parse_cli_args(argv))
+    result = run_exp(args)
+    print(result.summary())
+    return 0
+
+
+def cmd_chat(argv: list[str]) -> int:
+    prompt = None
+    if "--prompt" in argv:
+        i = argv.index("--prompt")
+        if i + 1 >= len(argv):
+            raise GymError("--prompt needs a text: gym chat CONFIG --prompt \"Hello\"")
+        prompt = argv[i + 1]
+        argv = argv[:i] + argv[i + 2 :]
+    from gym.chat import ChatModel
+    from gym.config.parser import parse_cli_args
+
+    model = ChatModel(parse_cli_args(argv))
+    if prompt is not None:
+        print(f"User: {prompt}\nAssistant: ", end="", flush=True)
+        for piece in model.stream_chat([{"role": "user", "content": prompt}]):
+            print(piece, end="", flush=True)
+        print()
+        return 0
+    return _interactive(model)
+
+
+def _interactive(model) -> int:  # noqa: ANN001 - ChatModel, imported lazily
+    print("Chat with the model. /clear resets the history, /system <text> sets the system prompt, /exit quits.")
+    history: list[dict[str, str]] = []
+    system = None
+    while True:
+        try:
+            line = input("\nUser: ").strip()
+        except (EOFError, KeyboardInterrupt):
+            print()
+            return 0
+        if not line:
+            continue
+        if line == "/exit":
+            return 0
+        if line == "/clear":
+            history = []
+            print("History cleared.")
+            continue
+        if line.startswith("/system"):
+            system = line[len("/system") :].strip() or None
+            history = []
+            print(f"System prompt {'set' if system else 'cleared'}; history cleared.")
+            continue
+        history.append({"role": "user", "content": line})
+        print("Assistant: ", end="", flush=True)
+        answer = ""
+        for piece in model.stream_chat(history, system):
+            print(piece, end="", flush=True)
+            answer += piece
+        print()
+        history.append({"role": "assistant", "content": answer})
+
+
+def cmd_env(argv: list[str]) -> int:
+    import platform
+
+    import torch
+
+    print(f"gym          {_version()}")
+    print(f"python       {platform.python_version()}")
+    print(f"platform     {platform.platform()}")
+    print(f"torch        {torch.__version__}")
+    from importlib.metadata import PackageNotFoundError, version
+
+    for name in ("transformers", "peft", "trl", "accelerate", "datasets", "safetensors", "gguf"):
+        try:
+            print(f"{name:<12} {version(name)}")
+        except PackageNotFoundError:
+            print(f"{name:<12} not installed")
+    if torch.cuda.is_available():
+        device = f"cuda: {torch.cuda.get_device_name(0)} x{torch.cuda.device_count()}"
+    else:
+        from gym.train.resources import cpu_supports_bf16
+
+        device = f"cpu ({os.cpu_count()} cores, bf16 instructions: {'yes' if cpu_supports_bf16() else 'no'})"
+    print(f"device       {device}")
+    return 0
+
+
+def _version() -> str:
+    from gym import __version__
+
+    return __version__
+
+
+def cmd_version(argv: list[str]) -> int:
+    print(_version())
+    return 0
+
+
+COMMANDS: dict[str, Callable[[list[str]], int]] = {
+    "train": cmd_train,
+    "chat": cmd_chat,
+    "env": cmd_env,
+    "version": cmd_version,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv
+    argv = [a for a in argv if a != "--debug"]
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(USAGE)
+        return 0
+    command, rest = argv[0], argv[1:]
+    if command in ("--version", "-V"):
+        command = "version"
+    if command not in COMMANDS:
+        import difflib
+
+        close = difflib.get_close_matches(command, list(COMMANDS), n=1)
+        hint = f" Did you mean '{close[0]}'?" if close else ""
+        print(f"gym: error: unknown command '{command}'.{hint}\n\n{USAGE}", file=sys.stderr)
+        return 2
+    _setup_logging(debug)
+    try:
+        return COMMANDS[command](rest)
+    except GymError as exc:
+        if debug:
+            raise
+        print(f"gym: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("\ngym: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,58 @@
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class DataArguments:
+    """Which data to train on, and how it becomes token ids."""
+
+    template: str | None = field(
+        default=None,
+        metadata={"help": "Chat template: the tokenizer's own when unset, or a named one "
+                  "(chatml, qwen3, llama3, mistral, gemma, default, ...)."},
+    )
+    dataset: str | None = field(
+        default=None,
+        metadata={"help": "Comma-separated dataset names from dataset_info.json, file paths, or hub ids."},
+    )
+    dataset_dir: str = field(default="data", metadata={"help": "Folder holding dataset_info.json and data files."})
+    eval_dataset: str | None = field(default=None, metadata={"help": "Comma-separated evaluation datasets."})
+    cutoff_len: int = field(default=2048, metadata={"help": "Maximum tokens per example; longer ones are truncated."})
+    max_samples: int | None = field(default=None, metadata={"help": "Keep at most this many rows per dataset."})
+    val_size: float = field(
+        default=0.0,
+        metadata={"help": "Hold out this share (<1) or this many rows (>=1) of the training data for evaluation."},
+    )
+    packing: bool | None = field(
+        default=None,
+        metadata={"help": "Pack several examples into one row of cutoff_len tokens, with no attention across "
+                  "them. Default: on for pt, off for sft."},
+    )
+    neat_packing: bool = field(
+        default=False,
+        metadata={"help": "LLaMA-Factory's name for packing without cross-attention; Gym's packing always "
+                  "isolates samples, so this just turns packing on."},
+    )
+    train_on_prompt: bool = field(default=False, metadata={"help": "Also compute the loss on prompt tokens."})
+    mask_history: bool = field(
+        default=False, metadata={"help": "Train only on the last assistant turn of multi-turn conversations."}
+    )
+    default_system: str | None = field(
+        default=None, metadata={"help": "System prompt used when a row has none."}
+    )
+    enable_thinking: bool = field(
+        default=True,
+        metadata={"help": "For thinking templates (qwen3): keep the <think> block; false inserts an empty one."},
+    )
+    preprocessing_num_workers: int | None = field(
+        default=None, metadata={"help": "Processes used to tokenize the dataset."}
+    )
+    overwrite_cache: bool = field(
+        default=False,
+        metadata={"help": "Accepted for LLaMA-Factory configs. Gym keeps no tokenized cache, so data is always "
+                  "re-tokenized and this has no effect."},
+    )
+    seed_shuffle_datasets: bool = field(
+        default=False, metadata={"help": "Shuffle rows (with the training seed) before max_samples is applied."}
+    )

@@ -1,0 +1,55 @@
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+
+@dataclass
+class FinetuningArguments:
+    """What to train (stage) and which parameters move (finetuning type)."""
+
+    stage: str = field(default="sft", metadata={"help": "Training method: pt or sft."})
+    finetuning_type: Literal["lora", "freeze", "full"] = field(
+        default="lora", metadata={"help": "lora (adapters), freeze (last layers only) or full."}
+    )
+    # LoRA and its variants (all through peft).
+    lora_rank: int = field(default=8, metadata={"help": "LoRA rank r."})
+    lora_alpha: int | None = field(default=None, metadata={"help": "LoRA scaling alpha. Default: 2 x lora_rank."})
+    lora_dropout: float = field(default=0.0, metadata={"help": "Dropout on the LoRA input."})
+    lora_target: str = field(
+        default="all",
+        metadata={"help": "Comma-separated module names for LoRA, or 'all' for every linear layer but the head."},
+    )
+    additional_target: str | None = field(
+        default=None,
+        metadata={"help": "Comma-separated modules trained in full and saved with the adapter (e.g. embed_tokens)."},
+    )
+    use_rslora: bool = field(default=False, metadata={"help": "Rank-stabilised LoRA (scale alpha/sqrt(r))."})
+    use_dora: bool = field(default=False, metadata={"help": "Weight-decomposed LoRA (DoRA)."})
+    pissa_init: bool = field(default=False, metadata={"help": "Initialise LoRA from principal singular vectors."})
+    pissa_iter: int = field(
+        default=16, metadata={"help": "Fast-SVD iterations for PiSSA; -1 uses a full SVD."}
+    )
+    loraplus_lr_ratio: float | None = field(
+        default=None, metadata={"help": "LoRA+: learning rate of B = ratio x learning rate of A."}
+    )
+    loraplus_lr_embedding: float = field(default=1e-6, metadata={"help": "LoRA+ learning rate for embedding adapters."})
+    # Freeze tuning.
+    freeze_trainable_layers: int = field(
+        default=2,
+        metadata={"help": "Number of trainable layers: positive = the last n, negative = the first n."},
+    )
+    freeze_trainable_modules: str = field(
+        default="all", metadata={"help": "Comma-separated module names trained inside those layers, or 'all'."}
+    )
+    freeze_extra_modules: str | None = field(
+        default=None, metadata={"help": "Comma-separated modules outside the layers to train too (e.g. embed_tokens)."}
+    )
+    # Outputs.
+    plot_loss: bool = field(default=False, metadata={"help": "Save training_loss.png in the output folder."})
+    overwrite_output_dir: bool = field(
+        default=False,
+        metadata={"help": "Allow writing over a finished model in output_dir (otherwise that is an error)."},
+    )
+    # Filled by the parser with the chosen method's own options dataclass (not a config key).
+    method_options: Any = field(default=None, init=False, repr=False)

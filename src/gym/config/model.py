@@ -1,0 +1,33 @@
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+
+@dataclass
+class ModelArguments:
+    """Which model to load, and how."""
+
+    model_name_or_path: str | None = field(
+        default=None,
+        metadata={"help": "Short name (smollm2-135m, zen-nano, ...), hub id, local folder or .gguf file. "
+                  "Default: the embedded SmolLM2-135M-Instruct."},
+    )
+    adapter_name_or_path: str | None = field(
+        default=None,
+        metadata={"help": "Comma-separated LoRA adapter folders to load on top of the model."},
+    )
+    cache_dir: str | None = field(default=None, metadata={"help": "Where hub downloads are cached."})
+    model_revision: str = field(default="main", metadata={"help": "Hub branch, tag or commit."})
+    hf_hub_token: str | None = field(default=None, metadata={"help": "Token for private hub models."})
+    trust_remote_code: bool = field(
+        default=False, metadata={"help": "Allow model code from the hub (only for models you trust)."}
+    )
+    flash_attn: Literal["auto", "disabled", "sdpa", "fa2"] = field(
+        default="auto",
+        metadata={"help": "Attention kernel: auto (sdpa), disabled (eager), sdpa, or fa2 (flash-attn, GPU only)."},
+    )
+    infer_dtype: Literal["auto", "float32", "float16", "bfloat16"] = field(
+        default="auto",
+        metadata={"help": "Weights dtype for inference; auto follows bf16/fp16 flags, else float32."},
+    )

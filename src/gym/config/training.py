@@ -1,0 +1,37 @@
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from transformers import TrainingArguments as HFTrainingArguments
+
+
+@dataclass
+class TrainingArguments(HFTrainingArguments):
+    """Every Hugging Face `TrainingArguments` field, with the defaults Gym changes:
+
+    - `output_dir`: unset means `saves/<model>/<finetuning_type>/<stage>`.
+    - `logging_steps`: 1, so `trainer_log.jsonl` and the loss plot see every step (logging is cheap;
+      Gym's progress bar does not print a line per log).
+    - `gradient_checkpointing`: unset means "auto": on only when the estimated activations would not
+      fit in free memory, because recomputing them costs about a third more compute.
+    """
+
+    output_dir: str | None = field(
+        default=None, metadata={"help": "Where checkpoints and the final model go (default: saves/<model>/<type>/<stage>)."}
+    )
+    logging_steps: float = field(default=1, metadata={"help": "Log (loss, lr, tokens/s) every n steps."})
+    gradient_checkpointing: bool | None = field(
+        default=None,
+        metadata={"help": "Recompute activations in the backward pass to save memory. Unset = auto: only when "
+                  "the activations would not fit."},
+    )
+    resume_from_checkpoint: bool | str | None = field(
+        default=None,
+        metadata={"help": "true = resume from the last complete checkpoint in output_dir; or a checkpoint path."},
+    )
+    remove_unused_columns: bool = field(
+        default=False, metadata={"help": "Kept off: Gym's collator already builds only what the model takes."}
+    )
+    disable_tqdm: bool = field(
+        default=False, metadata={"help": "Turn off the progress bar (then each log is printed as a line)."}
+    )

@@ -1,0 +1,126 @@
+"""alpaca / sharegpt / openai rows -> one internal form, `Example`.
+
+Every check names the file, the row and the field, because a user with a 50,000-row file needs to
+find the one bad row. Which fields are required depends on the data kind the method asks for:
+`unsupervised` (pt) needs text, `supervised` (sft) needs at least one assistant answer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from gym.data.readers import RowSource
+from gym.data.registry import DatasetAttr
+from gym.errors import DataError
+
+USER, ASSISTANT, OBSERVATION, FUNCTION = "user", "assistant", "observation", "function"
+
+
+@dataclass
+class Example:
+    """One conversation: alternating user/assistant messages, plus what some methods add."""
+
+    source: str
+    messages: list[dict[str, str]] = field(default_factory=list)
+    system: str | None = None
+    tools: str | None = None
+
+
+def _fail(source: RowSource, field_name: str, problem: str) -> DataError:
+    return DataError(f"{source}: field '{field_name}' {problem}")
+
+
+def _string(source: RowSource, row: dict, column: str, *, required: bool) -> str | None:
+    if column not in row or row[column] is None:
+        if required:
+            raise _fail(source, column, "is missing.")
+        return None
+    value = row[column]
+    if not isinstance(value, str):
+        raise _fail(source, column, f"must be a string, got {type(value).__name__} {str(value)[:40]!r}.")
+    if required and not value.strip():
+        raise _fail(source, column, "is empty.")
+    return value
+
+
+def convert_row(attr: DatasetAttr, source: RowSource, row: Any, kind: str) -> Example:
+    if not isinstance(row, dict):
+        raise DataError(f"{source}: expected an object with named fields, got {type(row).__name__}.")
+    if attr.formatting == "alpaca":
+        return _convert_alpaca(attr, source, row, kind)
+    return _convert_sharegpt(attr, source, row, kind)
+
+
+def _convert_alpaca(attr: DatasetAttr, source: RowSource, row: dict, kind: str) -> Example:
+    prompt_col, query_col, response_col = attr.column("prompt"), attr.column("query"), attr.column("response")
+    prompt = _string(source, row, prompt_col, required=True) if prompt_col else None
+    query = _string(source, row, query_col, required=False) if query_col else None
+    user_text = "\n".join(part for part in (prompt, query) if part)
+    messages: list[dict[str, str]] = []
+    history_col = attr.column("history")
+    if history_col and row.get(history_col):
+        history = row[history_col]
+        if not isinstance(history, list):
+            raise _fail(source, history_col, "must be a list of [instruction, response] pairs.")
+        for turn_no, pair in enumerate(history):
+            if not (isinstance(pair, (list, tuple)) and len(pair) == 2 and all(isinstance(p, str) for p in pair)):
+                raise _fail(source, f"{history_col}[{turn_no}]", "must be a pair of strings [instruction, response].")
+            messages += [{"role": USER, "content": pair[0]}, {"role": ASSISTANT, "content": pair[1]}]
+    messages.append({"role": USER, "content": user_text})
+    response_required = kind == "supervised"
+    response = _string(source, row, response_col, required=response_required) if response_col else None
+    if response_required and response_col is None:
+        raise DataError(f"{source}: dataset '{attr.name}' maps no 'response' column, which sft needs.")
+    if response is not None:
+        messages.append({"role": ASSISTANT, "content": response})
+    system_col = attr.column("system")
+    system = _string(source, row, system_col, required=False) if system_col else None
+    return Example(source=str(source), messages=messages, system=system)
+
+
+def _convert_sharegpt(attr: DatasetAttr, source: RowSource, row: dict, kind: str) -> Example:
+    column = attr.column("messages")
+    if column not in row:
+        raise _fail(source, column, "is missing.")
+    raw = row[column]
+    if not isinstance(raw, list) or not raw:
+        raise _fail(source, column, "must be a non-empty list of messages.")
+    role_tag, content_tag = attr.tag("role_tag"), attr.tag("content_tag")
+    roles = {
+        attr.tag("user_tag"): USER, attr.tag("assistant_tag"): ASSISTANT,
+        attr.tag("observation_tag"): OBSERVATION, attr.tag("function_tag"): FUNCTION,
+    }
+    system_col = attr.column("system")
+    system = _string(source, row, system_col, required=False) if system_col else None
+    messages: list[dict[str, str]] = []
+    for i, message in enumerate(raw):
+        where = f"{column}[{i}]"
+        if not isinstance(message, dict):
+            raise _fail(source, where, "must be an object with role and content.")
+        role = message.get(role_tag)
+        content = message.get(content_tag)
+        if role == attr.tag("system_tag") and i == 0:
+            if not isinstance(content, str):
+                raise _fail(source, f"{where}.{content_tag}", "must be a string.")
+            system = content
+            continue
+        if role not in roles:
+            expected = ", ".join(repr(r) for r in roles)
+            raise _fail(source, f"{where}.{role_tag}", f"has unknown role {role!r}; expected one of {expected}.")
+        if not isinstance(content, str):
+            raise _fail(source, f"{where}.{content_tag}", f"must be a string, got {type(content).__name__}.")
+        expect_prompt = len(messages) % 2 == 0
+        if expect_prompt != (roles[role] in (USER, OBSERVATION)):
+            want = "user/observation" if expect_prompt else "assistant/function"
+            raise _fail(source, f"{where}.{role_tag}", f"is {role!r} but turns must alternate; expected {want} here.")
+        messages.append({"role": roles[role], "content": content})
+    if kind == "supervised" and (not messages or messages[-1]["role"] not in (ASSISTANT, FUNCTION)):
+        raise _fail(source, column, "must end with an assistant message for sft.")
+    tools_col = attr.column("tools")
+    tools = row.get(tools_col) if tools_col else None
+    if tools is not None and not isinstance(tools, str):
+        import json
+
+        tools = json.dumps(tools, ensure_ascii=False)
+    return Example(source=str(source), messages=messages, system=system, tools=tools)

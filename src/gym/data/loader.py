@@ -1,0 +1,129 @@
+"""The data pipeline: dataset names -> validated examples -> token ids -> (packed) train/eval sets."""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+from gym.config.data import DataArguments
+from gym.data.formats import Example, convert_row
+from gym.data.packing import pack
+from gym.data.processors import encode_supervised, encode_unsupervised
+from gym.data.readers import RowSource, read_rows
+from gym.data.registry import DatasetAttr, get_dataset_attrs
+from gym.data.templates import ChatFormat
+from gym.errors import DataError
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class TokenizedData:
+    train: list[dict[str, list[int]]]
+    eval: list[dict[str, list[int]]] | None
+    stats: dict[str, Any] = field(default_factory=dict)
+
+
+def _hub_rows(attr: DatasetAttr) -> Iterator[tuple[RowSource, Any]]:
+    import datasets
+
+    try:
+        data = datasets.load_dataset(attr.path, name=attr.subset, split=attr.split)
+    except Exception as exc:  # datasets raises many types for missing/offline datasets
+        raise DataError(
+            f"Could not load hub dataset '{attr.path}' (split {attr.split}): {exc}. Offline? Download it once with "
+            "network, or point `dataset:` at a local file."
+        ) from None
+    for i, row in enumerate(data, start=1):
+        yield RowSource(attr.path, i), row
+
+
+def load_examples(attr: DatasetAttr, kind: str, max_samples: int | None = None) -> list[Example]:
+    rows = _hub_rows(attr) if attr.load_from == "hub" else read_rows(attr.path)
+    limit = min(x for x in (attr.num_samples, max_samples) if x) if (attr.num_samples or max_samples) else None
+    examples = []
+    for source, row in rows:
+        if limit is not None and len(examples) >= limit:
+            break
+        examples.append(convert_row(attr, source, row, kind))
+    if not examples:
+        raise DataError(f"Dataset '{attr.name}' ({attr.path}) has no rows.")
+    return examples
+
+
+def _encode_all(examples: list[Example], chat: ChatFormat, data_args: DataArguments, kind: str):
+    if kind == "unsupervised":
+        encoded = []
+        for ex in examples:
+            encoded += encode_unsupervised(ex, chat, data_args.cutoff_len)
+        return encoded, 0
+    encode = partial(encode_supervised, chat=chat, cutoff_len=data_args.cutoff_len,
+                     train_on_prompt=data_args.train_on_prompt, mask_history=data_args.mask_history)
+    workers = data_args.preprocessing_num_workers or 1
+    if workers > 1 and len(examples) >= 2000:
+        import multiprocessing
+
+        with multiprocessing.get_context("fork").Pool(workers) as pool:
+            results = pool.map(encode, examples, chunksize=256)
+    else:
+        results = [encode(ex) for ex in examples]
+    kept = [r for r in results if r is not None]
+    return kept, len(results) - len(kept)
+
+
+def _collect(names: str | None, data_args: DataArguments, kind: str, seed: int) -> list[Example]:
+    examples: list[Example] = []
+    for attr in get_dataset_attrs(names, data_args.dataset_dir):
+        loaded = load_examples(attr, kind, None if data_args.seed_shuffle_datasets else data_args.max_samples)
+        if data_args.seed_shuffle_datasets:
+            random.Random(seed).shuffle(loaded)
+            loaded = loaded[: data_args.max_samples] if data_args.max_samples else loaded
+        logger.info("Dataset %s: %d rows", attr.name, len(loaded))
+        examples += loaded
+    return examples
+
+
+def get_dataset(data_args: DataArguments, chat: ChatFormat, kind: str, seed: int = 42,
+                packing: bool = False) -> TokenizedData:
+    """Load, validate, tokenize, split and (optionally) pack. `kind`: unsupervised or supervised."""
+    if not data_args.dataset:
+        raise DataError("No training data: set `dataset:` to a name from dataset_info.json or a file path.")
+    train_examples = _collect(data_args.dataset, data_args, kind, seed)
+    train, dropped = _encode_all(train_examples, chat, data_args, kind)
+    if not train:
+        raise DataError(
+            f"No training examples left: all {len(train_examples)} rows were dropped because their answers start "
+            f"beyond cutoff_len={data_args.cutoff_len} tokens. Raise cutoff_len or shorten the prompts."
+        )
+    if dropped:
+        logger.warning("Dropped %d of %d examples with no answer tokens within cutoff_len=%d.",
+                       dropped, len(train_examples), data_args.cutoff_len)
+    evaluation = None
+    if data_args.eval_dataset:
+        evaluation, _ = _encode_all(_collect(data_args.eval_dataset, data_args, kind, seed), chat, data_args, kind)
+    elif data_args.val_size:
+        order = list(range(len(train)))
+        random.Random(seed).shuffle(order)
+        n_eval = int(data_args.val_size) if data_args.val_size >= 1 else max(1, round(len(train) * data_args.val_size))
+        if n_eval >= len(train):
+            raise DataError(f"val_size={data_args.val_size} leaves no training rows out of {len(train)}.")
+        held = set(order[:n_eval])
+        evaluation = [train[i] for i in sorted(held)]
+        train = [train[i] for i in range(len(train)) if i not in held]
+    stats = {
+        "rows": len(train_examples),
+        "dropped": dropped,
+        "examples": len(train),
+        "tokens": sum(len(e["input_ids"]) for e in train),
+        "supervised_tokens": sum(sum(1 for x in e["labels"] if x != -100) for e in train),
+    }
+    if packing:
+        train = pack(train, data_args.cutoff_len)
+        if evaluation:
+            evaluation = pack(evaluation, data_args.cutoff_len)
+        stats["packed_rows"] = len(train)
+    return TokenizedData(train=train, eval=evaluation, stats=stats)

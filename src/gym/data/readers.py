@@ -1,0 +1,100 @@
+"""Read rows from json / jsonl / csv / parquet files, keeping each row's position for error messages."""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gym.errors import DataError
+
+EXTENSIONS = (".json", ".jsonl", ".csv", ".parquet")
+
+
+@dataclass(frozen=True)
+class RowSource:
+    """Where a row came from: `file.jsonl, line 12` or `file.json, row 3`."""
+
+    file: str
+    index: int  # 1-based
+    unit: str = "row"
+
+    def __str__(self) -> str:
+        return f"{self.file}, {self.unit} {self.index}"
+
+
+def _files(path: Path) -> list[Path]:
+    if path.is_dir():
+        files = sorted(p for p in path.iterdir() if p.suffix in EXTENSIONS)
+        if not files:
+            raise DataError(f"{path} is a folder with no {'/'.join(EXTENSIONS)} files.")
+        return files
+    if not path.is_file():
+        raise DataError(f"Dataset file not found: {path}")
+    if path.suffix not in EXTENSIONS:
+        raise DataError(f"{path}: unsupported file type '{path.suffix}'; use {', '.join(EXTENSIONS)}.")
+    return [path]
+
+
+def read_rows(path: str | Path) -> Iterator[tuple[RowSource, Any]]:
+    for file in _files(Path(path)):
+        yield from _READERS[file.suffix](file)
+
+
+def first_row(path: str | Path) -> dict[str, Any] | None:
+    for _, row in read_rows(path):
+        return row if isinstance(row, dict) else None
+    return None
+
+
+def _read_json(file: Path) -> Iterator[tuple[RowSource, Any]]:
+    text = file.read_text(encoding="utf-8")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        # `datasets` accepts JSON lines in a .json file; so do we.
+        if exc.msg.startswith("Extra data"):
+            yield from _read_jsonl(file)
+            return
+        raise DataError(f"{file}: not valid JSON (line {exc.lineno}, column {exc.colno}): {exc.msg}") from None
+    if isinstance(data, dict):
+        data = [data]
+    if not isinstance(data, list):
+        raise DataError(f"{file}: expected a JSON array of objects, got {type(data).__name__}.")
+    for i, row in enumerate(data, start=1):
+        yield RowSource(str(file), i), row
+
+
+def _read_jsonl(file: Path) -> Iterator[tuple[RowSource, Any]]:
+    with file.open(encoding="utf-8") as handle:
+        for lineno, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DataError(f"{file}, line {lineno}: not valid JSON (column {exc.colno}): {exc.msg}") from None
+            yield RowSource(str(file), lineno, "line"), row
+
+
+def _read_csv(file: Path) -> Iterator[tuple[RowSource, Any]]:
+    with file.open(encoding="utf-8", newline="") as handle:
+        for i, row in enumerate(csv.DictReader(handle), start=1):
+            yield RowSource(str(file), i), row
+
+
+def _read_parquet(file: Path) -> Iterator[tuple[RowSource, Any]]:
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.read_table(file)
+    except Exception as exc:  # pyarrow raises several types for broken files
+        raise DataError(f"{file}: not a readable parquet file: {exc}") from None
+    for i, row in enumerate(table.to_pylist(), start=1):
+        yield RowSource(str(file), i), row
+
+
+_READERS = {".json": _read_json, ".jsonl": _read_jsonl, ".csv": _read_csv, ".parquet": _read_parquet}

@@ -1,0 +1,144 @@
+"""Where datasets come from: LLaMA-Factory's `dataset_info.json`, plain file paths, or the hub.
+
+A `dataset_info.json` entry looks like
+    "alpaca_en_demo": {"file_name": "alpaca_en_demo.json"}
+    "chat_demo": {"file_name": "chat.json", "formatting": "sharegpt",
+                  "columns": {"messages": "conversations"},
+                  "tags": {"role_tag": "from", "content_tag": "value"}}
+and is read as it is in LLaMA-Factory, so its users bring their datasets unchanged.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from gym.errors import DataError
+
+DATA_EXTENSIONS = (".json", ".jsonl", ".csv", ".parquet")
+
+ALPACA_COLUMNS = {
+    "prompt": "instruction", "query": "input", "response": "output", "history": None, "system": None,
+    "chosen": None, "rejected": None, "kto_tag": None, "answer": None,
+}
+SHAREGPT_COLUMNS = {"messages": "conversations", "system": None, "tools": None, "chosen": None, "rejected": None,
+                    "kto_tag": None, "answer": None}
+SHAREGPT_TAGS = {
+    "role_tag": "from", "content_tag": "value", "user_tag": "human", "assistant_tag": "gpt",
+    "observation_tag": "observation", "function_tag": "function_call", "system_tag": "system",
+}
+OPENAI_TAGS = {
+    "role_tag": "role", "content_tag": "content", "user_tag": "user", "assistant_tag": "assistant",
+    "observation_tag": "tool", "function_tag": "function_call", "system_tag": "system",
+}
+
+
+@dataclass
+class DatasetAttr:
+    """One dataset: where its rows are, and how to read them."""
+
+    name: str
+    load_from: Literal["file", "hub"]
+    path: str  # a file or folder for "file", a hub id for "hub"
+    formatting: Literal["alpaca", "sharegpt", "openai"] = "alpaca"
+    ranking: bool = False
+    split: str = "train"
+    subset: str | None = None
+    num_samples: int | None = None
+    columns: dict[str, str | None] = field(default_factory=dict)
+    tags: dict[str, str] = field(default_factory=dict)
+
+    def column(self, key: str) -> str | None:
+        return self.columns.get(key)
+
+    def tag(self, key: str) -> str:
+        return self.tags[key]
+
+
+def _attr_from_info(name: str, info: dict[str, Any], dataset_dir: Path) -> DatasetAttr:
+    if not isinstance(info, dict):
+        raise DataError(f"dataset_info.json: entry '{name}' must be an object.")
+    formatting = info.get("formatting", "alpaca")
+    if formatting not in ("alpaca", "sharegpt", "openai"):
+        raise DataError(f"dataset_info.json: '{name}'.formatting must be alpaca, sharegpt or openai, got {formatting!r}.")
+    if "file_name" in info:
+        load_from, path = "file", str(dataset_dir / info["file_name"])
+    elif "hf_hub_url" in info:
+        load_from, path = "hub", info["hf_hub_url"]
+    else:
+        raise DataError(f"dataset_info.json: '{name}' needs 'file_name' or 'hf_hub_url' "
+                        "(ms_hub_url, om_hub_url and script_url are not supported).")
+    columns = dict(ALPACA_COLUMNS if formatting == "alpaca" else SHAREGPT_COLUMNS)
+    if formatting == "openai":
+        columns["messages"] = "messages"
+    columns.update(info.get("columns", {}))
+    tags = dict(OPENAI_TAGS if formatting == "openai" else SHAREGPT_TAGS)
+    tags.update(info.get("tags", {}))
+    return DatasetAttr(
+        name=name, load_from=load_from, path=path, formatting=formatting, ranking=bool(info.get("ranking", False)),
+        split=info.get("split", "train"), subset=info.get("subset"), num_samples=info.get("num_samples"),
+        columns=columns, tags=tags,
+    )
+
+
+def read_dataset_info(dataset_dir: str | Path) -> dict[str, Any]:
+    info_path = Path(dataset_dir) / "dataset_info.json"
+    if not info_path.is_file():
+        return {}
+    try:
+        info = json.loads(info_path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise DataError(f"{info_path} is not valid JSON (line {exc.lineno}, column {exc.colno}): {exc.msg}") from None
+    if not isinstance(info, dict):
+        raise DataError(f"{info_path} must hold a JSON object of dataset names.")
+    return info
+
+
+def get_dataset_attrs(names: str | list[str] | None, dataset_dir: str | Path) -> list[DatasetAttr]:
+    """`dataset: a,b` -> one DatasetAttr each, looked up in dataset_info.json, then as paths, then the hub."""
+    if not names:
+        return []
+    if isinstance(names, str):
+        names = [n.strip() for n in names.split(",") if n.strip()]
+    dataset_dir = Path(dataset_dir)
+    info = read_dataset_info(dataset_dir)
+    attrs = []
+    for name in names:
+        if name in info:
+            attrs.append(_attr_from_info(name, info[name], dataset_dir))
+            continue
+        path = Path(name).expanduser()
+        for candidate in (path, dataset_dir / path):
+            if candidate.exists() and (candidate.is_dir() or candidate.suffix in DATA_EXTENSIONS):
+                attrs.append(_attr_from_file(name, candidate))
+                break
+        else:
+            if name.count("/") == 1 and not name.startswith((".", "/", "~")) and Path(name).suffix not in DATA_EXTENSIONS:
+                attrs.append(_attr_from_info(name, {"hf_hub_url": name}, dataset_dir))
+                continue
+            close = difflib.get_close_matches(name, list(info), n=1)
+            hint = f" Did you mean '{close[0]}'?" if close else ""
+            known = f" Known in {dataset_dir / 'dataset_info.json'}: {', '.join(sorted(info))}." if info else (
+                f" No dataset_info.json in '{dataset_dir}'.")
+            raise DataError(f"Dataset '{name}' not found: not in dataset_info.json, not a file.{hint}{known}")
+    return attrs
+
+
+def _attr_from_file(name: str, path: Path) -> DatasetAttr:
+    """A bare file: sniff its first row to tell alpaca from sharegpt/openai."""
+    from gym.data.readers import first_row
+
+    row = first_row(path) or {}
+    if "messages" in row:
+        return _attr_from_info(name, {"file_name": str(path.resolve()), "formatting": "openai"}, Path("/"))
+    if "conversations" in row:
+        return _attr_from_info(name, {"file_name": str(path.resolve()), "formatting": "sharegpt"}, Path("/"))
+    info: dict[str, Any] = {"file_name": str(path.resolve())}
+    if "text" in row and "instruction" not in row:
+        info["columns"] = {"prompt": "text"}
+    if "chosen" in row and "rejected" in row:
+        info.update(ranking=True, columns={**info.get("columns", {}), "chosen": "chosen", "rejected": "rejected"})
+    return _attr_from_info(name, info, Path("/"))

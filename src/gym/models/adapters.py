@@ -1,0 +1,100 @@
+"""Which parameters train: full, freeze (the last/first n layers), or LoRA and its variants via peft."""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import Any
+
+import torch
+
+from gym.config.finetuning import FinetuningArguments
+from gym.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+_LAYER_INDEX = re.compile(r"\.layers\.(\d+)\.")
+
+
+def _split(value: str | None) -> list[str]:
+    return [v.strip() for v in (value or "").split(",") if v.strip()]
+
+
+def setup_full(model: Any) -> Any:
+    for param in model.parameters():
+        param.requires_grad_(True)
+    return model
+
+
+def setup_freeze(model: Any, args: FinetuningArguments) -> Any:
+    """Train only the last n layers (or the first n when n < 0), optionally only some modules in them."""
+    num_layers = model.config.num_hidden_layers
+    n = args.freeze_trainable_layers
+    if n == 0 or abs(n) > num_layers:
+        raise ConfigError(f"'freeze_trainable_layers' must be in 1..{num_layers} or -{num_layers}..-1, got {n}.")
+    layers = set(range(num_layers - n, num_layers)) if n > 0 else set(range(-n))
+    modules = _split(args.freeze_trainable_modules)
+    extra = _split(args.freeze_extra_modules)
+    trainable = 0
+    for name, param in model.named_parameters():
+        match = _LAYER_INDEX.search(name)
+        in_layer = match is not None and int(match.group(1)) in layers
+        in_module = "all" in modules or any(f".{m}." in name or name.endswith(f".{m}") for m in modules)
+        in_extra = any(f"{m}." in name or name.endswith(m) for m in extra)
+        param.requires_grad_((in_layer and in_module) or in_extra)
+        trainable += param.numel() if param.requires_grad else 0
+    if trainable == 0:
+        raise ConfigError(f"freeze_trainable_modules={args.freeze_trainable_modules!r} matched no parameters in "
+                          f"the trainable layers; use module names like mlp, self_attn or 'all'.")
+    return model
+
+
+def lora_config(args: FinetuningArguments) -> Any:
+    from peft import LoraConfig, TaskType
+
+    if args.pissa_init:
+        init: Any = "pissa" if args.pissa_iter == -1 else f"pissa_niter_{args.pissa_iter}"
+    else:
+        init = True
+    targets = _split(args.lora_target)
+    return LoraConfig(
+        task_type=TaskType.CAUSAL_LM,
+        r=args.lora_rank,
+        lora_alpha=args.lora_alpha or args.lora_rank * 2,
+        lora_dropout=args.lora_dropout,
+        target_modules="all-linear" if targets == ["all"] else targets,
+        modules_to_save=_split(args.additional_target) or None,
+        use_rslora=args.use_rslora,
+        use_dora=args.use_dora,
+        init_lora_weights=init,
+    )
+
+
+def setup_lora(model: Any, args: FinetuningArguments, adapters: list[str] | None = None) -> Any:
+    """Add a trainable LoRA adapter. Given existing adapters, all but the last are merged into the
+    model and training continues on the last one."""
+    from peft import PeftModel, get_peft_model
+
+    adapters = adapters or []
+    for path in adapters[:-1]:
+        model = PeftModel.from_pretrained(model, path).merge_and_unload()
+    if adapters:
+        return PeftModel.from_pretrained(model, adapters[-1], is_trainable=True)
+    try:
+        return get_peft_model(model, lora_config(args))
+    except ValueError as exc:  # peft names the module it could not find
+        raise ConfigError(f"LoRA setup failed: {exc}") from None
+
+
+def setup_finetuning(model: Any, args: FinetuningArguments, adapters: list[str] | None = None) -> Any:
+    if args.finetuning_type == "full":
+        return setup_full(model)
+    if args.finetuning_type == "freeze":
+        return setup_freeze(model, args)
+    return setup_lora(model, args, adapters)
+
+
+def count_parameters(model: torch.nn.Module) -> tuple[int, int]:
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    total = sum(p.numel() for p in model.parameters())
+    return trainable, total

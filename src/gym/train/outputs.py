@@ -1,0 +1,177 @@
+"""What a training run leaves behind, written so that a crash never corrupts a finished result.
+
+Final files are written into a temporary folder inside output_dir and then renamed into place one
+by one; each rename is atomic. The folder is a plain PEFT adapter or transformers model folder,
+plus the tokenizer, `gym_config.yaml` (the resolved config), `gym_manifest.json`,
+`trainer_log.jsonl` and, with `plot_loss`, `training_loss.png`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+import os
+import re
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gym.config.parser import TrainArgs
+from gym.errors import ConfigError
+
+CONFIG_FILE = "gym_config.yaml"
+MANIFEST_FILE = "gym_manifest.json"
+FORMAT_VERSION = 1
+_CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
+
+
+def is_finished_output(path: Path) -> bool:
+    return (path / MANIFEST_FILE).is_file()
+
+
+def last_checkpoint(output_dir: str | Path) -> Path | None:
+    """The newest checkpoint that was completely written (its trainer_state.json is saved last)."""
+    root = Path(output_dir)
+    if not root.is_dir():
+        return None
+    steps = sorted(
+        (int(m.group(1)), p) for p in root.iterdir() if (m := _CHECKPOINT.match(p.name)) and p.is_dir()
+    )
+    for _, path in reversed(steps):
+        try:
+            json.loads((path / "trainer_state.json").read_text(encoding="utf-8"))
+            return path
+        except (OSError, json.JSONDecodeError):
+            continue  # interrupted while saving: fall back to the previous one
+    return None
+
+
+def resolve_resume(args: TrainArgs) -> str | None:
+    """`resume_from_checkpoint`: true -> the last complete checkpoint; a path -> that path."""
+    value = args.training.resume_from_checkpoint
+    if value in (None, False, "", "false", "False"):
+        return None
+    if value is True or value in ("true", "True"):
+        found = last_checkpoint(args.training.output_dir)
+        if found is None:
+            raise ConfigError(f"resume_from_checkpoint: true, but {args.training.output_dir} has no complete "
+                              "checkpoint yet. Remove the key to start from scratch.")
+        return str(found)
+    if not (Path(value) / "trainer_state.json").is_file():
+        raise ConfigError(f"resume_from_checkpoint: {value} is not a complete checkpoint folder.")
+    return str(value)
+
+
+def check_output_dir(args: TrainArgs, resuming: bool) -> None:
+    out = Path(args.training.output_dir)
+    if is_finished_output(out) and not resuming and not args.finetuning.overwrite_output_dir:
+        raise ConfigError(f"{out} already holds a finished model. Set overwrite_output_dir: true to replace it, "
+                          "or choose another output_dir.")
+
+
+def resolved_config(args: TrainArgs, model_path: str) -> dict[str, Any]:
+    """The config as run: every model/data/finetuning/generating key, and the training keys that differ
+    from Hugging Face's defaults (the other hundred are noise)."""
+    from gym.config.training import TrainingArguments
+
+    config: dict[str, Any] = {}
+    for part in (args.model, args.data, args.finetuning, args.generating):
+        for f in dataclasses.fields(part):
+            if f.init:
+                config[f.name] = getattr(part, f.name)
+    defaults = TrainingArguments(output_dir=args.training.output_dir)
+    for f in dataclasses.fields(args.training):
+        value = getattr(args.training, f.name)
+        if f.init and not f.name.startswith("_") and value != getattr(defaults, f.name):
+            config[f.name] = value
+    if args.finetuning.method_options is not None:
+        config.update(dataclasses.asdict(args.finetuning.method_options))
+    config["resolved_model_path"] = model_path
+    return _plain(config)
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, enum.Enum):
+        return value.value
+    if value is None or isinstance(value, (int, float, str, bool)):
+        return value
+    return str(value)
+
+
+def save_final(trainer: Any, tokenizer: Any, args: TrainArgs, model_path: str,
+               pissa_init_dir: str | None = None) -> Path:
+    out = Path(args.training.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / f".tmp-final-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    model = trainer.model
+    if pissa_init_dir is not None:
+        # Convert PiSSA back to a plain LoRA delta, so the adapter applies to the original base model.
+        model.save_pretrained(tmp, path_initial_model_for_weight_conversion=pissa_init_dir)
+    else:
+        model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    (tmp / CONFIG_FILE).write_text(yaml.safe_dump(resolved_config(args, model_path), sort_keys=False))
+    manifest = {
+        "what": "lora-adapter" if args.finetuning.finetuning_type == "lora" else "model",
+        "stage": args.finetuning.stage,
+        "finetuning_type": args.finetuning.finetuning_type,
+        "base_model": args.model.model_name_or_path or "smollm2-135m",
+        "resolved_base_path": model_path,
+        "format_version": FORMAT_VERSION,
+        "gym_version": _gym_version(),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "global_step": trainer.state.global_step,
+    }
+    (tmp / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2))
+    for item in tmp.iterdir():
+        target = out / item.name
+        if target.is_dir():
+            shutil.rmtree(target)
+        os.replace(item, target)
+    tmp.rmdir()
+    return out
+
+
+def _gym_version() -> str:
+    from gym import __version__
+
+    return __version__
+
+
+def plot_loss(output_dir: str | Path) -> Path | None:
+    """training_loss.png from trainer_log.jsonl: raw loss per step and a moving average."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from gym.train.callbacks import read_log
+
+    points = [(e["step"], e["loss"]) for e in read_log(output_dir) if "loss" in e]
+    if not points:
+        return None
+    steps, losses = zip(*points)
+    window = max(1, len(losses) // 10)
+    smooth = [sum(losses[max(0, i - window + 1) : i + 1]) / len(losses[max(0, i - window + 1) : i + 1])
+              for i in range(len(losses))]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(steps, losses, alpha=0.4, label="loss")
+    ax.plot(steps, smooth, label=f"moving average ({window})")
+    ax.set_xlabel("step")
+    ax.set_ylabel("training loss")
+    ax.legend()
+    path = Path(output_dir) / "training_loss.png"
+    tmp = path.with_name(".training_loss.tmp.png")
+    fig.savefig(tmp, dpi=100, bbox_inches="tight")
+    plt.close(fig)
+    os.replace(tmp, path)
+    return path

@@ -1,0 +1,82 @@
+"""`GymTrainer`: the Hugging Face Trainer with a causal-LM loss that only projects supervised tokens.
+
+The stock loss materialises float32 logits for every position (batch x length x vocab); prompts and
+padding are then thrown away. Here the LM head runs only on positions that have a label, which on
+chat data skips most of the vocabulary projection. Everything else (optimisers, schedulers,
+checkpoints, resume, logging) is the stock Trainer.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from transformers import Trainer
+
+from gym.data.processors import IGNORE_INDEX
+
+
+def supervised_lm_loss(model: Any, inputs: dict[str, torch.Tensor], labels: torch.Tensor,
+                       num_items_in_batch: torch.Tensor | int | None = None) -> torch.Tensor:
+    """Next-token cross-entropy over labelled positions, computed from the final hidden states."""
+    outputs = model(**inputs, output_hidden_states=True, logits_to_keep=1, use_cache=False)
+    hidden = outputs.hidden_states[-1][:, :-1]
+    targets = labels[:, 1:]
+    selected = targets != IGNORE_INDEX
+    logits = model.get_output_embeddings()(hidden[selected])
+    loss = F.cross_entropy(logits.float(), targets[selected], reduction="sum")
+    denominator = num_items_in_batch if num_items_in_batch is not None else selected.sum().clamp(min=1)
+    return loss / denominator
+
+
+class GymTrainer(Trainer):
+    # Our loss is normalised by the token count of the whole accumulated batch, which the Trainer
+    # only computes when it believes the model takes loss kwargs.
+    loss_is_scaled_for_ga = True
+
+    def __init__(self, *args: Any, loraplus_lr_ratio: float | None = None, loraplus_lr_embedding: float = 1e-6,
+                 **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.model_accepts_loss_kwargs = True
+        self.loraplus_lr_ratio = loraplus_lr_ratio
+        self.loraplus_lr_embedding = loraplus_lr_embedding
+        self.tokens_seen = 0
+        self.train_started: float | None = None  # set at the first training batch, so setup is not counted
+
+    def compute_loss(self, model: Any, inputs: dict[str, Any], return_outputs: bool = False,
+                     num_items_in_batch: torch.Tensor | int | None = None) -> Any:
+        inputs = dict(inputs)
+        labels = inputs.pop("labels")
+        num_tokens = inputs.pop("num_tokens", None)
+        if model.training and num_tokens is not None:
+            if self.train_started is None:
+                self.train_started = time.perf_counter()
+            self.tokens_seen += int(num_tokens)
+        loss = supervised_lm_loss(model, inputs, labels, num_items_in_batch if model.training else None)
+        return (loss, {"loss": loss}) if return_outputs else loss
+
+    def create_optimizer(self, model: Any = None) -> Any:
+        if self.optimizer is None and self.loraplus_lr_ratio is not None:
+            from peft.optimizers import create_loraplus_optimizer
+
+            optimizer_cls, optimizer_kwargs = self.get_optimizer_cls_and_kwargs(self.args, self.model)
+            optimizer_kwargs.pop("lr", None)
+            self.optimizer = create_loraplus_optimizer(
+                model=self.model, optimizer_cls=optimizer_cls, lr=self.args.learning_rate,
+                loraplus_lr_ratio=self.loraplus_lr_ratio, loraplus_lr_embedding=self.loraplus_lr_embedding,
+                **optimizer_kwargs,
+            )
+            return self.optimizer
+        return super().create_optimizer(model) if model is not None else super().create_optimizer()
+
+    def tokens_per_second(self) -> float:
+        if self.train_started is None:
+            return 0.0
+        return self.tokens_seen / max(time.perf_counter() - self.train_started, 1e-9)
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        if "loss" in logs and self.train_started is not None:
+            logs["tokens_per_second"] = round(self.tokens_per_second(), 2)
+        super().log(logs, start_time)
