@@ -91,7 +91,8 @@ def _type_name(tp: Any) -> str:
         return " or ".join(_type_name(a) for a in typing.get_args(tp) if a is not type(None))
     if isinstance(tp, type) and issubclass(tp, enum.Enum):
         return "one of " + ", ".join(repr(m.value) for m in tp)
-    return getattr(tp, "__name__", str(tp))
+    plain = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
+    return plain.get(tp, getattr(tp, "__name__", str(tp)))
 
 
 _BOOL_WORDS = {"true": True, "yes": True, "on": True, "1": True, "false": False, "no": False, "off": False, "0": False}
@@ -106,7 +107,7 @@ def coerce(key: str, value: Any, tp: Any) -> Any:
         members = typing.get_args(tp)
         if value is None and type(None) in members:
             return None
-        if isinstance(value, str) and value.lower() in ("none", "null") and type(None) in members:
+        if isinstance(value, str) and value in ("None", "null", "Null", "NULL") and type(None) in members:
             return None
         # Prefer an exact type match before trying conversions (so "8" stays a str for `int | str`).
         for member in members:
@@ -319,6 +320,10 @@ def get_train_args(config: dict[str, Any] | str | os.PathLike | None = None) -> 
     training_values = dict(buckets.get(TrainingArguments, {}))
     if training_values.get("output_dir") is None:
         training_values["output_dir"] = default_output_dir(model, finetuning)
+    if "use_cpu" not in training_values and not _has_accelerator():
+        # Configs written for GPUs (bf16: true) should still run here; transformers refuses them
+        # on a CPU-only machine unless told to use the CPU.
+        training_values["use_cpu"] = True
     training: TrainingArguments = _build(TrainingArguments, training_values)
 
     _check_combinations(model, data, training, finetuning)
@@ -332,6 +337,13 @@ def get_infer_args(config: dict[str, Any] | str | os.PathLike | None = None) -> 
     """
     args = get_train_args(config)
     return args.model, args.data, args.finetuning, args.generating
+
+
+def _has_accelerator() -> bool:
+    import torch
+
+    return torch.cuda.is_available() or (hasattr(torch, "xpu") and torch.xpu.is_available()) or (
+        torch.backends.mps.is_available())
 
 
 def default_output_dir(model: ModelArguments, finetuning: FinetuningArguments) -> str:

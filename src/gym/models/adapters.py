@@ -49,7 +49,7 @@ def setup_freeze(model: Any, args: FinetuningArguments) -> Any:
     return model
 
 
-def lora_config(args: FinetuningArguments) -> Any:
+def lora_config(args: FinetuningArguments, tied_embeddings: bool = False) -> Any:
     from peft import LoraConfig, TaskType
 
     if args.pissa_init:
@@ -57,13 +57,16 @@ def lora_config(args: FinetuningArguments) -> Any:
     else:
         init = True
     targets = _split(args.lora_target)
+    extra = _split(args.additional_target)
     return LoraConfig(
         task_type=TaskType.CAUSAL_LM,
         r=args.lora_rank,
         lora_alpha=args.lora_alpha or args.lora_rank * 2,
         lora_dropout=args.lora_dropout,
         target_modules="all-linear" if targets == ["all"] else targets,
-        modules_to_save=_split(args.additional_target) or None,
+        modules_to_save=extra or None,
+        # Training a tied embedding must keep the LM head tied to it, or merging breaks the model.
+        ensure_weight_tying=tied_embeddings and any(m in ("embed_tokens", "lm_head") for m in extra),
         use_rslora=args.use_rslora,
         use_dora=args.use_dora,
         init_lora_weights=init,
@@ -81,7 +84,7 @@ def setup_lora(model: Any, args: FinetuningArguments, adapters: list[str] | None
     if adapters:
         return PeftModel.from_pretrained(model, adapters[-1], is_trainable=True)
     try:
-        return get_peft_model(model, lora_config(args))
+        return get_peft_model(model, lora_config(args, bool(getattr(model.config, "tie_word_embeddings", False))))
     except ValueError as exc:  # peft names the module it could not find
         raise ConfigError(f"LoRA setup failed: {exc}") from None
 

@@ -1,0 +1,118 @@
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gym.config.data import DataArguments
+from gym.data.loader import get_dataset, load_examples
+from gym.data.registry import get_dataset_attrs
+from gym.data.templates import get_chat_format
+from gym.errors import DataError
+
+
+def _examples(data_dir, name, kind="supervised"):
+    (attr,) = get_dataset_attrs(name, data_dir)
+    return load_examples(attr, kind)
+
+
+def test_alpaca_becomes_user_then_assistant(data_dir):
+    ex = _examples(data_dir, "tiny_alpaca")[0]
+    assert ex.messages == [{"role": "user", "content": "Add 0 and 1."}, {"role": "assistant", "content": "0 + 1 = 1."}]
+    assert ex.source.endswith("alpaca.json, row 1")
+
+
+def test_alpaca_history_and_system(tmp_path):
+    row = {"instruction": "And 3?", "input": "", "output": "9", "history": [["Square 2", "4"]], "system": "Be terse."}
+    (tmp_path / "h.json").write_text(json.dumps([row]))
+    (tmp_path / "dataset_info.json").write_text(json.dumps(
+        {"h": {"file_name": "h.json", "columns": {"prompt": "instruction", "query": "input", "response": "output",
+                                                   "history": "history", "system": "system"}}}))
+    ex = _examples(tmp_path, "h")[0]
+    assert [m["content"] for m in ex.messages] == ["Square 2", "4", "And 3?", "9"]
+    assert ex.system == "Be terse."
+
+
+def test_sharegpt_multi_turn(data_dir):
+    ex = _examples(data_dir, "tiny_chat")[0]
+    assert [m["role"] for m in ex.messages] == ["user", "assistant", "user", "assistant"]
+
+
+def test_openai_messages_file_is_sniffed(tmp_path):
+    rows = [{"messages": [{"role": "system", "content": "S"}, {"role": "user", "content": "Hi"},
+                          {"role": "assistant", "content": "Hello"}]}]
+    path = tmp_path / "chat.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (attr,) = get_dataset_attrs(str(path), tmp_path)
+    ex = load_examples(attr, "supervised")[0]
+    assert attr.formatting == "openai" and ex.system == "S" and len(ex.messages) == 2
+
+
+@pytest.mark.parametrize(
+    ("content", "suffix", "expected"),
+    [
+        ('[{"instruction": "a", "output": "b"}, {"instruction": "c", "output": 5}]', ".json",
+         r"bad.json, row 2: field 'output' must be a string"),
+        ('{"instruction": "a", "output": "b"}\n{"instruction": "c"}\n', ".jsonl",
+         r"bad.jsonl, line 2: field 'output' is missing"),
+        ('{"instruction": "a", "output": "b"}\n{"instruction": "c", "output": \n', ".jsonl",
+         r"bad.jsonl, line 2: not valid JSON"),
+        ("instruction,output\na,b\nc,\n", ".csv", r"bad.csv, row 2: field 'output' is empty"),
+        ('[{"instruction": "a", "output": "b"}, "oops"]', ".json", r"bad.json, row 2: expected an object"),
+    ],
+)
+def test_malformed_rows_name_file_row_and_field(tmp_path, content, suffix, expected):
+    path = tmp_path / f"bad{suffix}"
+    path.write_text(content)
+    (attr,) = get_dataset_attrs(str(path), tmp_path)
+    with pytest.raises(DataError, match=expected):
+        load_examples(attr, "supervised")
+
+
+def test_sharegpt_turns_must_alternate(tmp_path):
+    rows = [{"conversations": [{"from": "human", "value": "a"}, {"from": "human", "value": "b"}]}]
+    (tmp_path / "c.json").write_text(json.dumps(rows))
+    (tmp_path / "dataset_info.json").write_text(json.dumps({"c": {"file_name": "c.json", "formatting": "sharegpt"}}))
+    with pytest.raises(DataError, match=r"c.json, row 1: field 'conversations\[1\].from' is 'human'"):
+        _examples(tmp_path, "c")
+
+
+def test_unknown_dataset_suggests(data_dir):
+    with pytest.raises(DataError, match="Did you mean 'tiny_alpaca'"):
+        get_dataset_attrs("tiny_alpacca", data_dir)
+
+
+def test_parquet_and_csv_read(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.Table.from_pylist([{"instruction": "p", "output": "q"}]), tmp_path / "d.parquet")
+    (tmp_path / "d.csv").write_text("instruction,output\nx,y\n")
+    for name in ("d.parquet", "d.csv"):
+        (attr,) = get_dataset_attrs(str(tmp_path / name), tmp_path)
+        assert load_examples(attr, "supervised")[0].messages[-1]["role"] == "assistant"
+
+
+def test_everything_truncated_away_is_an_error_that_says_why(data_dir, tokenizer):
+    chat = get_chat_format(tokenizer)
+    args = DataArguments(dataset="tiny_alpaca", dataset_dir=str(data_dir), cutoff_len=8)
+    with pytest.raises(DataError, match="cutoff_len=8"):
+        get_dataset(args, chat, "supervised")
+
+
+def test_val_size_holds_out_rows(data_dir, tokenizer):
+    chat = get_chat_format(tokenizer)
+    data = get_dataset(DataArguments(dataset="tiny_alpaca", dataset_dir=str(data_dir), val_size=0.25), chat,
+                       "supervised")
+    assert len(data.train) == 18 and len(data.eval) == 6
+
+
+def test_shipped_demo_datasets_load(tokenizer):
+    from pathlib import Path
+
+    repo_data = Path(__file__).resolve().parents[2] / "data"
+    chat = get_chat_format(tokenizer)
+    for name, kind in [("alpaca_en_demo", "supervised"), ("identity", "supervised"), ("chat_en_demo", "supervised"),
+                       ("pt_demo", "unsupervised")]:
+        data = get_dataset(DataArguments(dataset=name, dataset_dir=str(repo_data), cutoff_len=512), chat, kind)
+        assert len(data.train) >= 30, name

@@ -1,0 +1,78 @@
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from gym.data.formats import Example
+from gym.data.processors import IGNORE_INDEX, encode_supervised
+from gym.data.templates import TEMPLATES, get_chat_format
+from gym.errors import ConfigError
+
+CONVERSATION = [
+    {"role": "user", "content": "What is 2+2?"}, {"role": "assistant", "content": "4."},
+    {"role": "user", "content": "And 3+3?"}, {"role": "assistant", "content": "6."},
+]
+
+
+def test_tokenizer_template_pieces_rebuild_the_whole_conversation(tokenizer):
+    chat = get_chat_format(tokenizer)
+    pairs = chat.render_pairs(CONVERSATION)
+    whole = tokenizer.apply_chat_template(CONVERSATION, tokenize=False)
+    assert "".join(p + r for p, r in pairs) == whole
+    assert [r for _, r in pairs] == ["4.<|im_end|>\n", "6.<|im_end|>\n"]
+
+
+def test_loss_only_on_assistant_turns_and_each_ends_with_end_of_turn(tokenizer):
+    chat = get_chat_format(tokenizer)
+    enc = encode_supervised(Example("t", CONVERSATION), chat, cutoff_len=512)
+    learned = [t for t, label in zip(enc["input_ids"], enc["labels"]) if label != IGNORE_INDEX]
+    assert tokenizer.decode(learned) == "4.<|im_end|>\n6.<|im_end|>\n"
+    assert learned.count(tokenizer.convert_tokens_to_ids("<|im_end|>")) == 2
+
+
+def test_train_on_prompt_and_mask_history(tokenizer):
+    chat = get_chat_format(tokenizer)
+    everything = encode_supervised(Example("t", CONVERSATION), chat, 512, train_on_prompt=True)
+    assert sum(label != IGNORE_INDEX for label in everything["labels"]) == len(everything["input_ids"]) - 1
+    last_only = encode_supervised(Example("t", CONVERSATION), chat, 512, mask_history=True)
+    learned = [t for t, label in zip(last_only["input_ids"], last_only["labels"]) if label != IGNORE_INDEX]
+    assert tokenizer.decode(learned) == "6.<|im_end|>\n"
+
+
+def test_prompt_for_inference_matches_training_prefix(tokenizer):
+    chat = get_chat_format(tokenizer)
+    prompt = chat.render_prompt(CONVERSATION[:1])
+    assert prompt == chat.render_pairs(CONVERSATION[:2])[0][0]
+
+
+@pytest.mark.parametrize("name", sorted(TEMPLATES))
+def test_named_templates_split_cleanly(tokenizer, name):
+    chat = get_chat_format(tokenizer, name)
+    pairs = chat.render_pairs(CONVERSATION, system="Be brief.")
+    assert len(pairs) == 2
+    assert all("4." in pairs[0][1] or "<think>" in pairs[0][1] for _ in [0])
+    # the prompt for generation equals the training prompt of the same turn
+    assert chat.render_prompt(CONVERSATION[:1], system="Be brief.") == pairs[0][0] or TEMPLATES[name].thinking
+
+
+def test_qwen3_thinking_off_puts_empty_thought_in_prompt(tokenizer):
+    on = get_chat_format(tokenizer, "qwen3", enable_thinking=True).render_pairs(CONVERSATION[:2])[0]
+    off = get_chat_format(tokenizer, "qwen3", enable_thinking=False).render_pairs(CONVERSATION[:2])[0]
+    assert on[1].startswith("<think>\n\n</think>\n\n4.")
+    assert off[0].endswith("<think>\n\n</think>\n\n") and off[1] == "4.<|im_end|>\n"
+
+
+def test_named_template_that_disagrees_with_tokenizer_warns(tokenizer, caplog):
+    with caplog.at_level(logging.WARNING):
+        get_chat_format(tokenizer, "llama3")
+    assert "renders conversations differently" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        get_chat_format(tokenizer, "chatml")
+    assert "differently" not in caplog.text
+
+
+def test_unknown_template_suggests(tokenizer):
+    with pytest.raises(ConfigError, match="Did you mean 'llama3'"):
+        get_chat_format(tokenizer, "lama3")

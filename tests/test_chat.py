@@ -1,0 +1,32 @@
+from __future__ import annotations
+
+import torch
+
+from gym.chat import ChatModel
+from gym.data.formats import Example
+from gym.data.processors import encode_supervised
+from gym.data.templates import get_chat_format
+from gym.train.run import run_exp
+
+
+def test_chat_uses_the_template_the_adapter_was_trained_with(train_config, tokenizer):
+    """Trained with a named template; chat must render prompts token-for-token the same way."""
+    result = run_exp(train_config(template="llama3", default_system="Answer briefly.", cutoff_len=256))
+    chat = ChatModel({"adapter_name_or_path": result.output_dir, "do_sample": False, "max_new_tokens": 4})
+    assert chat.data_args.template == "llama3"
+    question = [{"role": "user", "content": "Add 2 and 3."}]
+    training_ids = encode_supervised(Example("t", question + [{"role": "assistant", "content": "5"}]),
+                                     get_chat_format(tokenizer, "llama3", "Answer briefly."), cutoff_len=512)
+    prompt_len = training_ids["labels"].index(next(x for x in training_ids["labels"] if x != -100))
+    assert chat.render(question) == training_ids["input_ids"][:prompt_len]
+    answer = chat.chat(question)
+    assert isinstance(answer, str)
+
+
+def test_adapter_is_merged_so_chat_sees_the_trained_weights(train_config):
+    result = run_exp(train_config())
+    base = ChatModel({"model_name_or_path": train_config()["model_name_or_path"]})
+    tuned = ChatModel({"adapter_name_or_path": result.output_dir})
+    ids = torch.tensor([[5, 6, 7]])
+    with torch.no_grad():
+        assert not torch.allclose(base.model(ids).logits, tuned.model(ids).logits)

@@ -1,0 +1,75 @@
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from gym.cli import main
+
+
+def _gym(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "gym.cli", *args], capture_output=True, text=True, cwd=cwd,
+                          timeout=300)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [(["lora_rnak=8"], "Did you mean 'lora_rank'"), (["lora_rank=eight"], "expects an integer"),
+     (["dataset=nope_dataset"], "Dataset 'nope_dataset' not found")],
+)
+def test_bad_input_exits_2_with_one_readable_message(tmp_path, train_config, args, message):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump(train_config()))
+    proc = _gym("train", str(cfg), *args)
+    assert proc.returncode == 2
+    assert message in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr.count("gym: error:") == 1
+
+
+def test_malformed_row_exits_2_and_writes_nothing(tmp_path, train_config):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"instruction": "a", "output": "b"}\n{"instruction": "c", "output": 3}\n')
+    cfg = tmp_path / "c.yaml"
+    out = tmp_path / "never"
+    cfg.write_text(yaml.safe_dump(train_config(dataset=str(bad), output_dir=str(out))))
+    proc = _gym("train", str(cfg))
+    assert proc.returncode == 2
+    assert f"{bad}, line 2: field 'output' must be a string" in proc.stderr
+    assert not out.exists()
+
+
+def test_debug_shows_the_traceback(tmp_path, train_config):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump(train_config()))
+    proc = _gym("train", str(cfg), "lora_rnak=8", "--debug")
+    assert proc.returncode != 0 and "Traceback" in proc.stderr
+
+
+def test_train_then_chat_answers_once(tmp_path, train_config):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump(train_config(max_new_tokens=5, do_sample=False)))
+    proc = _gym("train", str(cfg))
+    assert proc.returncode == 0, proc.stderr
+    assert "Done: 3 steps" in proc.stdout and "Saved to" in proc.stdout
+    chat = _gym("chat", str(cfg), "--prompt", "Add 2 and 3.")
+    assert chat.returncode == 0, chat.stderr
+    assert chat.stdout.startswith("User: Add 2 and 3.\nAssistant:")
+
+
+def test_version_env_and_help(capsys):
+    from gym import __version__
+
+    assert main(["version"]) == 0
+    assert capsys.readouterr().out.strip() == __version__
+    assert main(["env"]) == 0
+    text = capsys.readouterr().out
+    for name in ("python", "torch", "transformers", "peft", "trl", "accelerate", "device"):
+        assert name in text
+    assert main(["train", "--help"]) == 0
+    assert "lora_rank (an integer, default 8)" in capsys.readouterr().out
+    assert main(["trian"]) == 2
+    assert "Did you mean 'train'" in capsys.readouterr().err
