@@ -320,6 +320,10 @@ def get_train_args(config: dict[str, Any] | str | os.PathLike | None = None) -> 
     training_values = dict(buckets.get(TrainingArguments, {}))
     if training_values.get("output_dir") is None:
         training_values["output_dir"] = default_output_dir(model, finetuning)
+    if training_values.get("bf16") is None:
+        from gym.train.resources import native_bf16
+
+        training_values["bf16"] = not training_values.get("fp16") and native_bf16()
     if "use_cpu" not in training_values and not _has_accelerator():
         # Configs written for GPUs (bf16: true) should still run here; transformers refuses them
         # on a CPU-only machine unless told to use the CPU.

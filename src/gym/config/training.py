@@ -35,3 +35,8 @@ class TrainingArguments(HFTrainingArguments):
     disable_tqdm: bool = field(
         default=False, metadata={"help": "Turn off the progress bar (then each log is printed as a line)."}
     )
+    bf16: bool | None = field(
+        default=None,
+        metadata={"help": "bf16 mixed precision. Unset = auto: on where the hardware has native bf16 "
+                  "(recent GPUs, CPUs with AVX512-BF16/AMX), off elsewhere."},
+    )

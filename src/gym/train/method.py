@@ -14,6 +14,7 @@ class RunResult:
     tokens_per_second: float
     peak_memory_bytes: int
     train_seconds: float
+    tokens_seen: int = 0
     metrics: dict[str, Any] = field(default_factory=dict)
 
     def summary(self) -> str:

@@ -21,6 +21,13 @@ def cpu_supports_bf16() -> bool:
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
+def native_bf16() -> bool:
+    """Whether bf16 mixed precision is the fast choice on the device training will use."""
+    if torch.cuda.is_available():
+        return torch.cuda.is_bf16_supported()
+    return cpu_supports_bf16()
+
+
 def available_memory_bytes() -> int:
     if torch.cuda.is_available():
         free, _ = torch.cuda.mem_get_info()

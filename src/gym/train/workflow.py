@@ -30,9 +30,9 @@ def _split(value: str | None) -> list[str]:
 
 
 def _warn_about_precision(args: TrainArgs) -> None:
-    if (args.training.bf16 or args.training.fp16) and not torch.cuda.is_available():
-        logger.warning("Mixed precision on CPU: autocast casts weights every step; on CPUs measured so far "
-                       "fp32 trains faster (see docs/benchmarks.md).")
+    if args.training.bf16 and not torch.cuda.is_available() and not resources.cpu_supports_bf16():
+        logger.warning("bf16 is on, but this CPU has no native bf16 instructions: expect it to train ~2x slower "
+                       "than float32 (leave bf16 unset to choose automatically).")
 
 
 def _choose_checkpointing(args: TrainArgs, model: Any, data: TokenizedData) -> None:
@@ -64,6 +64,8 @@ def run_causal_lm(args: TrainArgs, data_kind: str, packing_by_default: bool) -> 
     packing = data_args.neat_packing or (packing_by_default if data_args.packing is None else data_args.packing)
     data = get_dataset(data_args, chat, data_kind, seed=training_args.seed, packing=packing)
     logger.info("Data: %s", data.stats)
+    logger.info("Precision: %s", "bf16 mixed (float32 master weights)" if training_args.bf16 else
+                "fp16 mixed" if training_args.fp16 else "float32")
 
     torch.manual_seed(training_args.seed)
     model = load_causal_lm(model_path, model_args)
@@ -119,5 +121,6 @@ def run_causal_lm(args: TrainArgs, data_kind: str, packing_by_default: bool) -> 
         tokens_per_second=trainer.tokens_per_second(),
         peak_memory_bytes=resources.peak_memory_bytes(),
         train_seconds=seconds,
+        tokens_seen=trainer.tokens_seen,
         metrics=metrics,
     )
