@@ -25,7 +25,7 @@ setup: $(STAMP)
 
 demo: setup
 	HF_HUB_OFFLINE=1 $(GYM) train examples/quickstart.yaml
-	HF_HUB_OFFLINE=1 $(GYM) chat examples/quickstart.yaml --prompt "Give me three tips for staying healthy."
+	HF_HUB_OFFLINE=1 $(GYM) chat examples/quickstart.yaml --prompt "Who are you?"
 
 test: setup
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q tests

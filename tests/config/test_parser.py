@@ -147,3 +147,13 @@ def test_every_config_field_has_help():
     for cls in (ModelArguments, DataArguments, FinetuningArguments, GeneratingArguments):
         for f in dataclasses.fields(cls):
             assert not f.init or f.metadata.get("help"), f"{cls.__name__}.{f.name} has no help"
+
+
+def test_bf16_unset_follows_the_hardware(monkeypatch):
+    import gym.train.resources as resources
+
+    monkeypatch.setattr(resources, "native_bf16", lambda: False)
+    assert get_train_args({}).training.bf16 is False
+    monkeypatch.setattr(resources, "native_bf16", lambda: True)
+    assert get_train_args({}).training.bf16 is True
+    assert get_train_args({"bf16": False}).training.bf16 is False
