@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from gym.config.parser import TrainArgs, get_train_args, load_config_file
+from gym.config.parser import TrainArgs, as_config_dict, get_train_args
 from gym.train.method import RunResult
 
 
@@ -14,8 +14,7 @@ class TrainingConfig:
     construction, with the same errors as the CLI."""
 
     def __init__(self, config: dict[str, Any] | str | os.PathLike | None = None, **keys: Any) -> None:
-        base = load_config_file(config) if isinstance(config, (str, os.PathLike)) else dict(config or {})
-        self.values: dict[str, Any] = {**base, **keys}
+        self.values: dict[str, Any] = {**as_config_dict(config), **keys}
         self.args: TrainArgs = get_train_args(self.values)
 
     def replace(self, **keys: Any) -> "TrainingConfig":

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 import yaml
 
-from gym.config.parser import get_train_args, load_config_file
+from gym.config.parser import as_config_dict, get_train_args
 from gym.data.templates import get_chat_format
 from gym.errors import ModelError
 from gym.models.loader import load_causal_lm, load_tokenizer, resolve_model_path
@@ -40,11 +40,7 @@ def _finished_output(config: dict[str, Any]) -> Path | None:
 
 def resolve_inference_config(config: dict[str, Any] | str | os.PathLike | None) -> dict[str, Any]:
     """A user config -> the complete inference config: which model, adapters, template and decoding."""
-    if config is None:
-        config = {}
-    elif not isinstance(config, dict):
-        config = load_config_file(config)
-    config = dict(config)
+    config = as_config_dict(config)
     trained = _finished_output(config)
     if trained is not None:
         manifest = yaml.safe_load((trained / MANIFEST_FILE).read_text())

@@ -209,6 +209,15 @@ def load_config_file(path: str | os.PathLike) -> dict[str, Any]:
     return data
 
 
+def as_config_dict(config: dict[str, Any] | str | os.PathLike | None) -> dict[str, Any]:
+    """None, a dict, or a path to YAML/JSON -> a fresh dict the caller may change."""
+    if config is None:
+        return {}
+    if isinstance(config, dict):
+        return dict(config)
+    return load_config_file(config)
+
+
 def _parse_scalar(text: str) -> Any:
     try:
         return yaml.safe_load(text)
@@ -289,11 +298,7 @@ def get_train_args(config: dict[str, Any] | str | os.PathLike | None = None) -> 
 
     The method's own options (e.g. `pref_beta` for dpo) are attached as `finetuning.method_options`.
     """
-    if config is None:
-        config = {}
-    elif not isinstance(config, dict):
-        config = load_config_file(config)
-    config = _canonical(config)
+    config = _canonical(as_config_dict(config))
     buckets = _split_by_concern(config)
 
     finetuning: FinetuningArguments = _build(FinetuningArguments, buckets.get(FinetuningArguments, {}))
