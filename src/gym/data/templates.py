@@ -118,12 +118,10 @@ class ChatFormat:
         system = system or self.default_system
         if self.template is None:
             return self._apply(self._hf_messages(messages, system), add_generation_prompt=True)
-        text = "".join(p + r for p, r in self._render_named(messages + [{"role": "assistant", "content": ""}], system))
-        last_response = _fill(self.template.assistant, "", self.tokenizer.eos_token or "")
-        prompt = text[: len(text) - len(last_response)]
-        if self.template.thinking and not self.enable_thinking:
-            prompt += EMPTY_THOUGHT
-        return prompt
+        # The prompt of the turn to come is exactly its training prompt piece (which already holds the
+        # empty thought when thinking is off), after the earlier turns as trained.
+        *history, (last_prompt, _) = self._render_named(messages + [{"role": "assistant", "content": ""}], system)
+        return "".join(p + r for p, r in history) + last_prompt
 
     def stop_token_ids(self) -> list[int]:
         """Token ids that end an assistant turn in this format (for generation)."""
