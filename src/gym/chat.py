@@ -18,7 +18,7 @@ from typing import Any
 import torch
 import yaml
 
-from gym.config.parser import as_config_dict, get_train_args
+from gym.config.parser import as_config_dict, get_train_args, split_names
 from gym.data.templates import get_chat_format
 from gym.errors import ModelError
 from gym.models.loader import load_causal_lm, load_tokenizer, resolve_model_path
@@ -50,7 +50,7 @@ def resolve_inference_config(config: dict[str, Any] | str | os.PathLike | None) 
             config["model_name_or_path"] = str(trained)
         logger.info("Using the trained model in %s", trained)
     # Settings saved by training (with the first adapter) fill in what the user left unset.
-    first_adapter = (config.get("adapter_name_or_path") or "").split(",")[0].strip()
+    first_adapter = next(iter(split_names(config.get("adapter_name_or_path"))), "")
     saved_dir = Path(first_adapter) if first_adapter else Path(str(config.get("model_name_or_path") or ""))
     saved = saved_dir / CONFIG_FILE if str(saved_dir) else None
     if saved is not None and saved.is_file():
@@ -75,7 +75,7 @@ class ChatModel:
         model_path = resolve_model_path(self.model_args.model_name_or_path)
         self.tokenizer = load_tokenizer(model_path, self.model_args)
         self.model = load_causal_lm(model_path, self.model_args, dtype=self._dtype())
-        for adapter in [a.strip() for a in (self.model_args.adapter_name_or_path or "").split(",") if a.strip()]:
+        for adapter in split_names(self.model_args.adapter_name_or_path):
             if not (Path(adapter) / "adapter_config.json").is_file():
                 raise ModelError(f"{adapter} is not a LoRA adapter folder (no adapter_config.json).")
             self.model = PeftModel.from_pretrained(self.model, adapter).merge_and_unload()

@@ -209,6 +209,11 @@ def load_config_file(path: str | os.PathLike) -> dict[str, Any]:
     return data
 
 
+def split_names(value: str | None) -> list[str]:
+    """`"a, b,,c"` -> ["a", "b", "c"]: the comma-separated lists config keys hold (datasets, adapters, modules)."""
+    return [v.strip() for v in (value or "").split(",") if v.strip()]
+
+
 def as_config_dict(config: dict[str, Any] | str | os.PathLike | None) -> dict[str, Any]:
     """None, a dict, or a path to YAML/JSON -> a fresh dict the caller may change."""
     if config is None:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from gym.config.parser import split_names
 from gym.errors import DataError
 
 DATA_EXTENSIONS = (".json", ".jsonl", ".csv", ".parquet")
@@ -102,7 +103,7 @@ def get_dataset_attrs(names: str | list[str] | None, dataset_dir: str | Path) ->
     if not names:
         return []
     if isinstance(names, str):
-        names = [n.strip() for n in names.split(",") if n.strip()]
+        names = split_names(names)
     dataset_dir = Path(dataset_dir)
     info = read_dataset_info(dataset_dir)
     attrs = []

@@ -9,15 +9,12 @@ from typing import Any
 import torch
 
 from gym.config.finetuning import FinetuningArguments
+from gym.config.parser import split_names as _split
 from gym.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
 _LAYER_INDEX = re.compile(r"\.layers\.(\d+)\.")
-
-
-def _split(value: str | None) -> list[str]:
-    return [v.strip() for v in (value or "").split(",") if v.strip()]
 
 
 def setup_full(model: Any) -> Any:

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from transformers import PrinterCallback, ProgressCallback
 
-from gym.config.parser import TrainArgs
+from gym.config.parser import TrainArgs, split_names
 from gym.data.collators import CausalLMCollator
 from gym.data.loader import TokenizedData, get_dataset
 from gym.data.templates import get_chat_format
@@ -23,10 +23,6 @@ from gym.train.method import RunResult
 from gym.train.trainer import GymTrainer
 
 logger = logging.getLogger(__name__)
-
-
-def _split(value: str | None) -> list[str]:
-    return [v.strip() for v in (value or "").split(",") if v.strip()]
 
 
 def _warn_about_precision(args: TrainArgs) -> None:
@@ -69,7 +65,7 @@ def run_causal_lm(args: TrainArgs, data_kind: str, packing_by_default: bool) -> 
 
     torch.manual_seed(training_args.seed)
     model = load_causal_lm(model_path, model_args)
-    model = setup_finetuning(model, finetuning_args, _split(model_args.adapter_name_or_path))
+    model = setup_finetuning(model, finetuning_args, split_names(model_args.adapter_name_or_path))
     trainable, total = count_parameters(model)
     logger.info("Trainable parameters: %s of %s (%.2f%%)", f"{trainable:,}", f"{total:,}", 100 * trainable / total)
     _choose_checkpointing(args, model, data)
