@@ -67,7 +67,7 @@ def _method_option_classes() -> dict[str, type]:
 
 
 def known_keys() -> dict[str, type]:
-    """Every accepted key -> the dataclass that owns it."""
+    """Every accepted key -> the dataclass that owns it (for a key several methods share, the first)."""
     keys: dict[str, type] = {}
     for cls in CONCERNS.values():
         for name in _fields(cls):
@@ -76,6 +76,10 @@ def known_keys() -> dict[str, type]:
         for name in _fields(cls):
             keys.setdefault(name, cls)
     return keys
+
+
+def _stages_reading(key: str) -> list[str]:
+    return sorted(stage for stage, cls in _method_option_classes().items() if key in _fields(cls))
 
 
 def _suggest(key: str, candidates: typing.Iterable[str]) -> str:
@@ -288,13 +292,20 @@ def _build(cls: type, values: dict[str, Any]) -> Any:
         raise ConfigError(f"Invalid {cls.__name__}: {exc}") from None
 
 
-def _split_by_concern(config: dict[str, Any]) -> dict[type, dict[str, Any]]:
+def _split_by_concern(config: dict[str, Any], stage: str, options: type | None) -> dict[type, dict[str, Any]]:
+    """Key -> the dataclass that reads it: a concern, or the chosen method's own options."""
     keys = known_keys()
+    option_fields = _fields(options) if options is not None else {}
     buckets: dict[type, dict[str, Any]] = {}
     for key, value in config.items():
-        if key not in keys:
+        if key in option_fields:
+            buckets.setdefault(options, {})[key] = value
+        elif key in keys and keys[key] in CONCERNS.values():
+            buckets.setdefault(keys[key], {})[key] = value
+        elif key in keys:
+            raise ConfigError(f"'{key}' applies to stage {'/'.join(_stages_reading(key))}, not '{stage}'.")
+        else:
             raise ConfigError(f"Unknown config key '{key}'.{_suggest(key, list(keys) + list(ALIASES))}")
-        buckets.setdefault(keys[key], {})[key] = value
     return buckets
 
 
@@ -304,21 +315,15 @@ def get_train_args(config: dict[str, Any] | str | os.PathLike | None = None) -> 
     The method's own options (e.g. `pref_beta` for dpo) are attached as `finetuning.method_options`.
     """
     config = _canonical(as_config_dict(config))
-    buckets = _split_by_concern(config)
-
-    finetuning: FinetuningArguments = _build(FinetuningArguments, buckets.get(FinetuningArguments, {}))
     from gym.train.methods import METHODS
 
-    if finetuning.stage not in METHODS:
-        raise ConfigError(f"Unknown stage '{finetuning.stage}'.{_suggest(finetuning.stage, METHODS)} "
-                          f"Available: {', '.join(sorted(METHODS))}.")
-    method = METHODS[finetuning.stage]
-    option_classes = _method_option_classes()
-    for cls in set(option_classes.values()) - {method.options}:
-        stray = set(buckets.get(cls, {}))
-        if stray:
-            owners = sorted(n for n, c in option_classes.items() if c is cls)
-            raise ConfigError(f"'{sorted(stray)[0]}' applies to stage {'/'.join(owners)}, not '{finetuning.stage}'.")
+    stage = str(config.get("stage", FinetuningArguments.stage))
+    if stage not in METHODS:
+        raise ConfigError(f"Unknown stage '{stage}'.{_suggest(stage, METHODS)} Available: {', '.join(sorted(METHODS))}.")
+    method = METHODS[stage]
+    buckets = _split_by_concern(config, stage, method.options)
+
+    finetuning: FinetuningArguments = _build(FinetuningArguments, buckets.get(FinetuningArguments, {}))
     finetuning.method_options = (
         _build(method.options, buckets.get(method.options, {})) if method.options is not None else None
     )

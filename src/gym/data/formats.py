@@ -2,7 +2,10 @@
 
 Every check names the file, the row and the field, because a user with a 50,000-row file needs to
 find the one bad row. Which fields are required depends on the data kind the method asks for:
-`unsupervised` (pt) needs text, `supervised` (sft) needs at least one assistant answer.
+`unsupervised` (pt) needs text, `supervised` (sft) needs at least one assistant answer, `pairwise`
+(rm, dpo family) a prompt with a chosen and a rejected answer, `feedback` (kto) an answer and a
+desirable/undesirable tag, `prompt` (grpo, rloo, ppo) a prompt ending with a user turn and
+optionally a reference answer for verifiable rewards.
 """
 
 from __future__ import annotations
@@ -25,6 +28,10 @@ class Example:
     messages: list[dict[str, str]] = field(default_factory=list)
     system: str | None = None
     tools: str | None = None
+    chosen: str | None = None  # pairwise: the preferred and the dispreferred next answer
+    rejected: str | None = None
+    kto_tag: bool | None = None  # feedback: is the last answer desirable?
+    answer: str | None = None  # prompt: the reference answer verifiable rewards compare with
 
 
 def _fail(source: RowSource, field_name: str, problem: str) -> DataError:
@@ -47,9 +54,71 @@ def _string(source: RowSource, row: dict, column: str, *, required: bool) -> str
 def convert_row(attr: DatasetAttr, source: RowSource, row: Any, kind: str) -> Example:
     if not isinstance(row, dict):
         raise DataError(f"{source}: expected an object with named fields, got {type(row).__name__}.")
+    _check_columns_for(attr, kind)
     if attr.formatting == "alpaca":
-        return _convert_alpaca(attr, source, row, kind)
-    return _convert_sharegpt(attr, source, row, kind)
+        example = _convert_alpaca(attr, source, row, kind)
+    else:
+        example = _convert_sharegpt(attr, source, row, kind)
+    if kind == "pairwise":
+        example.chosen = _answer_text(attr, source, row, "chosen")
+        example.rejected = _answer_text(attr, source, row, "rejected")
+    elif kind == "feedback":
+        example.kto_tag = _kto_tag(source, row, attr.column("kto_tag"))
+    elif kind == "prompt" and attr.column("answer"):
+        example.answer = _reference_answer(source, row, attr.column("answer"))
+    return example
+
+
+_NEEDED_COLUMNS = {
+    "pairwise": (("chosen", "rejected"), "set `\"ranking\": true` and map `columns: {chosen: ..., rejected: ...}`"),
+    "feedback": (("kto_tag",), "map `columns: {kto_tag: <the column holding true/false>}`"),
+}
+
+
+def _check_columns_for(attr: DatasetAttr, kind: str) -> None:
+    if kind not in _NEEDED_COLUMNS:
+        return
+    needed, how = _NEEDED_COLUMNS[kind]
+    missing = [c for c in needed if not attr.column(c)]
+    if missing:
+        what = "preference pairs" if kind == "pairwise" else "desirable/undesirable labels"
+        raise DataError(f"Dataset '{attr.name}' has no {what} (no '{missing[0]}' column): in dataset_info.json, {how}.")
+
+
+def _answer_text(attr: DatasetAttr, source: RowSource, row: dict, key: str) -> str:
+    """A chosen/rejected answer: a plain string (alpaca), or one message object (sharegpt/openai)."""
+    column = attr.column(key)
+    value = row.get(column)
+    if isinstance(value, dict) and attr.formatting != "alpaca":
+        content = value.get(attr.tag("content_tag"))
+        if not isinstance(content, str) or not content.strip():
+            raise _fail(source, f"{column}.{attr.tag('content_tag')}", "must be a non-empty string.")
+        return content
+    if isinstance(value, list) and value and isinstance(value[-1], dict) and attr.formatting != "alpaca":
+        return _answer_text(attr, source, {column: value[-1]}, key)
+    return _string(source, row, column, required=True)
+
+
+def _kto_tag(source: RowSource, row: dict, column: str) -> bool:
+    value = row.get(column)
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    raise _fail(source, column, f"must be true or false (desirable or not), got {value!r}.")
+
+
+def _reference_answer(source: RowSource, row: dict, column: str) -> str:
+    value = row.get(column)
+    if isinstance(value, bool) or value is None:
+        raise _fail(source, column, "is missing." if value is None else f"must be a string or number, got {value!r}.")
+    if isinstance(value, (int, float)):
+        return str(value)
+    if not isinstance(value, str):
+        raise _fail(source, column, f"must be a string or number, got {type(value).__name__}.")
+    return value
 
 
 def _convert_alpaca(attr: DatasetAttr, source: RowSource, row: dict, kind: str) -> Example:
@@ -68,10 +137,12 @@ def _convert_alpaca(attr: DatasetAttr, source: RowSource, row: dict, kind: str) 
                 raise _fail(source, f"{history_col}[{turn_no}]", "must be a pair of strings [instruction, response].")
             messages += [{"role": USER, "content": pair[0]}, {"role": ASSISTANT, "content": pair[1]}]
     messages.append({"role": USER, "content": user_text})
-    response_required = kind == "supervised"
-    response = _string(source, row, response_col, required=response_required) if response_col else None
+    response_required = kind in ("supervised", "feedback")
+    response = None
+    if response_col and kind not in ("pairwise", "prompt"):
+        response = _string(source, row, response_col, required=response_required)
     if response_required and response_col is None:
-        raise DataError(f"{source}: dataset '{attr.name}' maps no 'response' column, which sft needs.")
+        raise DataError(f"{source}: dataset '{attr.name}' maps no 'response' column, which {kind} data needs.")
     if response is not None:
         messages.append({"role": ASSISTANT, "content": response})
     system_col = attr.column("system")
@@ -115,8 +186,13 @@ def _convert_sharegpt(attr: DatasetAttr, source: RowSource, row: dict, kind: str
             want = "user/observation" if expect_prompt else "assistant/function"
             raise _fail(source, f"{where}.{role_tag}", f"is {role!r} but turns must alternate; expected {want} here.")
         messages.append({"role": roles[role], "content": content})
-    if kind == "supervised" and (not messages or messages[-1]["role"] not in (ASSISTANT, FUNCTION)):
-        raise _fail(source, column, "must end with an assistant message for sft.")
+    ends_with_answer = bool(messages) and messages[-1]["role"] in (ASSISTANT, FUNCTION)
+    if kind in ("supervised", "feedback") and not ends_with_answer:
+        raise _fail(source, column, f"must end with an assistant message for {kind} data.")
+    if kind == "prompt" and ends_with_answer:
+        messages = messages[:-1]  # an answer in the row is not part of the prompt
+    if kind in ("pairwise", "prompt") and (not messages or messages[-1]["role"] not in (USER, OBSERVATION)):
+        raise _fail(source, column, f"must end with a user message for {kind} data (the answers come separately).")
     tools_col = attr.column("tools")
     tools = row.get(tools_col) if tools_col else None
     if tools is not None and not isinstance(tools, str):

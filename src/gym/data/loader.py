@@ -12,7 +12,8 @@ from typing import Any
 from gym.config.data import DataArguments
 from gym.data.formats import Example, convert_row
 from gym.data.packing import pack
-from gym.data.processors import encode_supervised, encode_unsupervised
+from gym.data.processors import (encode_feedback, encode_pairwise, encode_prompt, encode_supervised,
+                                  encode_unsupervised)
 from gym.data.readers import RowSource, read_rows
 from gym.data.registry import DatasetAttr, get_dataset_attrs
 from gym.data.templates import ChatFormat
@@ -55,14 +56,20 @@ def load_examples(attr: DatasetAttr, kind: str, max_samples: int | None = None) 
     return examples
 
 
+ENCODERS = {"pairwise": encode_pairwise, "feedback": encode_feedback, "prompt": encode_prompt}
+
+
 def _encode_all(examples: list[Example], chat: ChatFormat, data_args: DataArguments, kind: str):
     if kind == "unsupervised":
         encoded = []
         for ex in examples:
             encoded += encode_unsupervised(ex, chat, data_args.cutoff_len)
         return encoded, 0
-    encode = partial(encode_supervised, chat=chat, cutoff_len=data_args.cutoff_len,
-                     train_on_prompt=data_args.train_on_prompt, mask_history=data_args.mask_history)
+    if kind == "supervised":
+        encode = partial(encode_supervised, chat=chat, cutoff_len=data_args.cutoff_len,
+                         train_on_prompt=data_args.train_on_prompt, mask_history=data_args.mask_history)
+    else:
+        encode = partial(ENCODERS[kind], chat=chat, cutoff_len=data_args.cutoff_len)
     workers = data_args.preprocessing_num_workers or 1
     if workers > 1 and len(examples) >= 2000:
         import multiprocessing
@@ -87,20 +94,29 @@ def _collect(names: str | None, data_args: DataArguments, kind: str, seed: int) 
     return examples
 
 
+def _token_stats(rows: list[dict[str, Any]]) -> dict[str, int]:
+    if "input_ids" in rows[0]:
+        return {"tokens": sum(len(e["input_ids"]) for e in rows),
+                "supervised_tokens": sum(sum(1 for x in e["labels"] if x != -100) for e in rows)}
+    return {"tokens": sum(sum(len(v) for k, v in e.items() if k.endswith("_ids")) for e in rows)}
+
+
 def get_dataset(data_args: DataArguments, chat: ChatFormat, kind: str, seed: int = 42,
                 packing: bool = False) -> TokenizedData:
-    """Load, validate, tokenize, split and (optionally) pack. `kind`: unsupervised or supervised."""
+    """Load, validate, tokenize, split and (optionally) pack.
+
+    `kind`: unsupervised, supervised, pairwise, feedback or prompt (see gym.data.formats)."""
     if not data_args.dataset:
         raise DataError("No training data: set `dataset:` to a name from dataset_info.json or a file path.")
     train_examples = _collect(data_args.dataset, data_args, kind, seed)
     train, dropped = _encode_all(train_examples, chat, data_args, kind)
     if not train:
         raise DataError(
-            f"No training examples left: all {len(train_examples)} rows were dropped because their answers start "
-            f"beyond cutoff_len={data_args.cutoff_len} tokens. Raise cutoff_len or shorten the prompts."
+            f"No training examples left: all {len(train_examples)} rows were dropped: no answer token fits within "
+            f"cutoff_len={data_args.cutoff_len} tokens. Raise cutoff_len or shorten the prompts."
         )
     if dropped:
-        logger.warning("Dropped %d of %d examples with no answer tokens within cutoff_len=%d.",
+        logger.warning("Dropped %d of %d examples with no answer token within cutoff_len=%d.",
                        dropped, len(train_examples), data_args.cutoff_len)
     evaluation = None
     if data_args.eval_dataset:
@@ -114,14 +130,8 @@ def get_dataset(data_args: DataArguments, chat: ChatFormat, kind: str, seed: int
         held = set(order[:n_eval])
         evaluation = [train[i] for i in sorted(held)]
         train = [train[i] for i in range(len(train)) if i not in held]
-    stats = {
-        "rows": len(train_examples),
-        "dropped": dropped,
-        "examples": len(train),
-        "tokens": sum(len(e["input_ids"]) for e in train),
-        "supervised_tokens": sum(sum(1 for x in e["labels"] if x != -100) for e in train),
-    }
-    if packing:
+    stats = {"rows": len(train_examples), "dropped": dropped, "examples": len(train), **_token_stats(train)}
+    if packing and kind in ("unsupervised", "supervised"):
         train = pack(train, data_args.cutoff_len)
         if evaluation:
             evaluation = pack(evaluation, data_args.cutoff_len)

@@ -1,5 +1,8 @@
 """Examples -> token ids and labels, one function per data kind.
 
+Prompt and answer pieces are rendered by the chat format and tokenized separately, exactly as in
+sft, so every stage sees a conversation the way it is served.
+
 Labels are -100 wherever no loss is wanted: prompts (unless `train_on_prompt`), earlier answers
 with `mask_history`, and the first token of every example, so that packed examples never learn to
 predict across their boundary.
@@ -58,3 +61,57 @@ def encode_unsupervised(example: Example, chat: ChatFormat, cutoff_len: int, **_
             continue
         chunks.append({"input_ids": chunk, "labels": [IGNORE_INDEX] + chunk[1:]})
     return chunks
+
+
+def _answer_ids(chat: ChatFormat, response: str) -> list[int]:
+    tokenizer = chat.tokenizer
+    ids = tokenizer.encode(response, add_special_tokens=False)
+    if not _ends_turn(ids, set(tokenizer.all_special_ids)) and tokenizer.eos_token_id is not None:
+        ids.append(tokenizer.eos_token_id)
+    return ids
+
+
+def _prompt_and_answer(example: Example, chat: ChatFormat, answer: str) -> tuple[list[int], list[int]]:
+    """The conversation so far (ending with the assistant header) and `answer` as its next turn."""
+    pairs = chat.render_pairs(example.messages + [{"role": "assistant", "content": answer}], example.system)
+    prompt = "".join(p + r for p, r in pairs[:-1]) + pairs[-1][0]
+    return chat.tokenizer.encode(prompt, add_special_tokens=False), _answer_ids(chat, pairs[-1][1])
+
+
+def encode_pairwise(example: Example, chat: ChatFormat, cutoff_len: int, **_: Any) -> dict[str, list[int]] | None:
+    """A prompt with a chosen and a rejected answer -> {"prompt_ids", "chosen_ids", "rejected_ids"}.
+
+    Answers are cut to fit cutoff_len after the prompt; None when the prompt alone fills it.
+    """
+    prompt_ids, chosen_ids = _prompt_and_answer(example, chat, example.chosen)
+    _, rejected_ids = _prompt_and_answer(example, chat, example.rejected)
+    room = cutoff_len - len(prompt_ids)
+    if room < 1:
+        return None
+    return {"prompt_ids": prompt_ids, "chosen_ids": chosen_ids[:room], "rejected_ids": rejected_ids[:room]}
+
+
+def encode_feedback(example: Example, chat: ChatFormat, cutoff_len: int, **_: Any) -> dict[str, Any] | None:
+    """A conversation whose last answer is tagged desirable or not -> {"prompt_ids", "completion_ids", "label"}."""
+    history = Example(example.source, example.messages[:-1], example.system, example.tools)
+    prompt_ids, completion_ids = _prompt_and_answer(history, chat, example.messages[-1]["content"])
+    room = cutoff_len - len(prompt_ids)
+    if room < 1:
+        return None
+    return {"prompt_ids": prompt_ids, "completion_ids": completion_ids[:room], "label": bool(example.kto_tag)}
+
+
+def encode_prompt(example: Example, chat: ChatFormat, cutoff_len: int, **_: Any) -> dict[str, Any] | None:
+    """A conversation ending with a user turn -> {"prompt" (text), "prompt_ids"} (+ "answer" when known).
+
+    Online methods generate the answer themselves, so a prompt that fills cutoff_len leaves no room
+    and the example is dropped.
+    """
+    prompt = chat.render_prompt(example.messages, example.system)
+    prompt_ids = chat.tokenizer.encode(prompt, add_special_tokens=False)
+    if len(prompt_ids) >= cutoff_len:
+        return None
+    row: dict[str, Any] = {"prompt": prompt, "prompt_ids": prompt_ids}
+    if example.answer is not None:
+        row["answer"] = example.answer
+    return row

@@ -133,13 +133,26 @@ def _attr_from_file(name: str, path: Path) -> DatasetAttr:
     from gym.data.readers import first_row
 
     row = first_row(path) or {}
-    if "messages" in row:
-        return _attr_from_info(name, {"file_name": str(path.resolve()), "formatting": "openai"}, Path("/"))
-    if "conversations" in row:
-        return _attr_from_info(name, {"file_name": str(path.resolve()), "formatting": "sharegpt"}, Path("/"))
     info: dict[str, Any] = {"file_name": str(path.resolve())}
-    if "text" in row and "instruction" not in row:
-        info["columns"] = {"prompt": "text"}
+    columns: dict[str, str] = {}
+    if "messages" in row:
+        info["formatting"] = "openai"
+    elif "conversations" in row:
+        info["formatting"] = "sharegpt"
+    elif "text" in row and "instruction" not in row:
+        columns["prompt"] = "text"
+    # The columns the alignment kinds read, under their usual names (TRL and LLaMA-Factory spellings).
     if "chosen" in row and "rejected" in row:
-        info.update(ranking=True, columns={**info.get("columns", {}), "chosen": "chosen", "rejected": "rejected"})
+        info["ranking"] = True
+        columns.update(chosen="chosen", rejected="rejected")
+    for tag_column in ("kto_tag", "label"):
+        if isinstance(row.get(tag_column), bool):
+            columns["kto_tag"] = tag_column
+            break
+    for answer_column in ("answer", "solution"):
+        if answer_column in row:
+            columns["answer"] = answer_column
+            break
+    if columns:
+        info["columns"] = columns
     return _attr_from_info(name, info, Path("/"))

@@ -32,6 +32,8 @@ def setup_freeze(model: Any, args: FinetuningArguments) -> Any:
     layers = set(range(num_layers - n, num_layers)) if n > 0 else set(range(-n))
     modules = _split(args.freeze_trainable_modules)
     extra = _split(args.freeze_extra_modules)
+    if is_sequence_classifier(model):
+        extra.append("score")  # a reward model's new head always trains
     trainable = 0
     for name, param in model.named_parameters():
         match = _LAYER_INDEX.search(name)
@@ -46,7 +48,11 @@ def setup_freeze(model: Any, args: FinetuningArguments) -> Any:
     return model
 
 
-def lora_config(args: FinetuningArguments, tied_embeddings: bool = False) -> Any:
+def is_sequence_classifier(model: Any) -> bool:
+    return type(model).__name__.endswith("ForSequenceClassification")
+
+
+def lora_config(args: FinetuningArguments, tied_embeddings: bool = False, task_type: str = "CAUSAL_LM") -> Any:
     from peft import LoraConfig, TaskType
 
     if args.pissa_init:
@@ -56,7 +62,8 @@ def lora_config(args: FinetuningArguments, tied_embeddings: bool = False) -> Any
     targets = _split(args.lora_target)
     extra = _split(args.additional_target)
     return LoraConfig(
-        task_type=TaskType.CAUSAL_LM,
+        # SEQ_CLS makes peft train and save the new score head of a reward model with the adapter.
+        task_type=TaskType(task_type),
         r=args.lora_rank,
         lora_alpha=args.lora_alpha or args.lora_rank * 2,
         lora_dropout=args.lora_dropout,
@@ -81,7 +88,9 @@ def setup_lora(model: Any, args: FinetuningArguments, adapters: list[str] | None
     if adapters:
         return PeftModel.from_pretrained(model, adapters[-1], is_trainable=True)
     try:
-        return get_peft_model(model, lora_config(args, bool(getattr(model.config, "tie_word_embeddings", False))))
+        tied = bool(getattr(model.config, "tie_word_embeddings", False))
+        task = "SEQ_CLS" if is_sequence_classifier(model) else "CAUSAL_LM"
+        return get_peft_model(model, lora_config(args, tied, task))
     except ValueError as exc:  # peft names the module it could not find
         raise ConfigError(f"LoRA setup failed: {exc}") from None
 

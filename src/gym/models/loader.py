@@ -185,6 +185,24 @@ def load_causal_lm(model_path: str, model_args: Any = None, dtype: torch.dtype =
         raise ModelError(f"Could not load the model {model_path}: {exc}") from None
 
 
+def load_reward_backbone(model_path: str, model_args: Any = None, dtype: torch.dtype = torch.float32) -> Any:
+    """The base model with a new scalar head (`score`), for training a reward model."""
+    from transformers import AutoModelForSequenceClassification
+
+    flash = getattr(model_args, "flash_attn", "auto") if model_args is not None else "auto"
+    try:
+        model = AutoModelForSequenceClassification.from_pretrained(
+            model_path, num_labels=1, dtype=dtype, attn_implementation=attn_implementation(flash),
+            **_hub_kwargs(model_args),
+        )
+    except OSError as exc:
+        raise ModelError(f"Could not load the model {model_path}: {exc}") from None
+    if model.config.pad_token_id is None:
+        # The score is read at the last non-padding token, which the model finds through pad_token_id.
+        model.config.pad_token_id = model.config.eos_token_id
+    return model
+
+
 def _hub_kwargs(model_args: Any) -> dict[str, Any]:
     if model_args is None:
         return {}

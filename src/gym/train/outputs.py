@@ -16,7 +16,7 @@ import re
 import shutil
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import yaml
 
@@ -106,13 +106,13 @@ def _plain(value: Any) -> Any:
     return str(value)
 
 
-def save_final(trainer: Any, tokenizer: Any, args: TrainArgs, model_path: str,
-               pissa_init_dir: str | None = None) -> Path:
+def save_final(model: Any, tokenizer: Any, args: TrainArgs, model_path: str, global_step: int,
+               pissa_init_dir: str | None = None, extra: Callable[[Path], None] | None = None) -> Path:
+    """Write the result into output_dir; `extra(tmp)` adds a method's own files (e.g. a value head)."""
     out = Path(args.training.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     tmp = out / f".tmp-final-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
-    model = trainer.model
     if pissa_init_dir is not None:
         # Convert PiSSA back to a plain LoRA delta, so the adapter applies to the original base model.
         model.save_pretrained(tmp, path_initial_model_for_weight_conversion=pissa_init_dir)
@@ -129,8 +129,10 @@ def save_final(trainer: Any, tokenizer: Any, args: TrainArgs, model_path: str,
         "format_version": FORMAT_VERSION,
         "gym_version": _gym_version(),
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "global_step": trainer.state.global_step,
+        "global_step": global_step,
     }
+    if extra is not None:
+        extra(tmp)
     (tmp / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2))
     for item in tmp.iterdir():
         target = out / item.name

@@ -1,12 +1,17 @@
-"""The causal-LM training path shared by pt and sft, top to bottom:
-tokenizer -> chat format -> data -> model (+ adapters) -> trainer -> train -> save -> report."""
+"""The training path every method shares, top to bottom:
+tokenizer -> chat format -> data -> model (+ adapters) -> [the method's trainer] -> train -> save -> report.
+
+`prepare` and `train_and_save` are the two halves around a method's own trainer; `run_causal_lm` is
+the whole path for pt and sft."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from transformers import PrinterCallback, ProgressCallback
@@ -14,7 +19,7 @@ from transformers import PrinterCallback, ProgressCallback
 from gym.config.parser import TrainArgs, split_names
 from gym.data.collators import CausalLMCollator
 from gym.data.loader import TokenizedData, get_dataset
-from gym.data.templates import get_chat_format
+from gym.data.templates import ChatFormat, get_chat_format
 from gym.models.adapters import count_parameters, setup_finetuning
 from gym.models.loader import load_causal_lm, load_tokenizer, resolve_model_path
 from gym.train import outputs, resources
@@ -31,23 +36,22 @@ def _warn_about_precision(args: TrainArgs) -> None:
                        "than float32 (leave bf16 unset to choose automatically).")
 
 
-def _choose_checkpointing(args: TrainArgs, model: Any, data: TokenizedData) -> None:
-    training = args.training
-    if training.gradient_checkpointing is None:
-        longest = max(len(e["input_ids"]) for e in data.train)
-        tokens = longest * training.per_device_train_batch_size
-        training.gradient_checkpointing = training.activation_checkpointing = resources.needs_checkpointing(
-            model, tokens
-        )
-        logger.info("Gradient checkpointing: %s (auto, for %d tokens per step).",
-                    "on" if training.gradient_checkpointing else "off", tokens)
-    if training.gradient_checkpointing and args.finetuning.finetuning_type != "full":
-        # With a frozen embedding, checkpointed blocks would see inputs that need no grad and
-        # silently skip the backward pass through them.
-        model.enable_input_require_grads()
+@dataclass
+class Setup:
+    """Everything a method needs before it builds its trainer."""
+
+    model_path: str
+    tokenizer: Any
+    chat: ChatFormat
+    data: TokenizedData
+    model: Any  # adapters already attached (a PeftModel under lora)
+    resume: str | None
+    pissa_init_dir: str | None
 
 
-def run_causal_lm(args: TrainArgs, data_kind: str, packing_by_default: bool) -> RunResult:
+def prepare(args: TrainArgs, data_kind: str, *, packing_by_default: bool = False,
+            model_loader: Callable[[str, Any], Any] = load_causal_lm) -> Setup:
+    """resume -> output checks -> tokenizer -> chat format -> data -> model + adapters, for any method."""
     model_args, data_args, training_args, finetuning_args, _ = args
     resume = outputs.resolve_resume(args)
     outputs.check_output_dir(args, resuming=resume is not None)
@@ -64,11 +68,10 @@ def run_causal_lm(args: TrainArgs, data_kind: str, packing_by_default: bool) -> 
                 "fp16 mixed" if training_args.fp16 else "float32")
 
     torch.manual_seed(training_args.seed)
-    model = load_causal_lm(model_path, model_args)
+    model = model_loader(model_path, model_args)
     model = setup_finetuning(model, finetuning_args, split_names(model_args.adapter_name_or_path))
     trainable, total = count_parameters(model)
     logger.info("Trainable parameters: %s of %s (%.2f%%)", f"{trainable:,}", f"{total:,}", 100 * trainable / total)
-    _choose_checkpointing(args, model, data)
 
     pissa_init_dir = None
     if finetuning_args.finetuning_type == "lora" and finetuning_args.pissa_init:
@@ -80,43 +83,99 @@ def run_causal_lm(args: TrainArgs, data_kind: str, packing_by_default: bool) -> 
         training_args.dataloader_pin_memory = False  # pinning needs an accelerator; it only warns on CPU
     if data.eval is not None and training_args.eval_strategy == "no":
         training_args.eval_strategy = "epoch"
-    trainer = GymTrainer(
-        model=model,
-        args=training_args,
-        train_dataset=data.train,
-        eval_dataset=data.eval,
-        data_collator=CausalLMCollator(
-            pad_token_id=tokenizer.pad_token_id,
-            flash_attention=model.config._attn_implementation == "flash_attention_2",
-        ),
-        processing_class=tokenizer,
-        loraplus_lr_ratio=finetuning_args.loraplus_lr_ratio,
-        loraplus_lr_embedding=finetuning_args.loraplus_lr_embedding,
-    )
-    if not training_args.disable_tqdm:
+    return Setup(model_path, tokenizer, chat, data, model, resume, pissa_init_dir)
+
+
+def choose_checkpointing(args: TrainArgs, model: Any, tokens_per_step: int) -> None:
+    """Gradient checkpointing: on when asked, or (unset) when the activations would not fit in memory."""
+    training = args.training
+    if training.gradient_checkpointing is None:
+        training.gradient_checkpointing = training.activation_checkpointing = resources.needs_checkpointing(
+            model, tokens_per_step
+        )
+        logger.info("Gradient checkpointing: %s (auto, for %d tokens per step).",
+                    "on" if training.gradient_checkpointing else "off", tokens_per_step)
+    if training.gradient_checkpointing and args.finetuning.finetuning_type != "full":
+        # With a frozen embedding, checkpointed blocks would see inputs that need no grad and
+        # silently skip the backward pass through them.
+        model.enable_input_require_grads()
+
+
+def trl_args(config_cls: type, args: TrainArgs, **method_values: Any) -> Any:
+    """A TRL config (a TrainingArguments subclass) holding the user's training keys plus the method's.
+
+    TRL configs change some Hugging Face defaults (learning rate, bf16, checkpointing); the user's
+    config, resolved by Gym, wins over all of them.
+    """
+    names = {f.name for f in dataclasses.fields(config_cls) if f.init}
+    values = {f.name: getattr(args.training, f.name) for f in dataclasses.fields(args.training)
+              if f.init and f.name in names and f.name != "gradient_checkpointing"}
+    values.update(method_values)
+    return config_cls(**values)
+
+
+def drop_fresh_reference_adapter(model: Any, args: TrainArgs) -> None:
+    """TRL copies a given LoRA adapter as the reference ("ref"). A fresh adapter starts at zero, so the
+    base with the adapter disabled is the same reference, without a second adapter to run and save.
+    (PiSSA starts from a non-zero adapter on a changed base: its copy is the true reference.)"""
+    fresh = not args.model.adapter_name_or_path and not args.finetuning.pissa_init
+    if fresh and "ref" in getattr(model, "peft_config", {}):
+        model.delete_adapter("ref")
+        model.set_adapter("default")
+
+
+def train_and_save(trainer: Any, setup: Setup, args: TrainArgs) -> RunResult:
+    """Progress bar and log file -> train (resuming if asked) -> evaluate -> save -> plot -> report."""
+    if not args.training.disable_tqdm:
         trainer.remove_callback(ProgressCallback)
         trainer.remove_callback(PrinterCallback)
         trainer.add_callback(ProgressBar())
-    trainer.add_callback(JsonlLogger(training_args.output_dir))
+    trainer.add_callback(JsonlLogger(args.training.output_dir))
 
     started = time.perf_counter()
-    result = trainer.train(resume_from_checkpoint=resume)
+    result = trainer.train(resume_from_checkpoint=setup.resume)
     seconds = time.perf_counter() - started
     metrics = dict(result.metrics)
-    if data.eval is not None:
+    if trainer.eval_dataset is not None:
         metrics.update(trainer.evaluate())
 
-    out = outputs.save_final(trainer, tokenizer, args, model_path, pissa_init_dir)
-    if finetuning_args.plot_loss:
+    out = outputs.save_final(trainer.model, setup.tokenizer, args, setup.model_path, trainer.state.global_step,
+                             setup.pissa_init_dir)
+    if args.finetuning.plot_loss:
         outputs.plot_loss(out)
     losses = [e["loss"] for e in trainer.state.log_history if "loss" in e]
+    if hasattr(trainer, "tokens_per_second"):  # GymTrainer counts from its first batch
+        tokens_seen, tokens_per_second = trainer.tokens_seen, trainer.tokens_per_second()
+    else:  # TRL trainers log the running count of tokens they trained on
+        tokens_seen = int(max((e.get("num_tokens", 0) for e in trainer.state.log_history), default=0))
+        tokens_per_second = tokens_seen / seconds if seconds else 0.0
     return RunResult(
         output_dir=str(out),
         global_step=trainer.state.global_step,
         final_loss=losses[-1] if losses else None,
-        tokens_per_second=trainer.tokens_per_second(),
+        tokens_per_second=tokens_per_second,
         peak_memory_bytes=resources.peak_memory_bytes(),
         train_seconds=seconds,
-        tokens_seen=trainer.tokens_seen,
+        tokens_seen=tokens_seen,
         metrics=metrics,
     )
+
+
+def run_causal_lm(args: TrainArgs, data_kind: str, packing_by_default: bool) -> RunResult:
+    setup = prepare(args, data_kind, packing_by_default=packing_by_default)
+    longest = max(len(row["input_ids"]) for row in setup.data.train)
+    choose_checkpointing(args, setup.model, longest * args.training.per_device_train_batch_size)
+    trainer = GymTrainer(
+        model=setup.model,
+        args=args.training,
+        train_dataset=setup.data.train,
+        eval_dataset=setup.data.eval,
+        data_collator=CausalLMCollator(
+            pad_token_id=setup.tokenizer.pad_token_id,
+            flash_attention=setup.model.config._attn_implementation == "flash_attention_2",
+        ),
+        processing_class=setup.tokenizer,
+        loraplus_lr_ratio=args.finetuning.loraplus_lr_ratio,
+        loraplus_lr_embedding=args.finetuning.loraplus_lr_embedding,
+    )
+    return train_and_save(trainer, setup, args)
