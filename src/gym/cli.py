@@ -43,7 +43,10 @@ def train_help() -> str:
     from gym.config.parser import ALIASES, CONCERNS, _fields, _method_option_classes, _type_name
 
     lines = ["usage: gym train CONFIG.yaml [key=value ...] [--key value ...]", ""]
-    sections = list(CONCERNS.items()) + [(f"{name} options", cls) for name, cls in _method_option_classes().items()]
+    stages_of: dict[type, list[str]] = {}
+    for stage, cls in _method_option_classes().items():
+        stages_of.setdefault(cls, []).append(stage)
+    sections = list(CONCERNS.items()) + [(f"{'/'.join(stages)} options", cls) for cls, stages in stages_of.items()]
     for title, cls in sections:
         lines.append(f"{title}:")
         for name, (tp, f) in _fields(cls).items():

@@ -309,3 +309,22 @@ def test_not_a_reward_model(tmp_path, tiny_model_dir):
         json.dumps({"task_type": "SEQ_CLS", "base_model_name_or_path": str(tmp_path / "nowhere")}))
     with pytest.raises(ModelError, match="Could not load the reward model"):
         get_reward_funcs([f"reward_model:{missing_base}"])
+
+
+# ---------------------------------------------------------------- the keys every online stage shares
+
+def test_reward_model_key_joins_the_reward_functions(seq_cls_dir):
+    from gym.train.rewards import RewardChoice, rewards_of
+
+    funcs, weights = rewards_of(RewardChoice(reward_funcs=["format"], reward_model=str(seq_cls_dir)))
+    assert [f.__name__ for f in funcs] == ["format", "reward_model"] and weights == [1.0, 1.0]
+    # Weights given for reward_funcs only: the reward model weighs 1.
+    _, weights = rewards_of(RewardChoice(reward_funcs=["format"], reward_weights=[0.5], reward_model=str(seq_cls_dir)))
+    assert weights == [0.5, 1.0]
+    _, weights = rewards_of(RewardChoice(reward_funcs=["format"], reward_weights=[0.5, 2.0],
+                                         reward_model=str(seq_cls_dir)))
+    assert weights == [0.5, 2.0]
+    with pytest.raises(ConfigError, match="one weight per reward function"):
+        rewards_of(RewardChoice(reward_funcs=["format", "length"], reward_weights=[1.0, 2.0, 3.0]))
+    with pytest.raises(ConfigError, match="needs rewards: set `reward_funcs`"):
+        rewards_of(RewardChoice())

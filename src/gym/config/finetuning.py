@@ -8,7 +8,10 @@ from typing import Any, Literal
 class FinetuningArguments:
     """What to train (stage) and which parameters move (finetuning type)."""
 
-    stage: str = field(default="sft", metadata={"help": "Training method: pt or sft."})
+    stage: str = field(
+        default="sft",
+        metadata={"help": "Training method: pt, sft, rm, dpo, orpo, simpo, cpo, kto, ppo, grpo, gspo or rloo."},
+    )
     finetuning_type: Literal["lora", "freeze", "full"] = field(
         default="lora", metadata={"help": "lora (adapters), freeze (last layers only) or full."}
     )

@@ -141,6 +141,8 @@ def _attr_from_file(name: str, path: Path) -> DatasetAttr:
         info["formatting"] = "sharegpt"
     elif "text" in row and "instruction" not in row:
         columns["prompt"] = "text"
+    elif "prompt" in row and "instruction" not in row:  # TRL's layout: prompt (+ chosen/rejected, answer...)
+        columns["prompt"] = "prompt"
     # The columns the alignment kinds read, under their usual names (TRL and LLaMA-Factory spellings).
     if "chosen" in row and "rejected" in row:
         info["ranking"] = True

@@ -149,8 +149,18 @@ def _gym_version() -> str:
     return __version__
 
 
-def plot_loss(output_dir: str | Path) -> Path | None:
-    """training_loss.png from trainer_log.jsonl: raw loss per step and a moving average."""
+# Metrics worth a picture, when a run logs them: the loss, and what alignment stages optimise.
+PLOTS = {"loss": "training_loss.png", "reward": "training_reward.png",
+         "rewards/accuracies": "training_rewards_accuracies.png", "accuracy": "training_accuracy.png"}
+
+
+def plot_loss(output_dir: str | Path) -> list[Path]:
+    """training_loss.png (and, for alignment stages, their reward curves) from trainer_log.jsonl."""
+    return [path for key, name in PLOTS.items() if (path := plot_metric(output_dir, key, name)) is not None]
+
+
+def plot_metric(output_dir: str | Path, key: str, file_name: str) -> Path | None:
+    """A logged metric per step, raw and as a moving average, saved as output_dir/file_name."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -158,21 +168,21 @@ def plot_loss(output_dir: str | Path) -> Path | None:
 
     from gym.train.callbacks import read_log
 
-    points = [(e["step"], e["loss"]) for e in read_log(output_dir) if "loss" in e]
+    points = [(e["step"], e[key]) for e in read_log(output_dir) if key in e]
     if not points:
         return None
-    steps, losses = zip(*points)
-    window = max(1, len(losses) // 10)
-    smooth = [sum(losses[max(0, i - window + 1) : i + 1]) / len(losses[max(0, i - window + 1) : i + 1])
-              for i in range(len(losses))]
+    steps, values = zip(*points)
+    window = max(1, len(values) // 10)
+    smooth = [sum(values[max(0, i - window + 1) : i + 1]) / len(values[max(0, i - window + 1) : i + 1])
+              for i in range(len(values))]
     fig, ax = plt.subplots(figsize=(7, 4))
-    ax.plot(steps, losses, alpha=0.4, label="loss")
+    ax.plot(steps, values, alpha=0.4, label=key)
     ax.plot(steps, smooth, label=f"moving average ({window})")
     ax.set_xlabel("step")
-    ax.set_ylabel("training loss")
+    ax.set_ylabel(key if key != "loss" else "training loss")
     ax.legend()
-    path = Path(output_dir) / "training_loss.png"
-    tmp = path.with_name(".training_loss.tmp.png")
+    path = Path(output_dir) / file_name
+    tmp = path.with_name(f".{path.stem}.tmp.png")
     fig.savefig(tmp, dpi=100, bbox_inches="tight")
     plt.close(fig)
     os.replace(tmp, path)

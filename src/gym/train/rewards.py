@@ -21,6 +21,7 @@ import os
 import re
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -389,3 +390,35 @@ def combined_reward(
             if reward is not None and not math.isnan(reward):
                 totals[i] += weight * reward
     return totals
+
+
+# ---------------------------------------------------------------- the config keys every online stage shares
+
+@dataclass
+class RewardChoice:
+    """Where rewards come from (grpo, gspo, rloo, ppo): named reward functions and/or a trained reward model."""
+
+    reward_funcs: list[str] | None = field(
+        default=None,
+        metadata={"help": "Reward functions: accuracy, format, length, reward_model:<path>, python:module:function."},
+    )
+    reward_weights: list[float] | None = field(
+        default=None, metadata={"help": "One weight per reward function (default: all 1)."}
+    )
+    reward_model: str | None = field(
+        default=None, metadata={"help": "Output folder of a `stage: rm` run, used as one more reward."}
+    )
+
+
+def rewards_of(choice: RewardChoice) -> tuple[list[RewardFunc], list[float]]:
+    """The reward callables and weights a stage's options ask for; `reward_model` weighs 1 unless weighted."""
+    names = list(choice.reward_funcs or [])
+    weights = list(choice.reward_weights) if choice.reward_weights is not None else None
+    if choice.reward_model:
+        names.append(f"reward_model:{choice.reward_model}")
+        if weights is not None and len(weights) == len(names) - 1:
+            weights.append(1.0)
+    if not names:
+        raise ConfigError("This stage needs rewards: set `reward_funcs` (e.g. [accuracy, format]) and/or "
+                          "`reward_model` (the output folder of a `stage: rm` run).")
+    return get_reward_funcs(names, weights)

@@ -137,7 +137,9 @@ def train_and_save(trainer: Any, setup: Setup, args: TrainArgs) -> RunResult:
     seconds = time.perf_counter() - started
     metrics = dict(result.metrics)
     if trainer.eval_dataset is not None:
-        metrics.update(trainer.evaluate())
+        final_eval = [e for e in trainer.state.log_history
+                      if e.get("step") == trainer.state.global_step and any(k.startswith("eval_") for k in e)]
+        metrics.update(final_eval[-1] if final_eval else trainer.evaluate())
 
     out = outputs.save_final(trainer.model, setup.tokenizer, args, setup.model_path, trainer.state.global_step,
                              setup.pissa_init_dir)

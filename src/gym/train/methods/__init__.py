@@ -1,7 +1,7 @@
 """The method registry: one line per training method, and the only place stages are listed."""
 
 from gym.train.method import Method
-from gym.train.methods import dpo, grpo, kto, pt, rloo, rm, sft
+from gym.train.methods import dpo, grpo, kto, ppo, pt, rloo, rm, sft
 
 METHODS: dict[str, Method] = {
     "pt": pt.METHOD,
@@ -12,6 +12,7 @@ METHODS: dict[str, Method] = {
     "simpo": dpo.SIMPO,
     "cpo": dpo.CPO,
     "kto": kto.METHOD,
+    "ppo": ppo.METHOD,
     "grpo": grpo.METHOD,
     "gspo": grpo.GSPO,
     "rloo": rloo.METHOD,

@@ -22,39 +22,11 @@ from typing import Any, Literal
 
 from gym.config.parser import TrainArgs
 from gym.errors import ConfigError
+from gym.train.generation import MergedLoraSampling
 from gym.train.method import Method, RunResult
-from gym.train.rewards import get_reward_funcs
+from gym.train.rewards import RewardChoice, rewards_of
 from gym.train.workflow import (Setup, choose_checkpointing, drop_fresh_reference_adapter, prepare, train_and_save,
                                 trl_args)
-
-
-@dataclass
-class RewardChoice:
-    """Where rewards come from: named reward functions and/or a trained reward model."""
-
-    reward_funcs: list[str] | None = field(
-        default=None,
-        metadata={"help": "Reward functions: accuracy, format, length, reward_model:<path>, python:module:function."},
-    )
-    reward_weights: list[float] | None = field(
-        default=None, metadata={"help": "One weight per reward function (default: all 1)."}
-    )
-    reward_model: str | None = field(
-        default=None, metadata={"help": "Output folder of a `stage: rm` run, used as one more reward."}
-    )
-
-
-def rewards_of(options: RewardChoice) -> tuple[list[Any], list[float]]:
-    names = list(options.reward_funcs or [])
-    weights = list(options.reward_weights) if options.reward_weights is not None else None
-    if options.reward_model:
-        names.append(f"reward_model:{options.reward_model}")
-        if weights is not None and len(weights) == len(names) - 1:
-            weights.append(1.0)
-    if not names:
-        raise ConfigError("This stage needs rewards: set `reward_funcs` (e.g. [accuracy, format]) and/or "
-                          "`reward_model` (the output folder of a `stage: rm` run).")
-    return get_reward_funcs(names, weights)
 
 
 @dataclass
@@ -143,9 +115,13 @@ def run(args: TrainArgs) -> RunResult:
         loss_type=options.loss_type, num_iterations=options.num_iterations,
         importance_sampling_level=options.importance_sampling_level,
     )
-    trainer = GRPOTrainer(model=setup.model, reward_funcs=funcs, args=config,
-                          train_dataset=prompt_dataset(setup.data.train), eval_dataset=prompt_dataset(setup.data.eval),
-                          processing_class=setup.tokenizer)
+
+    class GymGRPOTrainer(MergedLoraSampling, GRPOTrainer):
+        pass
+
+    trainer = GymGRPOTrainer(model=setup.model, reward_funcs=funcs, args=config,
+                             train_dataset=prompt_dataset(setup.data.train),
+                             eval_dataset=prompt_dataset(setup.data.eval), processing_class=setup.tokenizer)
     drop_fresh_reference_adapter(setup.model, args)
     return train_and_save(trainer, setup, args)
 

@@ -12,9 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from gym.config.parser import TrainArgs
+from gym.train.generation import MergedLoraSampling
 from gym.train.method import Method, RunResult
-from gym.train.methods.grpo import (RewardChoice, SamplingOptions, check_sampling, prompt_dataset, rewards_of,
-                                    sampling_values)
+from gym.train.methods.grpo import SamplingOptions, check_sampling, prompt_dataset, sampling_values
+from gym.train.rewards import RewardChoice, rewards_of
 from gym.train.workflow import choose_checkpointing, drop_fresh_reference_adapter, prepare, train_and_save, trl_args
 
 
@@ -40,9 +41,13 @@ def run(args: TrainArgs) -> RunResult:
     config = trl_args(RLOOConfig, args, **sampling_values(options, setup), reward_weights=weights, beta=options.beta,
                       epsilon=options.epsilon, num_iterations=options.num_iterations,
                       normalize_advantages=options.normalize_advantages)
-    trainer = RLOOTrainer(model=setup.model, reward_funcs=funcs, args=config,
-                          train_dataset=prompt_dataset(setup.data.train), eval_dataset=prompt_dataset(setup.data.eval),
-                          processing_class=setup.tokenizer)
+
+    class GymRLOOTrainer(MergedLoraSampling, RLOOTrainer):
+        pass
+
+    trainer = GymRLOOTrainer(model=setup.model, reward_funcs=funcs, args=config,
+                             train_dataset=prompt_dataset(setup.data.train),
+                             eval_dataset=prompt_dataset(setup.data.eval), processing_class=setup.tokenizer)
     drop_fresh_reference_adapter(setup.model, args)
     return train_and_save(trainer, setup, args)
 
