@@ -29,6 +29,11 @@ def _register(data_dir: Path, name: str, rows: list[dict], entry: dict) -> None:
     (data_dir / "dataset_info.json").write_text(json.dumps(info))
 
 
+def _maker(train_config, **defaults):
+    """config(**overrides): train_config with this kind's defaults, then the test's overrides."""
+    return lambda **overrides: train_config(**{**defaults, **overrides})
+
+
 @pytest.fixture()
 def pairs_config(train_config, data_dir):
     """Pairwise (alpaca, ranking): "Say red." -> chosen "Red.", rejected "I will not."."""
@@ -37,13 +42,8 @@ def pairs_config(train_config, data_dir):
     _register(data_dir, "tiny_pairs", rows, {"ranking": True, "columns": {
         "prompt": "instruction", "query": "input", "chosen": "chosen", "rejected": "rejected"}})
 
-    def make(**overrides):
-        values = dict(stage="dpo", dataset="tiny_pairs", cutoff_len=96, max_samples=16, max_steps=2,
-                      learning_rate=1e-2, logging_steps=1)
-        values.update(overrides)
-        return train_config(**values)
-
-    return make
+    return _maker(train_config, stage="dpo", dataset="tiny_pairs", cutoff_len=96, max_samples=16, max_steps=2,
+                  learning_rate=1e-2, logging_steps=1)
 
 
 @pytest.fixture()
@@ -55,13 +55,8 @@ def feedback_config(train_config, data_dir):
     _register(data_dir, "tiny_feedback", rows, {"formatting": "openai", "columns": {
         "messages": "messages", "kto_tag": "label"}})
 
-    def make(**overrides):
-        values = dict(stage="kto", dataset="tiny_feedback", cutoff_len=96, max_samples=16, max_steps=2,
-                      learning_rate=1e-2, logging_steps=1)
-        values.update(overrides)
-        return train_config(**values)
-
-    return make
+    return _maker(train_config, stage="kto", dataset="tiny_feedback", cutoff_len=96, max_samples=16, max_steps=2,
+                  learning_rate=1e-2, logging_steps=1)
 
 
 @pytest.fixture()
@@ -72,13 +67,8 @@ def prompt_config(train_config, data_dir, tmp_path):
     reward_file = tmp_path / "tiny_rewards.py"
     reward_file.write_text(REWARD_CODE)
 
-    def make(**overrides):
-        values = dict(dataset="sums", max_steps=2, max_completion_length=8, learning_rate=5e-3, bf16=False,
-                      logging_steps=1, reward_funcs=[f"python:{reward_file}:digits"])
-        values.update(overrides)
-        return train_config(**values)
-
-    return make
+    return _maker(train_config, dataset="sums", max_steps=2, max_completion_length=8, learning_rate=5e-3, bf16=False,
+                  logging_steps=1, reward_funcs=[f"python:{reward_file}:digits"])
 
 
 @pytest.fixture()

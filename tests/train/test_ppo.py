@@ -133,8 +133,46 @@ def test_ppo_without_a_reward_is_a_config_error(ppo_config, monkeypatch):
         run_exp(ppo_config(reward_funcs=None))
 
 
-def test_ppo_refuses_resume(ppo_config, monkeypatch):
+def test_ppo_resumes_from_a_checkpoint_as_if_never_interrupted(ppo_config, tmp_path):
+    import shutil
+
+    from safetensors.torch import load_file
+
     from gym.train.run import run_exp
 
-    with pytest.raises(ConfigError, match="resume"):
+    whole = tmp_path / "whole"
+    run_exp(ppo_config(max_steps=3, save_strategy="steps", save_steps=1, save_total_limit=1, output_dir=str(whole)))
+    # Only the newest checkpoint is kept, and none at the last step (the final model is written instead).
+    assert sorted(p.name for p in whole.glob("checkpoint-*")) == ["checkpoint-2"]
+    state = json.loads((whole / "checkpoint-2" / "trainer_state.json").read_text())
+    assert state["global_step"] == 2 and state["tokens"] > 0
+
+    # "Interrupted" after step 2: a fresh run that only has that checkpoint, resumed.
+    resumed = tmp_path / "resumed"
+    resumed.mkdir()
+    shutil.copytree(whole / "checkpoint-2", resumed / "checkpoint-2")
+    lines = (whole / "trainer_log.jsonl").read_text().splitlines()
+    (resumed / "trainer_log.jsonl").write_text(lines[0] + "\n" + lines[1] + "\n" + '{"step": 3, "stale": true}\n')
+    result = run_exp(ppo_config(max_steps=3, save_strategy="steps", save_steps=1, output_dir=str(resumed),
+                                resume_from_checkpoint=True))
+    assert result.global_step == 3
+
+    # The same step 3: same samples, rewards and updates, hence the same adapter and value head.
+    log = [json.loads(line) for line in (resumed / "trainer_log.jsonl").read_text().splitlines()]
+    assert [e["step"] for e in log] == [1, 2, 3] and "stale" not in log[2]
+    original = json.loads(lines[2])
+    for key in ("reward", "response_length", "kl_coef", "learning_rate"):
+        assert log[2][key] == pytest.approx(original[key], abs=1e-6), key
+    for name in ("adapter_model.safetensors", ppo.VALUE_HEAD_FILE):
+        expected, got = load_file(str(whole / name)), load_file(str(resumed / name))
+        assert all(torch.allclose(expected[k], got[k], atol=1e-5) for k in expected), name
+
+
+def test_ppo_refuses_a_checkpoint_of_another_run(ppo_config, tmp_path):
+    from gym.train.run import run_exp
+
+    foreign = tmp_path / "out" / "checkpoint-1"
+    foreign.mkdir(parents=True)
+    (foreign / "trainer_state.json").write_text("{}")  # e.g. an sft checkpoint
+    with pytest.raises(ConfigError, match="not a checkpoint of this kind of run"):
         run_exp(ppo_config(resume_from_checkpoint=True))

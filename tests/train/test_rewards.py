@@ -220,6 +220,8 @@ def test_combined_reward_weights_and_none():
 
 TEXTS = ["<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n", "Tell me a story about a dragon."]
 REPLIES = ["4", "Once upon a time a small dragon learned to read, and then it read every book it could find."]
+# What a reward model scores for a rendered prompt: prompt + answer + the end of turn, as `stage: rm` trains.
+SCORED = [p + c + "<|im_end|>\n" for p, c in zip(TEXTS, REPLIES)]
 
 
 def direct_scores(model, tokenizer, texts):
@@ -249,10 +251,10 @@ def seq_cls_dir(tmp_path_factory, tokenizer):
 def test_reward_model_full(seq_cls_dir, tokenizer):
     fn = reward(f"reward_model:{seq_cls_dir}")
     assert fn.__name__ == "reward_model"
-    model, _ = load_reward_model(str(seq_cls_dir.resolve()))
+    model, _, _ = load_reward_model(str(seq_cls_dir.resolve()))
     scores = fn(prompts=TEXTS, completions=REPLIES)  # very different lengths: one row is padded
     assert len(scores) == 2 and all(isinstance(s, float) for s in scores)
-    assert scores == pytest.approx(direct_scores(model, tokenizer, [p + c for p, c in zip(TEXTS, REPLIES)]), abs=1e-5)
+    assert scores == pytest.approx(direct_scores(model, tokenizer, SCORED), abs=1e-5)
     assert scores[0] != pytest.approx(scores[1])
 
     # Conversational rows are rendered with the chat template, the reply as the assistant turn.
@@ -269,7 +271,7 @@ def test_reward_model_lora_adapter(tiny_model_dir, tokenizer, tmp_path):
 
     torch.manual_seed(0)
     base = AutoModelForSequenceClassification.from_pretrained(tiny_model_dir, num_labels=1, dtype=torch.float32)
-    plain_scores = direct_scores(base, tokenizer, [p + c for p, c in zip(TEXTS, REPLIES)])
+    plain_scores = direct_scores(base, tokenizer, SCORED)
     peft_model = get_peft_model(base, LoraConfig(task_type="SEQ_CLS", r=4, target_modules=["q_proj", "v_proj"]))
     with torch.no_grad():  # trained-looking weights, so the adapter really changes the scores
         for name, param in peft_model.named_parameters():
@@ -282,9 +284,9 @@ def test_reward_model_lora_adapter(tiny_model_dir, tokenizer, tmp_path):
     config_file = adapter_dir / "adapter_config.json"
     config_file.write_text(json.dumps({**json.loads(config_file.read_text()), "base_model_name_or_path": "gone"}))
 
-    expected = direct_scores(peft_model, tokenizer, [p + c for p, c in zip(TEXTS, REPLIES)])
+    expected = direct_scores(peft_model, tokenizer, SCORED)
     assert expected != pytest.approx(plain_scores, abs=1e-3)
-    model, rm_tokenizer = load_reward_model(str(adapter_dir))
+    model, rm_tokenizer, _ = load_reward_model(str(adapter_dir))
     assert rm_tokenizer.padding_side == "right" and model.config.pad_token_id == rm_tokenizer.pad_token_id
     assert not hasattr(model, "peft_config")  # merged
     scores = reward(f"reward_model:{adapter_dir}")(prompts=TEXTS, completions=REPLIES, completion_ids=None)

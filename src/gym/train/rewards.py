@@ -187,8 +187,9 @@ def _not_reward_model(path: Path, why: str) -> ConfigError:
 
 
 @functools.cache
-def load_reward_model(path: str) -> tuple[Any, Any]:
-    """The model and tokenizer of a `stage: rm` output folder, ready for batched scoring (cached per path)."""
+def load_reward_model(path: str) -> tuple[Any, Any, Any]:
+    """The model, tokenizer and chat format of a `stage: rm` output folder, ready for batched scoring
+    (cached per path). The chat format is the one the reward model was trained with (its gym_config.yaml)."""
     import torch
     from transformers import AutoConfig, AutoTokenizer
     from transformers import AutoModelForSequenceClassification as SeqCls
@@ -230,16 +231,30 @@ def load_reward_model(path: str) -> tuple[Any, Any]:
     # disagrees with the id the tokenizer pads with, batched scores silently read padding.
     model.config.pad_token_id = tokenizer.pad_token_id
     model.to("cuda" if torch.cuda.is_available() else "cpu").eval()
-    return model, tokenizer
+    return model, tokenizer, _trained_chat_format(folder, tokenizer)
 
 
-def _rm_text(prompt: Any, completion: Any, tokenizer: Any) -> str:
-    if isinstance(prompt, list):
-        reply = completion if isinstance(completion, list) else [{"role": "assistant", "content": _text(completion)}]
-        if tokenizer.chat_template:
-            return tokenizer.apply_chat_template(prompt + reply, tokenize=False)
-        return _text(prompt + reply)
-    return _text(prompt) + _text(completion)
+def _trained_chat_format(folder: Path, tokenizer: Any) -> Any:
+    """The chat format recorded in a Gym output's gym_config.yaml; the tokenizer's own otherwise."""
+    import yaml
+
+    from gym.data.templates import get_chat_format
+
+    config_file = folder / "gym_config.yaml"
+    config = (yaml.safe_load(config_file.read_text()) or {}) if config_file.is_file() else {}
+    return get_chat_format(tokenizer, config.get("template"), config.get("default_system"),
+                           config.get("enable_thinking", True))
+
+
+def _rm_text(prompt: Any, completion: Any, chat: Any) -> str:
+    """Prompt and answer rendered as `stage: rm` saw its pairs: the answer closed by its end-of-turn,
+    where the score head was trained to read."""
+    answer = {"role": "assistant", "content": _text(completion)}
+    if isinstance(prompt, list):  # a conversation: render it whole
+        return "".join(p + r for p, r in chat.render_pairs(prompt + [answer]))
+    # Gym's online stages pass prompts already rendered in the chat format: add the answer's piece.
+    (_, answer_piece), = chat.render_pairs([{"role": "user", "content": ""}, answer])
+    return _text(prompt) + answer_piece
 
 
 def _reward_model(arg: str | None) -> RewardFunc:
@@ -247,11 +262,11 @@ def _reward_model(arg: str | None) -> RewardFunc:
 
     if not arg:
         raise ConfigError("reward `reward_model` needs a path: reward_model:<output_dir of a `stage: rm` run>.")
-    model, tokenizer = load_reward_model(str(Path(arg).expanduser().resolve()))
+    model, tokenizer, chat = load_reward_model(str(Path(arg).expanduser().resolve()))
 
     def reward_model(prompts: list | None, completions: list, **kwargs: Any) -> list[float | None]:
         prompts = prompts if prompts is not None else [""] * len(completions)
-        texts = [_rm_text(p, c, tokenizer) for p, c in zip(prompts, completions, strict=True)]
+        texts = [_rm_text(p, c, chat) for p, c in zip(prompts, completions, strict=True)]
         scores: list[float | None] = []
         for i in range(0, len(texts), _SCORE_BATCH):
             # Prompts arrive already rendered with their special tokens, as in TRL's own reward-model path.

@@ -18,7 +18,9 @@ Where we depart from the paper / classic TRL:
 - The learning-rate schedule advances once per PPO step, not per optimiser step (like LLaMA-Factory).
 - Under LoRA the reference is the model *without the trained adapter*: with `adapter_name_or_path`
   the earlier adapters are merged in (part of the reference), the last one is trained (not part of it).
-- No intermediate checkpoints or resume yet: only the final model is written.
+- Checkpoints (`save_strategy: steps`, `save_steps`) hold the trainable weights, the value head, the
+  optimizer, scheduler, KL controller and random states; `resume_from_checkpoint: true` continues the
+  same run (gym.train.loop_checkpoint).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ import torch
 from gym.config.parser import TrainArgs
 from gym.errors import ConfigError
 from gym.train.generation import merged_lora
+from gym.train.loop_checkpoint import load_checkpoint, save_checkpoint, save_every
 from gym.train.method import Method, RunResult
 from gym.train.ppo_math import (AdaptiveKLController, RunningMoments, completion_mask, compute_gae, masked_mean,
                                 policy_loss, value_loss, whiten)
@@ -272,9 +275,6 @@ def optimise(loop: PPOLoop, rollout: Rollout, generator: torch.Generator) -> dic
 
 
 def _check_unsupported(args: TrainArgs) -> None:
-    if args.training.resume_from_checkpoint not in (None, False, "", "false", "False"):
-        raise ConfigError("stage: ppo cannot resume from checkpoints yet (it saves only the final model); "
-                          "remove `resume_from_checkpoint`.")
     if args.finetuning.finetuning_type == "lora" and args.finetuning.pissa_init:
         # PiSSA moves the principal components out of the base weights, so the model with its adapter
         # disabled is not the starting model and cannot serve as the KL reference.
@@ -348,6 +348,10 @@ def _build_loop(args: TrainArgs, setup: Any, device: torch.device, max_steps: in
                    kl_ctl=AdaptiveKLController(opts.ppo_init_kl_coef, opts.ppo_target, opts.ppo_horizon))
 
 
+def _read_lines(path: Path) -> list[str]:
+    return [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()] if path.is_file() else []
+
+
 def _save_value_head(value_head: torch.nn.Linear, folder: Path) -> None:
     from safetensors.torch import save_file
 
@@ -378,12 +382,25 @@ def run(args: TrainArgs) -> RunResult:
     prompts = _prompt_batches(setup.data.train, rollout_size, training.seed)
     logger.info("PPO: %d steps of %d rollouts, %d epochs each.", max_steps, rollout_size, opts.ppo_epochs)
 
+    modules = {"model": loop.model, "value_head": loop.value_head}
+    first_step, tokens = 1, 0
+    if setup.resume is not None:
+        state = load_checkpoint(setup.resume, modules, loop.optimizer, loop.scheduler, generator)
+        first_step, tokens = state["global_step"] + 1, state["tokens"]
+        loop.kl_ctl.value = state["kl_coef"]
+        loop.score_moments.mean, loop.score_moments.var, loop.score_moments.count = state["score_moments"]
+        for _ in range(state["global_step"]):  # the prompts already trained on, in the same order
+            next(prompts)
+        logger.info("Resumed from %s at step %d.", setup.resume, first_step)
     log_path = Path(training.output_dir) / LOG_FILE
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    log_path.write_text("", encoding="utf-8")
-    bar = tqdm(total=max_steps, desc="ppo", dynamic_ncols=True, disable=training.disable_tqdm)
-    started, tokens, entry = time.perf_counter(), 0, {}
-    for step in range(1, max_steps + 1):
+    kept = [line for line in _read_lines(log_path) if json.loads(line)["step"] < first_step]
+    log_path.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+    save_steps = save_every(training.save_strategy, training.save_steps, max_steps)
+
+    bar = tqdm(total=max_steps, initial=first_step - 1, desc="ppo", dynamic_ncols=True, disable=training.disable_tqdm)
+    started, entry = time.perf_counter(), {}
+    for step in range(first_step, max_steps + 1):
         learning_rate = loop.scheduler.get_last_lr()[0]
         kl_coef = loop.kl_ctl.value
         rollout = collect_rollout(loop, next(prompts), device)
@@ -400,6 +417,12 @@ def run(args: TrainArgs) -> RunResult:
         if training.disable_tqdm:  # no bar: one line per step instead, like the other stages
             logger.info("step %d/%d: reward %.4f, kl %.4f, loss %.4f", step, max_steps, entry["reward"],
                         entry["kl"], entry["loss"])
+        if save_steps and step % save_steps == 0 and step < max_steps:
+            moments = loop.score_moments
+            save_checkpoint(training.output_dir, step, modules, loop.optimizer, loop.scheduler, generator,
+                            {"tokens": tokens, "kl_coef": loop.kl_ctl.value,
+                             "score_moments": [moments.mean, moments.var, moments.count]},
+                            training.save_total_limit)
     bar.close()
     seconds = time.perf_counter() - started
 
