@@ -33,6 +33,7 @@ test: setup
 bench: setup
 	HF_HUB_OFFLINE=1 $(PY) bench/train_throughput.py
 	HF_HUB_OFFLINE=1 $(PY) bench/align_speed.py
+	HF_HUB_OFFLINE=1 $(PY) bench/delta.py
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info

@@ -14,6 +14,7 @@ USAGE = """usage: gym <command> [options]
 commands:
   train CONFIG [key=value ...] [--key value ...]   fine-tune (see `gym train --help` for every key)
   chat [CONFIG] [--key value ...] [--prompt TEXT]  talk to a model; --prompt answers once and exits
+  delta compress|apply|inspect|eval [options]      a fine-tune as a compressed delta (`gym delta -h`)
   env                                              versions of Python, torch and the HF stack, and the device
   version                                          Gym's version
 
@@ -130,6 +131,12 @@ def _interactive(model) -> int:  # noqa: ANN001 - ChatModel, imported lazily
         history.append({"role": "assistant", "content": answer})
 
 
+def cmd_delta(argv: list[str]) -> int:
+    from gym.delta.cli import main as delta_main
+
+    return delta_main(argv)
+
+
 def cmd_env(argv: list[str]) -> int:
     import platform
 
@@ -170,6 +177,7 @@ def cmd_version(argv: list[str]) -> int:
 COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "train": cmd_train,
     "chat": cmd_chat,
+    "delta": cmd_delta,
     "env": cmd_env,
     "version": cmd_version,
 }

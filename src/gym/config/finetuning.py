@@ -48,6 +48,17 @@ class FinetuningArguments:
     freeze_extra_modules: str | None = field(
         default=None, metadata={"help": "Comma-separated modules outside the layers to train too (e.g. embed_tokens)."}
     )
+    # Delta compression of the result (gym.delta): delta.safetensors next to the trained model.
+    delta_compression: Literal["bitdelta", "int8", "int4", "int2", "ternary", "binary"] | None = field(
+        default=None,
+        metadata={"help": "At the end of training, also store the result as a compressed delta from its base."},
+    )
+    delta_group_size: int | None = field(
+        default=None, metadata={"help": "Delta compression: one scale per this many weights of a row."}
+    )
+    delta_distill_steps: int = field(
+        default=200, metadata={"help": "bitdelta: scale-distillation steps on the training data (0: none)."}
+    )
     # Outputs.
     plot_loss: bool = field(default=False, metadata={"help": "Save training_loss.png in the output folder."})
     overwrite_output_dir: bool = field(

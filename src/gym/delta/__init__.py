@@ -1,0 +1,1 @@
+"""Fine-tune deltas: extract, compress (BitDelta, DeltaQuant), store, apply."""

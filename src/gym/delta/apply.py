@@ -1,0 +1,74 @@
+"""Base + delta -> the fine-tuned model (exactly, for dense entries; as compressed, for the rest)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gym.delta.compress import reconstruct
+from gym.delta.format import fingerprint, load_delta
+from gym.delta.quant import Encoded
+from gym.delta.weights import parameters
+from gym.errors import ConfigError
+
+
+def check_base(base: Any, header: dict[str, Any], delta_path: str | os.PathLike) -> None:
+    expected = header.get("base", {}).get("fingerprint")
+    if expected != fingerprint(parameters(base)):
+        made_from = header.get("base", {}).get("name") or "another model"
+        raise ConfigError(f"{delta_path} was made from a different base model ({made_from}): its base fingerprint "
+                          "does not match this base's tensors. Apply it to the base it was compressed from.")
+
+
+def apply_delta(base: Any, entries: dict[str, Encoded | torch.Tensor], header: dict[str, Any],
+                delta_path: str | os.PathLike = "the delta") -> Any:
+    """Add every entry to `base`'s parameters in place (after checking it is the right base); returns base."""
+    check_base(base, header, delta_path)
+    params = dict(base.named_parameters())
+    for name, entry in entries.items():
+        if name not in params:
+            raise ConfigError(f"{delta_path} changes {name}, which this base does not have.")
+        shape = tuple(entry.shape)
+        if shape != tuple(params[name].shape):
+            raise ConfigError(f"{delta_path}: {name} has shape {shape}, the base's is {tuple(params[name].shape)}.")
+    with torch.no_grad():
+        for name, entry in entries.items():
+            param = params[name]
+            delta = reconstruct(entry) if isinstance(entry, Encoded) else entry
+            # Dense deltas are added at their stored precision (float64 where needed) so that they are exact.
+            precision = torch.promote_types(param.dtype, delta.dtype)
+            param.copy_((param.to(precision) + delta.to(precision)).to(param.dtype))
+    return base
+
+
+def write_applied(base_ref: str, delta_path: str | os.PathLike, out: str | os.PathLike, overwrite: bool = False) -> Path:
+    """`gym delta apply`: a model folder (safetensors + tokenizer) that transformers loads as it is."""
+    from gym.models.loader import load_tokenizer, resolve_model_path
+    from gym.delta.weights import load_model
+
+    out = Path(out)
+    if out.exists() and any(out.iterdir()) and not overwrite:
+        raise ConfigError(f"{out} exists and is not empty; choose another output folder or pass --overwrite.")
+    entries, header = load_delta(delta_path)  # everything is checked before anything is written
+    base_path = resolve_model_path(base_ref)
+    model = apply_delta(load_model(base_ref), entries, header, delta_path)
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        model.save_pretrained(tmp)
+        load_tokenizer(base_path).save_pretrained(tmp)
+        (tmp / "gym_manifest.json").write_text(json.dumps({
+            "what": "model", "made_by": "gym delta apply", "base_model": base_ref, "delta": str(delta_path),
+            "delta_method": header.get("method"), "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}, indent=2))
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out

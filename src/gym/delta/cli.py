@@ -1,0 +1,164 @@
+"""`gym delta compress | apply | inspect | eval`: the delta tools on the command line."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from gym.errors import ConfigError
+
+METHODS = ("bitdelta", "int8", "int4", "int2", "ternary", "binary")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gym delta", description="Store a fine-tune as a compressed delta "
+                                     "from its base, and get it back.")
+    sub = parser.add_subparsers(dest="verb", required=True)
+
+    c = sub.add_parser("compress", help="base + fine-tune (model folder or LoRA adapter) -> delta file")
+    c.add_argument("--base", required=True, help="base model: short name, hub id or folder")
+    c.add_argument("--finetuned", required=True, help="fine-tuned model folder, or a LoRA adapter folder of the base")
+    c.add_argument("--method", choices=METHODS, default="bitdelta")
+    c.add_argument("-o", "--output", required=True, help="the .safetensors file to write")
+    c.add_argument("--distill-steps", type=int, default=200, help="bitdelta: scale-distillation steps (0: none)")
+    c.add_argument("--distill-lr", type=float, default=1e-4)
+    c.add_argument("--distill-batch-size", type=int, default=4)
+    c.add_argument("--seq-len", type=int, default=128, help="calibration sequence length in tokens")
+    c.add_argument("--calibration", help="calibration data: a dataset name (dataset_info.json) or a file")
+    c.add_argument("--dataset-dir", default="data", help="folder of dataset_info.json")
+    c.add_argument("--group-size", type=int, help="one scale per this many weights of a row")
+    c.add_argument("--safety-threshold", type=float, help="bitdelta: int8 for matrices whose 1-bit error exceeds it")
+    c.add_argument("--no-compress-embeddings", action="store_true", help="store a changed embedding dense")
+    c.add_argument("--enable-deltasoup", action="store_true", help="mark the delta as contributable to DeltaSoup")
+    c.add_argument("--per-tensor", action="store_true", help="int/ternary/binary: one scale per tensor")
+    c.add_argument("--asymmetric", action="store_true", help="int methods: asymmetric codes with a zero point")
+    c.add_argument("--clip-percentile", type=float, help="int methods: clip each unit's range at this percentile")
+    c.add_argument("--calibration-samples", type=int, default=0, help="sequences that weigh errors (mixed precision)")
+    c.add_argument("--bit-budget", type=float, help="mixed precision: average bits per weight, chosen by sensitivity")
+    c.add_argument("--layer-bits", help='mixed precision by name: "down_proj=int8,self_attn=int4"')
+
+    a = sub.add_parser("apply", help="base + delta -> model folder")
+    a.add_argument("--base", required=True)
+    a.add_argument("--delta", required=True)
+    a.add_argument("-o", "--output", required=True, help="model folder to write")
+    a.add_argument("--overwrite", action="store_true")
+
+    i = sub.add_parser("inspect", help="size, ratio and per-layer error of a delta file")
+    i.add_argument("delta")
+    i.add_argument("--all", action="store_true", help="list every parameter, not only the 12 worst")
+
+    e = sub.add_parser("eval", help="eval loss of base, fine-tune and reconstruction; the share of the gain kept")
+    e.add_argument("--base", required=True)
+    e.add_argument("--finetuned", required=True)
+    e.add_argument("--delta", required=True)
+    e.add_argument("--dataset", required=True)
+    e.add_argument("--dataset-dir", default="data")
+    e.add_argument("--max-samples", type=int, default=64)
+    e.add_argument("--cutoff-len", type=int, default=512)
+    return parser
+
+
+def quantizer_for(args: argparse.Namespace) -> Any:
+    if args.method == "bitdelta":
+        from gym.delta.bitdelta import BitDeltaConfig, BitDeltaQuantizer
+
+        return BitDeltaQuantizer(BitDeltaConfig(
+            group_size=args.group_size, safety_threshold=args.safety_threshold,
+            enable_deltasoup=args.enable_deltasoup, compress_embeddings=not args.no_compress_embeddings,
+            distill_steps=args.distill_steps, distill_lr=args.distill_lr, distill_seq_len=args.seq_len,
+            distill_batch_size=args.distill_batch_size, calibration=args.calibration, calibration_dir=args.dataset_dir))
+    from gym.delta.deltaquant import DeltaQuantConfig, DeltaQuantizer
+
+    layer_bits = None
+    if args.layer_bits:
+        pairs = [p.split("=", 1) for p in args.layer_bits.split(",") if p.strip()]
+        if any(len(p) != 2 for p in pairs):
+            raise ConfigError(f'--layer-bits takes "pattern=method,...", e.g. "down_proj=int8", got {args.layer_bits!r}.')
+        layer_bits = {k.strip(): v.strip() for k, v in pairs}
+    return DeltaQuantizer(DeltaQuantConfig(
+        method=args.method, per_channel=not args.per_tensor, calibration_samples=args.calibration_samples,
+        group_size=args.group_size, symmetric=not args.asymmetric, clip_percentile=args.clip_percentile,
+        layer_bits=layer_bits, bit_budget=args.bit_budget, compress_embeddings=not args.no_compress_embeddings,
+        enable_deltasoup=args.enable_deltasoup, calibration=args.calibration, calibration_dir=args.dataset_dir,
+        seq_len=args.seq_len))
+
+
+def compress(args: argparse.Namespace) -> int:
+    from gym.delta.format import human_bytes
+    from gym.delta.weights import load_model
+    from gym.models.loader import load_tokenizer, resolve_model_path
+
+    quantizer = quantizer_for(args)  # option errors before any model is loaded
+    base, finetuned = load_model(args.base), load_model(args.finetuned, args.base)
+    result = quantizer.compress(base, finetuned, tokenizer=load_tokenizer(resolve_model_path(args.base)),
+                                base_name=args.base)
+    path = result.save(args.output)
+    size, fp16 = path.stat().st_size, 2 * result.header["base"]["parameters"]
+    print(f"Wrote {path}: {human_bytes(size)}, {fp16 / size:.1f}x smaller than the fine-tune in fp16 "
+          f"({human_bytes(fp16)}), {len(result.entries)} changed parameters, {result.seconds:.0f} s.")
+    if "distillation" in result.header:
+        d = result.header["distillation"]
+        print(f"Scale distillation: logit MSE {d['mse_before']:.4f} -> {d['mse_after']:.4f} in {d['steps']} steps.")
+    return 0
+
+
+def apply(args: argparse.Namespace) -> int:
+    from gym.delta.apply import write_applied
+
+    out = write_applied(args.base, args.delta, args.output, overwrite=args.overwrite)
+    print(f"Wrote {out} (load it with transformers, or `gym chat model_name_or_path={out}`).")
+    return 0
+
+
+def inspect(args: argparse.Namespace) -> int:
+    from gym.delta.format import human_bytes, read_header
+
+    header = read_header(args.delta)
+    size = Path(args.delta).stat().st_size
+    fp16 = 2 * header["base"]["parameters"]
+    entries = header["stats"]["entries"]
+    print(f"{args.delta}: {header['method']} delta (format v{header['version']}), {human_bytes(size)} on disk, "
+          f"{fp16 / size:.1f}x smaller than the whole model in fp16 ({human_bytes(fp16)})")
+    print(f"base: {header['base'].get('name')} (fingerprint {header['base']['fingerprint'][:16]}...)")
+    print(f"changed parameters: {len(entries)}; DeltaSoup: "
+          f"{'eligible' if header.get('deltasoup', {}).get('eligible') else 'not eligible'}")
+    if "distillation" in header:
+        d = header["distillation"]
+        print(f"scale distillation: {d['steps']} steps, logit MSE {d['mse_before']:.4f} -> {d['mse_after']:.4f}")
+    by_error = sorted(entries.items(), key=lambda kv: -kv[1]["relative_error"])
+    shown = by_error if args.all else by_error[:12]
+    print(f"\n{'parameter':<56} {'encoding':<8} {'bytes':>10} {'rel. error':>10}")
+    for name, e in shown:
+        print(f"{name:<56} {e['encoding']:<8} {e['bytes']:>10} {e['relative_error']:>10.4f}")
+    if len(shown) < len(entries):
+        print(f"... {len(entries) - len(shown)} more (--all lists them)")
+    return 0
+
+
+def evaluate(args: argparse.Namespace) -> int:
+    from gym.delta.apply import apply_delta
+    from gym.delta.evaluate import GainKept, eval_loss, eval_rows
+    from gym.delta.format import load_delta
+    from gym.delta.weights import load_model
+    from gym.models.loader import load_tokenizer, resolve_model_path
+
+    entries, header = load_delta(args.delta)
+    rows = eval_rows(load_tokenizer(resolve_model_path(args.base)), args.dataset, args.dataset_dir,
+                     args.cutoff_len, args.max_samples)
+    base_loss = eval_loss(load_model(args.base), rows)
+    finetuned_loss = eval_loss(load_model(args.finetuned, args.base), rows)
+    reconstructed = apply_delta(load_model(args.base), entries, header, args.delta)
+    result = GainKept(base_loss, finetuned_loss, eval_loss(reconstructed, rows))
+    print(f"eval loss on {len(rows)} rows of {args.dataset}: base {result.base_loss:.4f}, fine-tune "
+          f"{result.finetuned_loss:.4f}, reconstruction {result.reconstructed_loss:.4f}; "
+          f"gain kept {100 * result.kept:.1f}%")
+    return 0
+
+
+VERBS = {"compress": compress, "apply": apply, "inspect": inspect, "eval": evaluate}
+
+
+def main(argv: list[str]) -> int:
+    args = _parser().parse_args(argv)
+    return VERBS[args.verb](args)

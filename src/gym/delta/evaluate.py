@@ -1,0 +1,51 @@
+"""How much of a fine-tune's gain a compressed delta keeps: eval loss of base, fine-tune and reconstruction."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+@dataclass
+class GainKept:
+    base_loss: float
+    finetuned_loss: float
+    reconstructed_loss: float
+
+    @property
+    def kept(self) -> float:
+        """(base - reconstruction) / (base - fine-tune): 1.0 keeps the whole gain, 0.0 none of it."""
+        gain = self.base_loss - self.finetuned_loss
+        return float("nan") if gain == 0 else (self.base_loss - self.reconstructed_loss) / gain
+
+
+def eval_rows(tokenizer: Any, dataset: str, dataset_dir: str, cutoff_len: int, max_samples: int | None,
+              seed: int = 42) -> list[dict[str, list[int]]]:
+    """Supervised rows (loss on the answers, as sft trains) from a Gym dataset name or file."""
+    from gym.config.data import DataArguments
+    from gym.data.loader import get_dataset
+    from gym.data.templates import get_chat_format
+
+    args = DataArguments(dataset=dataset, dataset_dir=dataset_dir, cutoff_len=cutoff_len, max_samples=max_samples)
+    return get_dataset(args, get_chat_format(tokenizer), "supervised", seed=seed).train
+
+
+@torch.no_grad()
+def eval_loss(model: Any, rows: list[dict[str, list[int]]], batch_size: int = 8) -> float:
+    """Mean cross-entropy per supervised token over `rows`."""
+    total, count = 0.0, 0
+    model.eval()
+    for start in range(0, len(rows), batch_size):
+        batch = rows[start:start + batch_size]
+        longest = max(len(r["input_ids"]) for r in batch)
+        ids = torch.tensor([r["input_ids"] + [0] * (longest - len(r["input_ids"])) for r in batch])
+        labels = torch.tensor([r["labels"] + [-100] * (longest - len(r["labels"])) for r in batch])
+        mask = torch.tensor([[1] * len(r["input_ids"]) + [0] * (longest - len(r["input_ids"])) for r in batch])
+        logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits.float()
+        loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]),
+                                                 labels[:, 1:].reshape(-1), ignore_index=-100, reduction="sum")
+        total += loss.item()
+        count += int((labels[:, 1:] != -100).sum())
+    return total / max(count, 1)

@@ -1,0 +1,45 @@
+"""`delta_compression:` in a training config: the trained model, stored as a delta from its base too."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from gym.config.parser import TrainArgs
+
+logger = logging.getLogger(__name__)
+
+DELTA_FILE = "delta.safetensors"
+
+
+def quantizer_for_training(args: TrainArgs) -> Any:
+    """The run's delta options as a quantizer; BitDelta distils its scales on the training data."""
+    finetuning = args.finetuning
+    if finetuning.delta_compression == "bitdelta":
+        from gym.delta.bitdelta import BitDeltaConfig, BitDeltaQuantizer
+
+        return BitDeltaQuantizer(BitDeltaConfig(
+            group_size=finetuning.delta_group_size, distill_steps=finetuning.delta_distill_steps,
+            calibration=args.data.dataset if finetuning.delta_distill_steps else None,
+            calibration_dir=args.data.dataset_dir, seed=args.training.seed))
+    from gym.delta.deltaquant import DeltaQuantConfig, DeltaQuantizer
+
+    return DeltaQuantizer(DeltaQuantConfig(method=finetuning.delta_compression, group_size=finetuning.delta_group_size))
+
+
+def compress_output(args: TrainArgs, output_dir: str | Path) -> Path:
+    from gym.delta.weights import load_model
+    from gym.models.loader import load_tokenizer
+
+    output_dir = Path(output_dir)
+    base_path = json.loads((output_dir / "gym_manifest.json").read_text())["resolved_base_path"]
+    quantizer = quantizer_for_training(args)
+    logger.info("Compressing the result as a %s delta from %s ...", args.finetuning.delta_compression, base_path)
+    result = quantizer.compress(load_model(base_path), load_model(str(output_dir), base_path),
+                                tokenizer=load_tokenizer(base_path), base_name=args.model.model_name_or_path,
+                                progress=not args.training.disable_tqdm)
+    path = result.save(output_dir / DELTA_FILE)
+    logger.info("Delta: %s (%d bytes) in %.0f s.", path, path.stat().st_size, result.seconds)
+    return path

@@ -1,0 +1,13 @@
+"""The seeds' public names for delta compression: `from gym.quantization import BitDeltaConfig, ...`.
+
+BitDelta (1 bit per weight plus distilled scales) and DeltaQuant (int8/int4/int2, ternary, binary,
+mixed precision) compress the difference between a fine-tune and its base; see gym.delta.
+"""
+
+from gym.delta.bitdelta import BitDeltaConfig, BitDeltaQuantizer
+from gym.delta.compress import CompressedDelta
+from gym.delta.deltaquant import DeltaQuantConfig, DeltaQuantizer
+from gym.delta.quant import QuantMethod
+
+__all__ = ["BitDeltaConfig", "BitDeltaQuantizer", "CompressedDelta", "DeltaQuantConfig", "DeltaQuantizer",
+           "QuantMethod"]
