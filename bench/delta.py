@@ -10,6 +10,10 @@ The baseline is the fine-tune itself, measured in the same run: "gain kept" is
 (loss_base - loss_reconstruction) / (loss_base - loss_finetune).
 
     python bench/delta.py [--steps 60] [--distill-steps 200] [--only lora|full] [--methods bitdelta,int4]
+
+Method names: bitdelta (Gym's defaults), bitdelta-distill-emb (the embedding's scales distilled too),
+bitdelta-b4 (the paper's batch of 4), bitdelta-nodistill, bitdelta-dense-emb (embedding stored dense),
+and the DeltaQuant methods int8, int4, int2, ternary, binary (per-channel scales).
 """
 
 from __future__ import annotations
@@ -60,6 +64,8 @@ def quantizer(method: str, distill_steps: int, dataset_dir: str):
         steps = 0 if method.endswith("nodistill") else distill_steps
         return BitDeltaQuantizer(BitDeltaConfig(distill_steps=steps, calibration="alpaca_en_demo" if steps else None,
                                                 calibration_dir=dataset_dir,
+                                                distill_batch_size=4 if method.endswith("-b4") else 1,
+                                                distill_embeddings=method.endswith("-distill-emb"),
                                                 compress_embeddings=not method.endswith("dense-emb")))
     return DeltaQuantizer(DeltaQuantConfig(method=method))
 
@@ -69,12 +75,16 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--distill-steps", type=int, default=200)
     parser.add_argument("--only", choices=["lora", "full"])
-    parser.add_argument("--methods", default="bitdelta,bitdelta-nodistill,int8,int4,int2,ternary,binary")
+    parser.add_argument("--methods", default="bitdelta,bitdelta-distill-emb,bitdelta-b4,bitdelta-nodistill,"
+                        "bitdelta-dense-emb,int8,int4,int2,ternary,binary")
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import logging
 
     logging.disable(logging.WARNING)
+    import transformers
+
+    transformers.utils.logging.disable_progress_bar()
     from gym.delta.apply import apply_delta
     from gym.delta.evaluate import GainKept, eval_loss, eval_rows
     from gym.delta.format import load_delta

@@ -123,9 +123,16 @@ def test_safety_threshold_keeps_heavy_tailed_matrices_at_int8(make_finetune, mod
     assert set(methods.values()) == {QuantMethod.BINARY}
 
 
-def test_distillation_trains_only_the_scales_and_lowers_the_logit_mse(gaussian_finetune, models, tiny_model_dir,
+def test_distillation_trains_only_the_scales_and_lowers_the_logit_mse(make_finetune, models, tiny_model_dir,
                                                                       tmp_path, data_dir, tokenizer):
-    quantizer = BitDeltaQuantizer(BitDeltaConfig(distill_steps=30, distill_lr=2e-4, distill_seq_len=32,
+    generator = torch.Generator().manual_seed(5)
+
+    def change(name, param):  # large enough for the logit gap to stand well above bf16 rounding
+        if param.ndim == 2 and ".layers." in name:
+            param.add_(torch.randn(param.shape, generator=generator) * 1e-2)
+
+    gaussian_finetune = make_finetune(change)
+    quantizer = BitDeltaQuantizer(BitDeltaConfig(distill_steps=30, distill_lr=1e-3, distill_seq_len=32,
                                                  distill_batch_size=2, calibration="tiny_alpaca",
                                                  calibration_dir=str(data_dir)))
     before = BitDeltaQuantizer(BitDeltaConfig(distill_steps=0)).compress(models(tiny_model_dir),
@@ -170,3 +177,25 @@ def test_enable_deltasoup_is_recorded(gaussian_finetune, models, tiny_model_dir,
     assert load_delta(path)[1]["deltasoup"] == {"eligible": True}
     _, path = _compress(models, tiny_model_dir, gaussian_finetune, tmp_path)
     assert load_delta(path)[1]["deltasoup"] == {"eligible": False}
+
+
+def test_embedding_scales_are_distilled_only_when_asked(make_finetune, models, tiny_model_dir, data_dir, tokenizer):
+    generator = torch.Generator().manual_seed(6)
+
+    def change(name, param):
+        if name == "model.embed_tokens.weight" or (param.ndim == 2 and ".layers." in name):
+            param.add_(torch.randn(param.shape, generator=generator) * 1e-2)
+
+    finetune = make_finetune(change)
+    embedding = "model.embed_tokens.weight"
+    start = BitDeltaQuantizer().compress(models(tiny_model_dir), models(finetune)).entries[embedding]
+
+    def distilled(**options):
+        config = BitDeltaConfig(distill_steps=5, distill_lr=1e-3, distill_seq_len=32, calibration="tiny_alpaca",
+                                calibration_dir=str(data_dir), **options)
+        return BitDeltaQuantizer(config).compress(models(tiny_model_dir), models(finetune), tokenizer=tokenizer,
+                                                  progress=False).entries
+
+    default = distilled()
+    assert torch.equal(default[embedding].tensors["scale"], start.tensors["scale"])  # kept at mean|delta| per row
+    assert not torch.equal(distilled(distill_embeddings=True)[embedding].tensors["scale"], start.tensors["scale"])

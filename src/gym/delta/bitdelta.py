@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from gym.delta.compress import CompressedDelta, dense_entry, finish, relative_error
-from gym.delta.distill import calibration_batches, distill_scales
+from gym.delta.distill import DISTINCT_BATCHES, calibration_batches, distill_scales
 from gym.delta.quant import Encoded, QuantMethod, dequantize, quantize
 from gym.delta.weights import EMBEDDING, LINEAR, Delta, extract_deltas, parameters
 from gym.errors import ConfigError
@@ -40,14 +40,18 @@ class BitDeltaConfig:
     """Mark the delta as contributable to DeltaSoup community aggregation (opt-in, recorded in the file)."""
     compress_embeddings: bool = True
     """Compress a changed embedding / LM head to 1 bit with one scale per row (else: stored dense)."""
+    distill_embeddings: bool = False
+    """Distil the embedding's per-row scales too. Off by default: they start at the L2 optimum, and training
+    them adds the LM head's weight gradient to every step (+28% time for +0.x% of the gain; benchmarks)."""
     distill_steps: int = 200
     """Scale-distillation steps (0: keep alpha = mean|delta|). Paper: 200."""
     distill_lr: float = 1e-4
     """AdamW learning rate for the scales. Paper: 1e-4."""
     distill_seq_len: int = 128
     """Calibration sequence length in tokens. Paper: 128."""
-    distill_batch_size: int = 4
-    """Calibration sequences per step."""
+    distill_batch_size: int = 1
+    """Calibration sequences per step. The paper used 4; 1 keeps 200 steps near 1.5 minutes on 2 CPU cores
+    (docs/benchmarks.md measures both)."""
     calibration: str | None = None
     """Calibration data for distillation: a dataset name from dataset_info.json, or a file."""
     calibration_dir: str = "data"
@@ -111,8 +115,11 @@ class BitDeltaQuantizer:
             from gym.train.resources import native_bf16
 
             batches = calibration_batches(tokenizer, config.calibration, config.calibration_dir, config.distill_seq_len,
-                                          config.distill_batch_size, config.distill_steps, config.seed)
+                                          config.distill_batch_size, min(config.distill_steps, DISTINCT_BATCHES),
+                                          config.seed)
+            frozen = frozenset() if config.distill_embeddings else frozenset(
+                d.name for d in deltas if d.kind == EMBEDDING)
             result = distill_scales(base, finetuned, entries, batches, config.distill_steps, config.distill_lr,
-                                    bf16=native_bf16(), progress=progress)
+                                    bf16=native_bf16(), progress=progress, frozen=frozen)
             extra["distillation"] = asdict(result)
         return finish(entries, deltas, base, "bitdelta", asdict(config), started, base_name, extra)

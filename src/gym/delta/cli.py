@@ -23,7 +23,7 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("-o", "--output", required=True, help="the .safetensors file to write")
     c.add_argument("--distill-steps", type=int, default=200, help="bitdelta: scale-distillation steps (0: none)")
     c.add_argument("--distill-lr", type=float, default=1e-4)
-    c.add_argument("--distill-batch-size", type=int, default=4)
+    c.add_argument("--distill-batch-size", type=int, default=1)
     c.add_argument("--seq-len", type=int, default=128, help="calibration sequence length in tokens")
     c.add_argument("--calibration", help="calibration data: a dataset name (dataset_info.json) or a file")
     c.add_argument("--dataset-dir", default="data", help="folder of dataset_info.json")

@@ -24,6 +24,9 @@ from gym.delta.quant import Encoded, QuantMethod, expand_scale, signs
 
 logger = logging.getLogger(__name__)
 
+MSE_BATCHES = 4  # batches the before/after logit MSE is reported on
+DISTINCT_BATCHES = 64  # calibration batches at most; steps cycle over them (the teacher runs once per batch)
+
 
 @dataclass
 class DistillResult:
@@ -67,27 +70,31 @@ def _autocast(bf16: bool) -> Any:
 
 def distill_scales(base: Any, finetuned: Any, entries: dict[str, Encoded | torch.Tensor],
                    batches: list[torch.Tensor], steps: int, lr: float, bf16: bool = False,
-                   progress: bool = True) -> DistillResult:
-    """Train the scales of every binary entry in place (their float16 `scale` tensors are replaced)."""
+                   progress: bool = True, frozen: frozenset[str] = frozenset()) -> DistillResult:
+    """Train the scales of every binary entry not in `frozen`, in place (their float16 `scale` is replaced)."""
     from torch.func import functional_call
     from tqdm.auto import tqdm
 
     from gym.delta.compress import reconstruct
 
     started = time.perf_counter()
-    binary = {n: e for n, e in entries.items() if isinstance(e, Encoded) and e.method == QuantMethod.BINARY}
+    binary = {n: e for n, e in entries.items()
+              if isinstance(e, Encoded) and e.method == QuantMethod.BINARY and n not in frozen}
     student = copy.deepcopy(base).eval().requires_grad_(False)
     params = dict(student.named_parameters())
     with torch.no_grad():  # fixed parts of the delta (dense, int8 fallbacks) go into the student once
         for name, entry in entries.items():
             if name not in binary:
                 params[name].add_(reconstruct(entry).to(params[name].dtype))
-    frozen_base = {n: params[n].detach().clone() for n in binary}
-    frozen_signs = {n: signs(e).to(torch.int8) for n, e in binary.items()}
+    # Under bf16 autocast every matmul reads its weight in bf16 anyway: building the weights in bf16
+    # halves the memory traffic of the per-step rebuild, which is most of a step's non-matmul time.
+    dtype = torch.bfloat16 if bf16 else torch.float32
+    frozen_base = {n: params[n].detach().to(dtype) for n in binary}
+    frozen_signs = {n: signs(e).to(dtype) for n, e in binary.items()}
     scales = {n: torch.nn.Parameter(e.tensors["scale"].float()) for n, e in binary.items()}
 
     def weights() -> dict[str, torch.Tensor]:
-        return {n: frozen_base[n] + expand_scale(scales[n], binary[n]) * frozen_signs[n] for n in binary}
+        return {n: frozen_base[n] + expand_scale(scales[n], binary[n]).to(dtype) * frozen_signs[n] for n in binary}
 
     head = finetuned.get_output_embeddings()
     with torch.no_grad(), _autocast(bf16):  # the teacher runs once per batch
@@ -100,9 +107,10 @@ def distill_scales(base: Any, finetuned: Any, entries: dict[str, Encoded | torch
             teacher = head(targets[i])
         return torch.nn.functional.mse_loss(logits.logits.float(), teacher.float())
 
-    def mean_mse() -> float:
+    def mean_mse() -> float:  # on a few fixed batches: a pass over all of them would cost as much as training
+        shown = range(min(len(batches), MSE_BATCHES))
         with torch.no_grad():
-            return sum(loss_on(i).item() for i in range(len(batches))) / len(batches)
+            return sum(loss_on(i).item() for i in shown) / len(shown)
 
     before = mean_mse()
     optimizer = torch.optim.AdamW(list(scales.values()), lr=lr, weight_decay=0.0)
