@@ -111,7 +111,7 @@ def apply(args: argparse.Namespace) -> int:
     return 0
 
 
-def inspect(args: argparse.Namespace) -> int:
+def inspect_delta(args: argparse.Namespace) -> int:
     from gym.delta.format import human_bytes, read_header
 
     header = read_header(args.delta)
@@ -156,7 +156,7 @@ def evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
-VERBS = {"compress": compress, "apply": apply, "inspect": inspect, "eval": evaluate}
+VERBS = {"compress": compress, "apply": apply, "inspect": inspect_delta, "eval": evaluate}
 
 
 def main(argv: list[str]) -> int:
