@@ -14,6 +14,8 @@ USAGE = """usage: gym <command> [options]
 commands:
   train CONFIG [key=value ...] [--key value ...]   fine-tune (see `gym train --help` for every key)
   chat [CONFIG] [--key value ...] [--prompt TEXT]  talk to a model; --prompt answers once and exits
+  infer CONFIG --dataset D -o out.jsonl [--batch_size N] [--max_samples N]
+                                                   answer every row of a dataset (resumable)
   delta compress|apply|inspect|eval [options]      a fine-tune as a compressed delta (`gym delta -h`)
   env                                              versions of Python, torch and the HF stack, and the device
   version                                          Gym's version
@@ -77,14 +79,18 @@ def cmd_train(argv: list[str]) -> int:
     return 0
 
 
+def _take_option(argv: list[str], name: str, default: str | None = None) -> tuple[str | None, list[str]]:
+    """`--name value` out of argv -> (value, the rest)."""
+    if name not in argv:
+        return default, argv
+    i = argv.index(name)
+    if i + 1 >= len(argv):
+        raise GymError(f"{name} needs a value.")
+    return argv[i + 1], argv[:i] + argv[i + 2:]
+
+
 def cmd_chat(argv: list[str]) -> int:
-    prompt = None
-    if "--prompt" in argv:
-        i = argv.index("--prompt")
-        if i + 1 >= len(argv):
-            raise GymError("--prompt needs a text: gym chat CONFIG --prompt \"Hello\"")
-        prompt = argv[i + 1]
-        argv = argv[:i] + argv[i + 2 :]
+    prompt, argv = _take_option(argv, "--prompt")
     from gym.chat import ChatModel
     from gym.config.parser import parse_cli_args
 
@@ -129,6 +135,28 @@ def _interactive(model) -> int:  # noqa: ANN001 - ChatModel, imported lazily
             answer += piece
         print()
         history.append({"role": "assistant", "content": answer})
+
+
+def cmd_infer(argv: list[str]) -> int:
+    from gym.batch_infer import run_infer
+    from gym.config.parser import parse_cli_args
+
+    dataset, argv = _take_option(argv, "--dataset")
+    output, argv = _take_option(argv, "-o")
+    output, argv = _take_option(argv, "--output", output)
+    dataset_dir, argv = _take_option(argv, "--dataset_dir", "data")
+    batch_size, argv = _take_option(argv, "--batch_size", "8")
+    max_samples, argv = _take_option(argv, "--max_samples")
+    if not dataset or not output:
+        raise GymError("gym infer needs --dataset NAME_OR_FILE and -o OUT.jsonl: "
+                       "gym infer examples/quickstart.yaml --dataset identity -o preds.jsonl")
+    try:
+        sizes = int(batch_size), int(max_samples) if max_samples else None
+    except ValueError:
+        raise GymError(f"--batch_size and --max_samples take whole numbers, got {batch_size!r}, {max_samples!r}.") from None
+    path = run_infer(parse_cli_args(argv), dataset, output, dataset_dir, batch_size=sizes[0], max_samples=sizes[1])
+    print(f"Wrote {path}")
+    return 0
 
 
 def cmd_delta(argv: list[str]) -> int:
@@ -177,6 +205,7 @@ def cmd_version(argv: list[str]) -> int:
 COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "train": cmd_train,
     "chat": cmd_chat,
+    "infer": cmd_infer,
     "delta": cmd_delta,
     "env": cmd_env,
     "version": cmd_version,

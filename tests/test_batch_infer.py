@@ -1,0 +1,64 @@
+"""`gym infer`: batch answers equal one-at-a-time answers, the output is resumable, and bad input exits 2."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gym.batch_infer import generate_batch, load_rows, run_infer
+from gym.chat import ChatModel
+from gym.cli import main
+
+GREEDY = {"do_sample": False, "max_new_tokens": 6}
+
+
+@pytest.fixture()
+def config(tiny_model_dir):
+    return {"model_name_or_path": str(tiny_model_dir), **GREEDY}
+
+
+def test_batched_answers_equal_answers_one_at_a_time(config, data_dir):
+    model = ChatModel(config)
+    rows = load_rows("tiny_alpaca,tiny_chat", str(data_dir), max_samples=3)
+    assert rows[0]["reference"] == "0 + 1 = 1." and rows[3]["messages"][-1]["role"] == "user"
+    batched = generate_batch(model, rows)  # prompts of different lengths: left padding must not change anything
+    alone = [generate_batch(model, [row])[0] for row in rows]
+    assert batched == alone
+    assert alone[0] == model.chat(rows[0]["messages"])
+
+
+def test_output_lines_and_resume(config, data_dir, tmp_path):
+    out = tmp_path / "preds.jsonl"
+    run_infer(config, "tiny_alpaca", out, str(data_dir), batch_size=4, max_samples=6, progress=False)
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [line["index"] for line in lines] == list(range(6))
+    assert lines[2]["messages"] == [{"role": "user", "content": "Add 2 and 3."}]
+    assert lines[2]["reference"] == "2 + 3 = 5." and isinstance(lines[2]["prediction"], str)
+
+    # An interrupted run: two rows done, the third cut off mid-line.
+    text = out.read_text().splitlines(keepends=True)
+    out.write_text("".join(text[:2]) + text[2][:15])
+    run_infer(config, "tiny_alpaca", out, str(data_dir), batch_size=4, max_samples=6, progress=False)
+    resumed = [json.loads(line) for line in out.read_text().splitlines()]
+    assert sorted(line["index"] for line in resumed) == list(range(6))
+    assert resumed[:2] == lines[:2]
+    assert {r["index"]: r["prediction"] for r in resumed} == {r["index"]: r["prediction"] for r in lines}
+
+
+def test_prompt_only_rows_use_the_answer_column(tmp_path):
+    (tmp_path / "q.jsonl").write_text(json.dumps({"instruction": "What is 2 + 2?", "answer": "4"}) + "\n")
+    (row,) = load_rows(str(tmp_path / "q.jsonl"), str(tmp_path), None)
+    assert row["messages"] == [{"role": "user", "content": "What is 2 + 2?"}] and row["reference"] == "4"
+
+
+def test_cli(tiny_model_dir, data_dir, tmp_path, capsys):
+    out = tmp_path / "cli.jsonl"
+    args = ["infer", "--model_name_or_path", str(tiny_model_dir), "--max_new_tokens", "4", "--dataset", "tiny_chat",
+            "--dataset_dir", str(data_dir), "-o", str(out), "--batch_size", "3"]
+    assert main(args) == 0
+    assert len(out.read_text().splitlines()) == 8 and f"Wrote {out}" in capsys.readouterr().out
+    assert main(["infer", "--model_name_or_path", str(tiny_model_dir), "-o", str(out)]) == 2
+    assert "needs --dataset" in capsys.readouterr().err
+    assert main(["infer", "--dataset", "nope", "--dataset_dir", str(data_dir), "-o", str(tmp_path / "x.jsonl")]) == 2
+    assert "Dataset 'nope' not found" in capsys.readouterr().err and not (tmp_path / "x.jsonl").exists()
