@@ -30,3 +30,25 @@ def test_adapter_is_merged_so_chat_sees_the_trained_weights(train_config):
     ids = torch.tensor([[5, 6, 7]])
     with torch.no_grad():
         assert not torch.allclose(base.model(ids).logits, tuned.model(ids).logits)
+
+
+def test_cut_at_stop_holds_back_only_what_could_become_a_stop_string():
+    from gym.chat import cut_at_stop
+
+    pieces = ["The ans", "wer is 4", "2.\nQ", "uestion: next"]
+    assert "".join(cut_at_stop(iter(pieces), ["\nQuestion:"])) == "The answer is 42."
+    assert list(cut_at_stop(iter(pieces), ["\nQuestion:"]))[:2] == ["The ans", "wer is 4"]  # streamed, not buffered
+    assert "".join(cut_at_stop(iter(["abc", "def"]), ["zz"])) == "abcdef"
+    assert "".join(cut_at_stop(iter(["a STOP b"]), ["STOP", "a S"])) == ""  # the earliest stop wins
+    assert "".join(cut_at_stop(iter(["ab"]), [])) == "ab"
+
+
+def test_stop_and_seed(tiny_model_dir):
+    model = ChatModel({"model_name_or_path": str(tiny_model_dir), "max_new_tokens": 12, "do_sample": True,
+                       "temperature": 1.0, "top_k": 0, "top_p": 1.0})
+    question = [{"role": "user", "content": "Say something."}]
+    first, again = model.chat(question, seed=7), model.chat(question, seed=7)
+    assert first == again and first  # the same seed samples the same answer
+    stop = first[3:5]
+    cut = model.chat(question, seed=7, stop=[stop])
+    assert cut == first[: first.find(stop)] and stop not in cut

@@ -107,17 +107,49 @@ class ChatModel:
         kwargs["pad_token_id"] = self.tokenizer.pad_token_id
         return kwargs
 
-    def stream_chat(self, messages: list[dict[str, str]], system: str | None = None, **overrides: Any) -> Iterator[str]:
+    def stream_chat(self, messages: list[dict[str, str]], system: str | None = None, *,
+                    stop: str | list[str] | None = None, seed: int | None = None, **overrides: Any) -> Iterator[str]:
+        """The answer, piece by piece. `stop`: strings that end the answer (not included, as in OpenAI's API);
+        `seed`: sample reproducibly."""
         from transformers import TextIteratorStreamer
 
         ids = torch.tensor([self.render(messages, system)], device=self.model.device)
         streamer = TextIteratorStreamer(self.tokenizer, skip_prompt=True, skip_special_tokens=True)
         kwargs = self._generate_kwargs(overrides)
+        stops = [stop] if isinstance(stop, str) else [s for s in stop or [] if s]
+        if stops:  # generation halts at a stop string; the text is cut at it below
+            kwargs.update(stop_strings=stops, tokenizer=self.tokenizer)
+        if seed is not None:
+            torch.manual_seed(seed)
         worker = Thread(target=self.model.generate,
                         kwargs=dict(input_ids=ids, attention_mask=torch.ones_like(ids), streamer=streamer, **kwargs))
         worker.start()
-        yield from streamer
+        yield from cut_at_stop(streamer, stops)
         worker.join()
 
     def chat(self, messages: list[dict[str, str]], system: str | None = None, **overrides: Any) -> str:
         return "".join(self.stream_chat(messages, system, **overrides))
+
+
+def cut_at_stop(pieces: Iterator[str], stops: list[str]) -> Iterator[str]:
+    """Pass text through until the first stop string, which is not passed; text that could still turn
+    into a stop string is held back until it cannot."""
+    if not stops:
+        yield from pieces
+        return
+    held = ""
+    longest = max(len(s) for s in stops)
+    for piece in pieces:
+        held += piece
+        found = [i for i in (held.find(s) for s in stops) if i >= 0]
+        if found:
+            yield held[: min(found)]
+            return
+        # Keep the longest tail that is a prefix of some stop string; the rest is safe to emit.
+        keep = next((n for n in range(min(longest - 1, len(held)), 0, -1)
+                     if any(s.startswith(held[-n:]) for s in stops)), 0)
+        if len(held) > keep:
+            yield held[: len(held) - keep]
+            held = held[len(held) - keep:]
+    if held:
+        yield held
