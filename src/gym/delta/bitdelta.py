@@ -19,9 +19,9 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from gym.delta.compress import CompressedDelta, dense_entry, finish, relative_error
+from gym.delta.compress import CompressedDelta, dense_entry, finish
 from gym.delta.distill import DISTINCT_BATCHES, calibration_batches, distill_scales
-from gym.delta.quant import Encoded, QuantMethod, dequantize, quantize
+from gym.delta.quant import Encoded, QuantMethod, quantize, relative_error
 from gym.delta.weights import EMBEDDING, LINEAR, Delta, extract_deltas, parameters
 from gym.errors import ConfigError
 
@@ -93,7 +93,7 @@ class BitDeltaQuantizer:
             return None
         encoded = quantize(delta.value, QuantMethod.BINARY, granularity=granularity, group_size=config.group_size)
         if config.safety_threshold is not None and delta.kind == LINEAR and \
-                relative_error(delta.value, dequantize(encoded)) > config.safety_threshold:
+                relative_error(delta.value, encoded) > config.safety_threshold:
             encoded = quantize(delta.value, QuantMethod.INT8, granularity="channel")
         return encoded
 

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from gym.delta.format import DENSE, fingerprint, save_delta
-from gym.delta.quant import Encoded, dequantize, encoded_bytes
+from gym.delta.quant import Encoded, dequantize, encoded_bytes, relative_error
 from gym.delta.weights import Delta, parameters
 
 
@@ -50,22 +50,16 @@ def dense_entry(delta: Delta, base_value: torch.Tensor, tuned_value: torch.Tenso
     return tuned_value.double() - base_value.double()
 
 
-def relative_error(delta: torch.Tensor, approx: torch.Tensor) -> float:
-    norm = delta.norm().item()
-    return 0.0 if norm == 0 else (approx - delta).norm().item() / norm
-
-
 def reconstruct(entry: Encoded | torch.Tensor) -> torch.Tensor:
     return dequantize(entry) if isinstance(entry, Encoded) else entry.float()
 
 
 def report_for(delta: Delta, entry: Encoded | torch.Tensor) -> EntryReport:
     if isinstance(entry, Encoded):
-        encoding, size = entry.method.value, encoded_bytes(entry)
-    else:
-        encoding, size = DENSE, entry.numel() * entry.element_size()
-    return EntryReport(delta.name, delta.kind, encoding, delta.value.numel(), size,
-                       relative_error(delta.value, reconstruct(entry)))
+        return EntryReport(delta.name, delta.kind, entry.method.value, delta.value.numel(), encoded_bytes(entry),
+                           relative_error(delta.value, entry))
+    # dense_entry guarantees an exact rebuild
+    return EntryReport(delta.name, delta.kind, DENSE, delta.value.numel(), entry.numel() * entry.element_size(), 0.0)
 
 
 def finish(entries: dict[str, Encoded | torch.Tensor], deltas: list[Delta], base: Any, method: str,
