@@ -11,8 +11,8 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterator
+from dataclasses import asdict, fields
 from pathlib import Path
-from threading import Thread
 from typing import Any
 
 import torch
@@ -64,24 +64,55 @@ def resolve_inference_config(config: dict[str, Any] | str | os.PathLike | None) 
 
 
 class ChatModel:
-    """Python entry point: `ChatModel(config).chat(messages)` / `.stream_chat(messages)`."""
+    """Python entry point: `ChatModel(config).chat(messages)` / `.stream_chat(messages)`.
 
-    def __init__(self, config: dict[str, Any] | str | os.PathLike | None = None) -> None:
-        from peft import PeftModel
+    Answers come from an inference engine (`infer_backend`: hf, with dynamic batching, or vllm), so
+    threads that chat with one ChatModel at once share its forward passes, as API users do."""
 
+    def __init__(self, config: dict[str, Any] | str | os.PathLike | None = None, *, max_batch_size: int = 16,
+                 max_waiting: int = 256) -> None:
         resolved = resolve_inference_config(config)
         args = get_train_args({k: v for k, v in resolved.items() if k not in ("output_dir",)})
         self.model_args, self.data_args, self.generating_args = args.model, args.data, args.generating
-        model_path = resolve_model_path(self.model_args.model_name_or_path)
-        self.tokenizer = load_tokenizer(model_path, self.model_args)
-        self.model = load_causal_lm(model_path, self.model_args, dtype=self._dtype())
-        for adapter in split_names(self.model_args.adapter_name_or_path):
+        self.model_path = resolve_model_path(self.model_args.model_name_or_path)
+        self.adapters = split_names(self.model_args.adapter_name_or_path)
+        for adapter in self.adapters:
             if not (Path(adapter) / "adapter_config.json").is_file():
                 raise ModelError(f"{adapter} is not a LoRA adapter folder (no adapter_config.json).")
-            self.model = PeftModel.from_pretrained(self.model, adapter).merge_and_unload()
-        self.model.eval()
+        self.tokenizer = load_tokenizer(self.model_path, self.model_args)
+        self.model: Any = None
+        if self.model_args.infer_backend == "hf":
+            self.model = self._load_hf_model()
+        else:
+            from gym.serve.backends import require_vllm
+
+            require_vllm()  # before anything slow, so a missing backend is the first thing the user hears
         self.chat_format = get_chat_format(self.tokenizer, self.data_args.template, self.data_args.default_system,
                                            self.data_args.enable_thinking)
+        self._engine_options = {"max_batch_size": max_batch_size, "max_waiting": max_waiting}
+        self._engine: Any = None
+
+    def _load_hf_model(self) -> Any:
+        from peft import PeftModel
+
+        model = load_causal_lm(self.model_path, self.model_args, dtype=self._dtype())
+        for adapter in self.adapters:
+            model = PeftModel.from_pretrained(model, adapter).merge_and_unload()
+        return model.eval()
+
+    @property
+    def engine(self) -> Any:
+        """The inference engine, started on first use (a background thread for hf)."""
+        if self._engine is None:
+            from gym.serve.backends import build_engine
+
+            self._engine = build_engine(self, **self._engine_options)
+        return self._engine
+
+    def close(self) -> None:
+        if self._engine is not None:
+            self._engine.shutdown()
+            self._engine = None
 
     def _dtype(self) -> torch.dtype:
         choice = self.model_args.infer_dtype
@@ -98,6 +129,7 @@ class ChatModel:
         return self.tokenizer.encode(text, add_special_tokens=False)
 
     def _generate_kwargs(self, overrides: dict[str, Any]) -> dict[str, Any]:
+        """Keyword arguments for `model.generate` (batch inference)."""
         kwargs = self.generating_args.to_generate_kwargs()
         kwargs.update({k: v for k, v in overrides.items() if v is not None})
         if not kwargs.get("do_sample", True):
@@ -107,49 +139,81 @@ class ChatModel:
         kwargs["pad_token_id"] = self.tokenizer.pad_token_id
         return kwargs
 
+    def sampling_params(self, *, stop: str | list[str] | None = None, seed: int | None = None,
+                        **overrides: Any) -> Any:
+        """The engine's per-request settings: the generation defaults (saved by training, or the user's),
+        with `overrides` (temperature, top_p, top_k, max_new_tokens, do_sample, repetition_penalty) on top."""
+        from gym.serve.engine import SamplingParams
+
+        values = {**asdict(self.generating_args), **{k: v for k, v in overrides.items() if v is not None}}
+        unknown = set(values) - {f.name for f in fields(SamplingParams)}
+        if unknown:
+            raise TypeError(f"unknown generation setting(s): {', '.join(sorted(unknown))}")
+        stops = [stop] if isinstance(stop, str) else [s for s in stop or [] if s]
+        return SamplingParams(**values, stop=stops, seed=seed)
+
     def stream_chat(self, messages: list[dict[str, str]], system: str | None = None, *,
                     stop: str | list[str] | None = None, seed: int | None = None, **overrides: Any) -> Iterator[str]:
         """The answer, piece by piece. `stop`: strings that end the answer (not included, as in OpenAI's API);
         `seed`: sample reproducibly."""
-        from transformers import TextIteratorStreamer
+        from gym.serve.engine import Piece
 
-        ids = torch.tensor([self.render(messages, system)], device=self.model.device)
-        streamer = TextIteratorStreamer(self.tokenizer, skip_prompt=True, skip_special_tokens=True)
-        kwargs = self._generate_kwargs(overrides)
-        stops = [stop] if isinstance(stop, str) else [s for s in stop or [] if s]
-        if stops:  # generation halts at a stop string; the text is cut at it below
-            kwargs.update(stop_strings=stops, tokenizer=self.tokenizer)
-        if seed is not None:
-            torch.manual_seed(seed)
-        worker = Thread(target=self.model.generate,
-                        kwargs=dict(input_ids=ids, attention_mask=torch.ones_like(ids), streamer=streamer, **kwargs))
-        worker.start()
-        yield from cut_at_stop(streamer, stops)
-        worker.join()
+        request = self.engine.submit(self.render(messages, system), self.sampling_params(stop=stop, seed=seed,
+                                                                                          **overrides))
+        try:
+            for event in request.events():
+                if isinstance(event, Piece) and event.text:
+                    yield event.text
+        finally:
+            request.cancel()
 
     def chat(self, messages: list[dict[str, str]], system: str | None = None, **overrides: Any) -> str:
         return "".join(self.stream_chat(messages, system, **overrides))
 
 
-def cut_at_stop(pieces: Iterator[str], stops: list[str]) -> Iterator[str]:
-    """Pass text through until the first stop string, which is not passed; text that could still turn
-    into a stop string is held back until it cannot."""
-    if not stops:
-        yield from pieces
-        return
-    held = ""
-    longest = max(len(s) for s in stops)
-    for piece in pieces:
-        held += piece
-        found = [i for i in (held.find(s) for s in stops) if i >= 0]
+class StopFilter:
+    """Text in, text out, up to the first stop string (not included, as in OpenAI's API). Text that could
+    still turn into a stop string is held back until it cannot, so a stop string is never streamed."""
+
+    def __init__(self, stops: list[str]) -> None:
+        self.stops = [s for s in stops if s]
+        self.longest = max((len(s) for s in self.stops), default=0)
+        self.held = ""
+        self.stopped = False
+
+    def push(self, piece: str) -> str:
+        """The text now safe to emit; after a stop string is seen, `stopped` is set and nothing more passes."""
+        if self.stopped:
+            return ""
+        if not self.stops:
+            return piece
+        self.held += piece
+        found = [i for i in (self.held.find(s) for s in self.stops) if i >= 0]
         if found:
-            yield held[: min(found)]
-            return
+            self.stopped = True
+            out, self.held = self.held[: min(found)], ""
+            return out
         # Keep the longest tail that is a prefix of some stop string; the rest is safe to emit.
-        keep = next((n for n in range(min(longest - 1, len(held)), 0, -1)
-                     if any(s.startswith(held[-n:]) for s in stops)), 0)
-        if len(held) > keep:
-            yield held[: len(held) - keep]
-            held = held[len(held) - keep:]
-    if held:
-        yield held
+        keep = next((n for n in range(min(self.longest - 1, len(self.held)), 0, -1)
+                     if any(s.startswith(self.held[-n:]) for s in self.stops)), 0)
+        out, self.held = self.held[: len(self.held) - keep], self.held[len(self.held) - keep:]
+        return out
+
+    def flush(self) -> str:
+        """What was held back, once the text has ended without a stop string."""
+        out, self.held = ("" if self.stopped else self.held), ""
+        return out
+
+
+def cut_at_stop(pieces: Iterator[str], stops: list[str]) -> Iterator[str]:
+    """Pass text through until the first stop string, which is not passed (see StopFilter)."""
+    stop_filter = StopFilter(stops)
+    for piece in pieces:
+        out = stop_filter.push(piece)
+        if out:
+            yield out
+        if stop_filter.stopped:
+            return
+    tail = stop_filter.flush()
+    if tail:
+        yield tail

@@ -14,6 +14,8 @@ USAGE = """usage: gym <command> [options]
 commands:
   train CONFIG [key=value ...] [--key value ...]   fine-tune (see `gym train --help` for every key)
   chat [CONFIG] [--key value ...] [--prompt TEXT]  talk to a model; --prompt answers once and exits
+  api [CONFIG] [--key value ...] [--host H] [--port P] [--api-key KEY] [--max_batch_size N] [--max_waiting N]
+                                                   OpenAI-compatible server (key also from GYM_API_KEY)
   infer CONFIG --dataset D -o out.jsonl [--batch_size N] [--max_samples N]
                                                    answer every row of a dataset (resumable)
   delta compress|apply|inspect|eval [options]      a fine-tune as a compressed delta (`gym delta -h`)
@@ -102,6 +104,31 @@ def cmd_chat(argv: list[str]) -> int:
         print()
         return 0
     return _interactive(model)
+
+
+def cmd_api(argv: list[str]) -> int:
+    from gym.config.parser import parse_cli_args
+    from gym.errors import ConfigError
+
+    options = {"--host": "127.0.0.1", "--port": "8000", "--api-key": None, "--max_batch_size": "16",
+               "--max_waiting": "256", "--served_model_name": None}
+    values = {}
+    for name, default in options.items():
+        values[name], argv = _take_option(argv, name, default)
+    try:
+        port, batch, waiting = int(values["--port"]), int(values["--max_batch_size"]), int(values["--max_waiting"])
+    except ValueError:
+        raise ConfigError("--port, --max_batch_size and --max_waiting take whole numbers.") from None
+    try:
+        import fastapi  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError:
+        raise ConfigError("gym api needs FastAPI and uvicorn: pip install 'zoo-gym[serve]'.") from None
+    from gym.serve.server import serve
+
+    serve(parse_cli_args(argv), host=values["--host"], port=port, api_key=values["--api-key"],
+          max_batch_size=batch, max_waiting=waiting, model_name=values["--served_model_name"])
+    return 0
 
 
 def _interactive(model) -> int:  # noqa: ANN001 - ChatModel, imported lazily
@@ -205,6 +232,7 @@ def cmd_version(argv: list[str]) -> int:
 COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "train": cmd_train,
     "chat": cmd_chat,
+    "api": cmd_api,
     "infer": cmd_infer,
     "delta": cmd_delta,
     "env": cmd_env,

@@ -31,3 +31,7 @@ class ModelArguments:
         default="auto",
         metadata={"help": "Weights dtype for inference; auto follows bf16/fp16 flags, else float32."},
     )
+    infer_backend: Literal["hf", "vllm"] = field(
+        default="hf",
+        metadata={"help": "Inference engine for chat/api: hf (transformers, dynamic batching) or vllm (if installed)."},
+    )

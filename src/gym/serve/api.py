@@ -1,0 +1,299 @@
+"""`gym api`: an OpenAI-compatible HTTP server (FastAPI) in front of a ChatModel's engine.
+
+Routes: GET /health, GET /v1/models, POST /v1/chat/completions, POST /v1/completions, and vLLM's
+POST /tokenize (the prompt ids a request becomes; how a client checks the chat template). Chat
+prompts are rendered by the ChatModel with the template the model was trained with.
+
+Every failure answers OpenAI's error JSON with a 4xx status (400 bad value, 401 key, 404 route or
+model, 422 malformed body, 429 queue full, 503 shutting down); the engine's bounded queue is what
+keeps memory bounded under load. `usage` counts the prompt's ids and every generated token,
+end-of-turn token included.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from gym.serve.engine import EngineBusy, EngineStopped, Finished, Piece, SamplingParams
+from gym.serve.protocol import ApiError, ChatCompletionRequest, CompletionRequest, TokenizeRequest, _Request
+
+_STATUS_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+                 405: "invalid_request_error", 422: "invalid_request_error", 429: "rate_limit_error",
+                 503: "service_unavailable"}
+
+
+def create_app(chat_model: Any, model_name: str, api_key: str | None = None) -> FastAPI:
+    """The app for one loaded ChatModel; `api_key` (if set) is required as a bearer token on /v1 and /tokenize."""
+    server = _Server(chat_model, model_name)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+        await asyncio.to_thread(chat_model.close)  # the engine finishes its step and releases waiters
+
+    app = FastAPI(title="Gym", lifespan=lifespan)
+    app.state.server = server
+
+    def authorize(request: Request) -> None:
+        if api_key is None:
+            return
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), api_key.encode()):
+            raise ApiError(401, "Invalid or missing API key: send 'Authorization: Bearer <key>'.",
+                           type="authentication_error", code="invalid_api_key")
+
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, exc: ApiError) -> JSONResponse:
+        return JSONResponse(exc.body(), status_code=exc.status)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        message = f"Unknown route {request.method} {request.url.path}." if exc.status_code == 404 else str(exc.detail)
+        error = ApiError(exc.status_code, message, type=_STATUS_TYPES.get(exc.status_code, "invalid_request_error"))
+        return JSONResponse(error.body(), status_code=exc.status_code)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        problems = exc.errors()
+        if any(p.get("type") == "json_invalid" for p in problems):
+            error = ApiError(400, "The request body is not valid JSON.")
+        else:
+            first = problems[0] if problems else {}
+            where = ".".join(str(part) for part in first.get("loc", ()) if part != "body")
+            error = ApiError(422, "; ".join(f"{'.'.join(str(x) for x in p.get('loc', ()) if x != 'body')}: "
+                                            f"{p.get('msg')}" for p in problems), param=where or None)
+        return JSONResponse(error.body(), status_code=error.status)
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
+        error = ApiError(500, f"Internal error: {type(exc).__name__}: {exc}", type="server_error")
+        return JSONResponse(error.body(), status_code=500)
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        return {"status": "ok", "model": model_name, **chat_model.engine.load}
+
+    @app.get("/v1/models", dependencies=[Depends(authorize)])
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [server.model_card()]}
+
+    @app.get("/v1/models/{name:path}", dependencies=[Depends(authorize)])
+    async def model(name: str) -> dict[str, Any]:
+        server.check_model(name)
+        return server.model_card()
+
+    @app.post("/v1/chat/completions", dependencies=[Depends(authorize)])
+    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
+        server.check_model(body.model)
+        body.refuse_unsupported()
+        messages, system = body.conversation()
+        prompt = chat_model.render(messages, system)
+        params = server.params(body, len(prompt), max_tokens=body.max_completion_tokens or body.max_tokens)
+        return await server.respond(body, [prompt], params, request, chat=True)
+
+    @app.post("/v1/completions", dependencies=[Depends(authorize)])
+    async def completions(body: CompletionRequest, request: Request) -> Any:
+        server.check_model(body.model)
+        body.refuse_unsupported()
+        prompts = server.encode_prompts(body.prompt)
+        params = server.params(body, max(len(p) for p in prompts), max_tokens=body.max_tokens)
+        return await server.respond(body, prompts, params, request, chat=False)
+
+    @app.post("/tokenize", dependencies=[Depends(authorize)])
+    async def tokenize(body: TokenizeRequest) -> dict[str, Any]:
+        if body.model is not None:
+            server.check_model(body.model)
+        if (body.messages is None) == (body.prompt is None):
+            raise ApiError(400, "Give either messages or prompt.", param="messages")
+        if body.messages is not None:
+            tokens = chat_model.render(*ChatCompletionRequest(model=model_name, messages=body.messages).conversation())
+        else:
+            tokens = chat_model.tokenizer.encode(body.prompt)
+        return {"tokens": tokens, "count": len(tokens), "max_model_len": server.context_length}
+
+    return app
+
+
+class _Server:
+    def __init__(self, chat_model: Any, model_name: str) -> None:
+        self.chat_model = chat_model
+        self.model_name = model_name
+        self.created = int(time.time())
+        self.context_length = _context_length(chat_model)
+
+    def model_card(self) -> dict[str, Any]:
+        return {"id": self.model_name, "object": "model", "created": self.created, "owned_by": "gym"}
+
+    def check_model(self, name: str) -> None:
+        if name != self.model_name:
+            raise ApiError(404, f"The model '{name}' does not exist; this server serves '{self.model_name}'.",
+                           param="model", code="model_not_found")
+
+    def encode_prompts(self, prompt: str | list[str] | list[int]) -> list[list[int]]:
+        if isinstance(prompt, str):
+            prompt = [prompt]
+        if not prompt:
+            raise ApiError(400, "The prompt is empty.", param="prompt")
+        if all(isinstance(p, int) for p in prompt):
+            vocab = len(self.chat_model.tokenizer)
+            if any(not 0 <= p < vocab for p in prompt):  # type: ignore[operator]
+                raise ApiError(400, f"Token ids must lie in [0, {vocab}).", param="prompt")
+            return [list(prompt)]  # type: ignore[arg-type]
+        encoded = [self.chat_model.tokenizer.encode(p) for p in prompt]  # type: ignore[arg-type]
+        if any(not ids for ids in encoded):
+            raise ApiError(400, "A prompt encodes to no tokens.", param="prompt")
+        return encoded
+
+    def params(self, body: _Request, prompt_len: int, max_tokens: int | None) -> list[SamplingParams]:
+        """One SamplingParams per choice; with a seed, choice i samples with seed + i (distinct, reproducible)."""
+        room = self.context_length - prompt_len
+        if room < 1:
+            raise ApiError(400, f"The prompt is {prompt_len} tokens; this model's context is {self.context_length}.",
+                           param="messages", code="context_length_exceeded")
+        if max_tokens is not None and max_tokens > room:
+            raise ApiError(400, f"This model's maximum context length is {self.context_length} tokens; the prompt "
+                                f"({prompt_len}) plus max_tokens ({max_tokens}) exceeds it.",
+                           param="max_tokens", code="context_length_exceeded")
+        overrides: dict[str, Any] = {"top_p": body.top_p, "top_k": body.top_k,
+                                     "repetition_penalty": body.repetition_penalty}
+        if body.temperature is not None:  # OpenAI semantics: temperature 0 is greedy, anything else samples
+            overrides.update(temperature=body.temperature, do_sample=body.temperature > 0)
+        max_new = max_tokens or min(self.chat_model.generating_args.max_new_tokens, room)
+        stops = body.stops()
+        return [self.chat_model.sampling_params(stop=stops, seed=None if body.seed is None else body.seed + i,
+                                                max_new_tokens=max_new, **overrides) for i in range(body.n)]
+
+    async def respond(self, body: _Request, prompts: list[list[int]], params: list[SamplingParams],
+                      request: Request, chat: bool) -> Any:
+        jobs = [(prompt, p) for prompt in prompts for p in params]  # choice index = prompt index * n + j
+        events, handles = self._submit(jobs)
+        kind = "chatcmpl" if chat else "cmpl"
+        response_id = f"{kind}-{uuid.uuid4().hex}"
+        prompt_tokens = sum(len(p) for p in prompts)
+        echo = [self.chat_model.tokenizer.decode(p) if getattr(body, "echo", False) else "" for p in prompts]
+        if body.stream:
+            stream = self._stream(events, handles, jobs, response_id, chat, prompt_tokens, body.include_usage, echo,
+                                  len(params))
+            return StreamingResponse(stream, media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        finished: dict[int, Finished] = {}
+        try:
+            while len(finished) < len(jobs):
+                try:
+                    index, event = await asyncio.wait_for(events.get(), timeout=1.0)
+                except asyncio.TimeoutError:
+                    if await request.is_disconnected():
+                        return None
+                    continue
+                if isinstance(event, Finished):
+                    finished[index] = event
+        finally:
+            for handle in handles:
+                handle.cancel()
+        if any(f.reason == "cancelled" for f in finished.values()):
+            raise ApiError(503, "The server is shutting down; retry on another instance.", type="service_unavailable")
+        completion_tokens = sum(f.completion_tokens for f in finished.values())
+        choices = []
+        for index in range(len(jobs)):
+            done = finished[index]
+            if chat:
+                choices.append({"index": index, "message": {"role": "assistant", "content": done.text},
+                                "logprobs": None, "finish_reason": done.reason})
+            else:
+                choices.append({"index": index, "text": echo[index // len(params)] + done.text, "logprobs": None,
+                                "finish_reason": done.reason})
+        return {"id": response_id, "object": "chat.completion" if chat else "text_completion",
+                "created": int(time.time()), "model": self.model_name, "choices": choices,
+                "usage": _usage(prompt_tokens, completion_tokens)}
+
+    def _submit(self, jobs: list[tuple[list[int], SamplingParams]]) -> tuple[asyncio.Queue, list[Any]]:
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue = asyncio.Queue()
+        handles = []
+        try:
+            for index, (prompt, params) in enumerate(jobs):
+                sink = (lambda i: lambda event: loop.call_soon_threadsafe(events.put_nowait, (i, event)))(index)
+                handles.append(self.chat_model.engine.submit(prompt, params, sink=sink))
+        except EngineBusy as exc:
+            for handle in handles:
+                handle.cancel()
+            raise ApiError(429, f"The server is busy ({exc}).", type="rate_limit_error",
+                           code="rate_limit_exceeded") from None
+        except EngineStopped:
+            for handle in handles:
+                handle.cancel()
+            raise ApiError(503, "The server is shutting down.", type="service_unavailable") from None
+        return events, handles
+
+    async def _stream(self, events: asyncio.Queue, handles: list[Any], jobs: list[Any], response_id: str, chat: bool,
+                      prompt_tokens: int, include_usage: bool, echo: list[str], n: int) -> AsyncIterator[str]:
+        created = int(time.time())
+        base = {"id": response_id, "object": "chat.completion.chunk" if chat else "text_completion",
+                "created": created, "model": self.model_name}
+
+        def chunk(choices: list[dict[str, Any]], **extra: Any) -> str:
+            usage = {"usage": None} if include_usage else {}
+            return f"data: {json.dumps({**base, 'choices': choices, **usage, **extra})}\n\n"
+
+        def choice(index: int, text: str | None, reason: str | None, role: bool = False) -> dict[str, Any]:
+            if chat:
+                delta: dict[str, Any] = {"role": "assistant", "content": ""} if role else (
+                    {"content": text} if text else {})
+                return {"index": index, "delta": delta, "logprobs": None, "finish_reason": reason}
+            return {"index": index, "text": text or "", "logprobs": None, "finish_reason": reason}
+
+        completion_tokens, remaining = 0, len(jobs)
+        try:
+            for index in range(len(jobs)):
+                if chat:
+                    yield chunk([choice(index, None, None, role=True)])
+                elif echo[index // n]:
+                    yield chunk([choice(index, echo[index // n], None)])
+            while remaining:
+                index, event = await events.get()
+                if isinstance(event, Piece):
+                    if event.text:
+                        yield chunk([choice(index, event.text, None)])
+                    continue
+                remaining -= 1
+                if event.reason == "cancelled":
+                    error = ApiError(503, "The server is shutting down.", type="service_unavailable")
+                    yield f"data: {json.dumps(error.body())}\n\n"
+                    break
+                completion_tokens += event.completion_tokens
+                yield chunk([choice(index, None, event.reason)])
+            else:
+                if include_usage:
+                    yield f"data: {json.dumps({**base, 'choices': [], 'usage': _usage(prompt_tokens, completion_tokens)})}\n\n"
+            yield "data: [DONE]\n\n"
+        finally:  # the client may have gone away: free the rows it held
+            for handle in handles:
+                handle.cancel()
+
+
+def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def _context_length(chat_model: Any) -> int:
+    config = getattr(chat_model.model, "config", None)
+    if config is None:
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(chat_model.model_path,
+                                            trust_remote_code=chat_model.model_args.trust_remote_code)
+    length = getattr(config, "max_position_embeddings", None)
+    return int(length) if length else int(min(chat_model.tokenizer.model_max_length, 1 << 20))

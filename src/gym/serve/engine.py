@@ -1,0 +1,361 @@
+"""The Hugging Face inference engine: one model, many concurrent requests, shared forward passes.
+
+Requests are scheduled per decoding step (iteration-level scheduling, as in Orca and vLLM): a
+background thread keeps a running batch whose rows share one KV cache. Each step decodes one token
+for every running row; requests that arrived meanwhile are prefilled together and join the batch at
+the next step, and finished rows leave it at once. So a new request waits for one step, never for
+another user's whole answer, and concurrent users share each forward pass.
+
+The batch is left-padded: every row's cache ends at the same column, with an attention mask that
+hides the padding and position ids counted from each row's first real token. Joining two batches
+pads the shorter cache on the left; leaving drops the row and any leading columns that became all
+padding. transformers provides the model, the cache and the logits processors; the scheduling is ours.
+
+Sampling is per request (temperature, top_p, top_k, repetition_penalty, seed, stop strings), so
+a seeded request samples from its own generator whatever else shares its batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import queue
+import random
+import threading
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from gym.chat import StopFilter
+from gym.errors import GymError
+
+logger = logging.getLogger(__name__)
+
+
+class EngineBusy(GymError):
+    """The waiting queue is full: the caller should retry later (HTTP 429)."""
+
+
+class EngineStopped(GymError):
+    """The engine was shut down before the request finished."""
+
+
+@dataclass
+class SamplingParams:
+    max_new_tokens: int = 512
+    do_sample: bool = True
+    temperature: float = 0.7
+    top_p: float = 1.0
+    top_k: int = 0
+    repetition_penalty: float = 1.0
+    stop: list[str] = field(default_factory=list)
+    seed: int | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return not self.do_sample or self.temperature <= 0
+
+
+@dataclass
+class Piece:
+    """Text produced by one step (possibly empty while a stop string or a multi-byte character is held back)."""
+    text: str
+    token_ids: list[int]
+
+
+@dataclass
+class Finished:
+    reason: str  # "stop" (end-of-turn token or stop string), "length", "cancelled"
+    prompt_tokens: int
+    completion_tokens: int
+    text: str
+
+
+Event = Piece | Finished
+
+
+class Request:
+    """One generation: fed by the engine thread, read by the caller through `events` or a callback."""
+
+    _ids = itertools.count()
+
+    def __init__(self, prompt_ids: list[int], params: SamplingParams,
+                 sink: Callable[[Event], None] | None = None) -> None:
+        self.id = next(self._ids)
+        self.prompt_ids = list(prompt_ids)
+        self.params = params
+        self.generated: list[int] = []
+        self.text = ""  # emitted so far
+        self.cancelled = False
+        self.arrived = time.perf_counter()
+        seed = params.seed if params.seed is not None else random.getrandbits(63)
+        self.generator = torch.Generator().manual_seed(seed)
+        self.stop_filter = StopFilter(params.stop)
+        self._decoded = ""  # decoding of `generated`, to find what a new token adds
+        self._events: queue.Queue[Event] | None = None
+        self._sink = sink
+        if sink is None:
+            self._events = queue.Queue()
+
+    def emit(self, event: Event) -> None:
+        if self._sink is not None:
+            self._sink(event)
+        else:
+            assert self._events is not None
+            self._events.put(event)
+
+    def events(self, timeout: float | None = None) -> Iterator[Event]:
+        assert self._events is not None, "this request reports to a callback"
+        while True:
+            event = self._events.get(timeout=timeout)
+            yield event
+            if isinstance(event, Finished):
+                return
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class HFEngine:
+    """Dynamic batching over a transformers causal LM. `max_batch_size` rows decode together;
+    up to `max_waiting` requests wait for a row, and one more is refused with EngineBusy."""
+
+    def __init__(self, model: Any, tokenizer: Any, stop_token_ids: list[int], *, max_batch_size: int = 16,
+                 max_waiting: int = 256) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.stop_token_ids = set(stop_token_ids)
+        self.max_batch_size = max(1, max_batch_size)
+        if self.max_batch_size > 1 and not _plain_cache(model):
+            logger.warning("This model's KV cache is not a plain key/value cache; serving one request at a time.")
+            self.max_batch_size = 1
+        self.max_waiting = max_waiting
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        self._waiting: deque[Request] = deque()
+        self._lock = threading.Condition()
+        self._running = True
+        self._rows: list[Request] = []
+        self._cache: Any = None
+        self._mask: torch.Tensor | None = None
+        self._thread = threading.Thread(target=self._loop, name="gym-engine", daemon=True)
+        self._thread.start()
+
+    # -- the caller's side ----------------------------------------------------------------------
+    def submit(self, prompt_ids: list[int], params: SamplingParams,
+               sink: Callable[[Event], None] | None = None) -> Request:
+        if not prompt_ids:
+            raise ValueError("the prompt is empty")
+        request = Request(prompt_ids, params, sink)
+        with self._lock:
+            if not self._running:
+                raise EngineStopped("the engine is shutting down")
+            if len(self._waiting) >= self.max_waiting:
+                raise EngineBusy(f"{len(self._waiting)} requests are already waiting; retry later")
+            self._waiting.append(request)
+            self._lock.notify()
+        return request
+
+    def generate(self, prompt_ids: list[int], params: SamplingParams) -> Finished:
+        """Blocking: the whole answer."""
+        *_, last = self.submit(prompt_ids, params).events()
+        assert isinstance(last, Finished)
+        return last
+
+    async def stream(self, prompt_ids: list[int], params: SamplingParams) -> AsyncIterator[Event]:
+        """Events for asyncio callers; cancelling the consumer (a client that went away) frees the row."""
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue[Event] = asyncio.Queue()
+        request = self.submit(prompt_ids, params, sink=lambda e: loop.call_soon_threadsafe(events.put_nowait, e))
+        try:
+            while True:
+                event = await events.get()
+                yield event
+                if isinstance(event, Finished):
+                    return
+        finally:
+            request.cancel()
+
+    @property
+    def load(self) -> dict[str, int]:
+        return {"running": len(self._rows), "waiting": len(self._waiting)}
+
+    def shutdown(self, timeout: float = 30.0) -> None:
+        """Stop taking requests, finish the step in flight, and tell everyone still waiting or running."""
+        with self._lock:
+            self._running = False
+            self._lock.notify()
+        self._thread.join(timeout)
+
+    # -- the engine thread ----------------------------------------------------------------------
+    def _loop(self) -> None:
+        try:
+            while True:
+                with self._lock:
+                    while self._running and not self._waiting and not self._rows:
+                        self._lock.wait()
+                    if not self._running:
+                        break
+                    free = self.max_batch_size - len(self._rows)
+                    joining = [self._waiting.popleft() for _ in range(min(free, len(self._waiting)))]
+                joining = [r for r in joining if not self._drop_if_cancelled(r)]
+                with torch.inference_mode():
+                    if joining:
+                        self._prefill(joining)
+                    elif self._rows:
+                        self._decode()
+        except Exception as exc:  # a bug or an out-of-memory must not leave clients hanging
+            logger.exception("The inference engine stopped: %s", exc)
+        finally:
+            with self._lock:
+                self._running = False
+                leftovers = list(self._waiting) + self._rows
+                self._waiting.clear()
+            for request in leftovers:
+                request.emit(Finished("cancelled", len(request.prompt_ids), len(request.generated), request.text))
+            self._rows, self._cache, self._mask = [], None, None
+
+    def _drop_if_cancelled(self, request: Request) -> bool:
+        if request.cancelled:
+            request.emit(Finished("cancelled", len(request.prompt_ids), 0, ""))
+        return request.cancelled
+
+    def _forward(self, input_ids: torch.Tensor, mask: torch.Tensor, cache: Any) -> torch.Tensor:
+        positions = (mask.long().cumsum(-1) - 1).clamp(min=0)[:, -input_ids.shape[1]:]
+        out = self.model(input_ids=input_ids.to(self.model.device), attention_mask=mask.to(self.model.device),
+                         position_ids=positions.to(self.model.device), past_key_values=cache, use_cache=True,
+                         logits_to_keep=1)
+        return out.logits[:, -1, :].float().cpu()
+
+    def _prefill(self, joining: list[Request]) -> None:
+        from transformers import DynamicCache
+
+        width = max(len(r.prompt_ids) for r in joining)
+        ids = torch.full((len(joining), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(joining), width), dtype=torch.long)
+        for row, request in enumerate(joining):
+            ids[row, width - len(request.prompt_ids):] = torch.tensor(request.prompt_ids)
+            mask[row, width - len(request.prompt_ids):] = 1
+        cache = DynamicCache(config=self.model.config)
+        logits = self._forward(ids, mask, cache)
+        self._join(joining, cache, mask)
+        self._advance(joining, logits, first_row=len(self._rows) - len(joining))
+
+    def _decode(self) -> None:
+        assert self._mask is not None
+        last = torch.tensor([[r.generated[-1]] for r in self._rows])
+        self._mask = torch.cat([self._mask, torch.ones((len(self._rows), 1), dtype=self._mask.dtype)], dim=1)
+        logits = self._forward(last, self._mask, self._cache)
+        self._advance(list(self._rows), logits, first_row=0)
+
+    def _join(self, joining: list[Request], cache: Any, mask: torch.Tensor) -> None:
+        if not self._rows:
+            self._rows, self._cache, self._mask = list(joining), cache, mask
+            return
+        assert self._mask is not None
+        width = max(self._mask.shape[1], mask.shape[1])
+        for old, new in zip(self._cache.layers, cache.layers):
+            old.keys = torch.cat([_pad_left(old.keys, width), _pad_left(new.keys, width)])
+            old.values = torch.cat([_pad_left(old.values, width), _pad_left(new.values, width)])
+        self._mask = torch.cat([_pad_left(self._mask, width, dim=1), _pad_left(mask, width, dim=1)])
+        self._rows.extend(joining)
+
+    def _advance(self, rows: list[Request], logits: torch.Tensor, first_row: int) -> None:
+        """Pick each row's next token, report it, and let finished rows leave the batch."""
+        done = []
+        for offset, request in enumerate(rows):
+            row = first_row + offset
+            token = self._sample(request, logits[offset])
+            request.generated.append(token)
+            reason = self._report(request, token)
+            if reason is not None:
+                done.append(row)
+                request.emit(Finished(reason, len(request.prompt_ids), len(request.generated), request.text))
+        if done:
+            self._leave(done)
+
+    def _sample(self, request: Request, logits: torch.Tensor) -> int:
+        params = request.params
+        scores = logits.unsqueeze(0)
+        if params.repetition_penalty != 1.0:
+            from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor
+
+            seen = torch.tensor([request.prompt_ids + request.generated])
+            scores = RepetitionPenaltyLogitsProcessor(params.repetition_penalty)(seen, scores)
+        if params.greedy:
+            return int(scores.argmax(-1))
+        from transformers.generation.logits_process import (TemperatureLogitsWarper, TopKLogitsWarper,
+                                                            TopPLogitsWarper)
+
+        scores = TemperatureLogitsWarper(params.temperature)(None, scores)
+        if params.top_k and params.top_k > 0:
+            scores = TopKLogitsWarper(params.top_k)(None, scores)
+        if params.top_p < 1.0:
+            scores = TopPLogitsWarper(params.top_p)(None, scores)
+        probs = torch.softmax(scores, dim=-1)
+        return int(torch.multinomial(probs, 1, generator=request.generator))
+
+    def _report(self, request: Request, token: int) -> str | None:
+        """Emit what the token adds to the text; the finish reason when the request is done."""
+        if request.cancelled:
+            return "cancelled"
+        if token in self.stop_token_ids:
+            tail = request.stop_filter.flush()
+            request.text += tail
+            request.emit(Piece(tail, [token]))
+            return "stop"
+        decoded = self.tokenizer.decode(request.generated, skip_special_tokens=True)
+        # A token that ends inside a multi-byte character decodes to U+FFFD: wait for the rest of it.
+        new = "" if decoded.endswith("\ufffd") else decoded[len(request._decoded):]
+        if new:
+            request._decoded = decoded
+        out = request.stop_filter.push(new) if new else ""
+        request.text += out
+        request.emit(Piece(out, [token]))
+        if request.stop_filter.stopped:
+            return "stop"
+        if len(request.generated) >= request.params.max_new_tokens:
+            tail = request.stop_filter.flush()
+            if tail:
+                request.text += tail
+                request.emit(Piece(tail, []))
+            return "length"
+        return None
+
+    def _leave(self, rows: list[int]) -> None:
+        keep = [i for i in range(len(self._rows)) if i not in set(rows)]
+        self._rows = [self._rows[i] for i in keep]
+        if not self._rows:
+            self._cache, self._mask = None, None
+            return
+        assert self._mask is not None
+        index = torch.tensor(keep)
+        self._cache.batch_select_indices(index)
+        self._mask = self._mask[index]
+        # Columns that are padding for every remaining row cost attention time for nothing.
+        start = int(self._mask.any(0).float().argmax())
+        if start > 0:
+            self._mask = self._mask[:, start:]
+            for layer in self._cache.layers:
+                layer.keys, layer.values = layer.keys[:, :, start:], layer.values[:, :, start:]
+
+
+def _pad_left(tensor: torch.Tensor, width: int, dim: int = -2) -> torch.Tensor:
+    missing = width - tensor.shape[dim]
+    if missing == 0:
+        return tensor
+    shape = list(tensor.shape)
+    shape[dim] = missing
+    return torch.cat([tensor.new_zeros(shape), tensor], dim=dim)
+
+
+def _plain_cache(model: Any) -> bool:
+    """Whether every layer caches plain keys and values that rows can be padded and stacked in."""
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
+
+    return all(type(layer) is DynamicLayer for layer in DynamicCache(config=model.config).layers)

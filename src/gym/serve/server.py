@@ -1,0 +1,56 @@
+"""Run the OpenAI-compatible server: load the model, build the app, hand it to uvicorn.
+
+uvicorn turns SIGTERM and SIGINT into a graceful shutdown: it stops accepting connections, lets
+requests in flight finish (for at most `graceful_seconds`), then the app's lifespan stops the engine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+
+logger = logging.getLogger(__name__)
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn, except that a SIGTERM/SIGINT handled by draining ends the process with status 0.
+    uvicorn re-raises the signal after its graceful shutdown, so a clean stop looked like a kill (-15)
+    to supervisors."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        with super().capture_signals():
+            yield
+            self._captured_signals.clear()
+
+
+def served_model_name(chat_model: Any, explicit: str | None = None) -> str:
+    """What clients pass as `model`: explicit, else the adapter's or model's folder name."""
+    if explicit:
+        return explicit
+    source = chat_model.adapters[-1] if chat_model.adapters else str(chat_model.model_args.model_name_or_path)
+    return Path(source.rstrip("/")).name or "gym"
+
+
+def serve(config: dict[str, Any], *, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
+          max_batch_size: int = 16, max_waiting: int = 256, model_name: str | None = None,
+          graceful_seconds: float = 30.0) -> None:
+    from gym.chat import ChatModel
+    from gym.serve.api import create_app
+
+    api_key = api_key or os.environ.get("GYM_API_KEY") or None
+    chat_model = ChatModel(config, max_batch_size=max_batch_size, max_waiting=max_waiting)
+    chat_model.engine  # start the engine now: a backend that cannot start fails before the port opens
+    name = served_model_name(chat_model, model_name)
+    app = create_app(chat_model, name, api_key)
+    logger.info("Serving '%s' on http://%s:%d/v1 (auth: %s, batch up to %d, queue %d)", name, host, port,
+                "bearer key" if api_key else "none", max_batch_size, max_waiting)
+    DrainingServer(uvicorn.Config(app, host=host, port=port, log_level="info", access_log=False,
+                                  timeout_graceful_shutdown=graceful_seconds)).run()
+    logger.info("Stopped.")

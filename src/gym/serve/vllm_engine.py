@@ -1,0 +1,95 @@
+"""The vLLM backend (`infer_backend: vllm`): vLLM's own continuous batching and paged KV cache behind
+the same submit/events interface as HFEngine. vLLM needs a CUDA GPU; Gym's tests never import it.
+
+vLLM runs on an asyncio loop that this engine owns in a background thread, so synchronous callers
+(ChatModel) and the API server's loop both reach it through `submit`. One LoRA adapter is served
+unmerged through vLLM's LoRA support; more than one must be merged first (gym export).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from gym.errors import ConfigError
+from gym.serve.engine import EngineBusy, Event, Finished, Piece, Request, SamplingParams
+
+
+class VllmEngine:
+    def __init__(self, model_path: str, adapters: list[str], stop_token_ids: list[int], *, max_batch_size: int,
+                 max_waiting: int, trust_remote_code: bool = False) -> None:
+        from vllm import AsyncEngineArgs, AsyncLLMEngine
+
+        if len(adapters) > 1:
+            raise ConfigError("infer_backend: vllm serves one LoRA adapter at a time; merge the others into the "
+                              "model first (gym export).")
+        self.stop_token_ids = stop_token_ids
+        self.max_waiting = max_waiting
+        self._in_flight = 0
+        self._lora = None
+        if adapters:
+            from vllm.lora.request import LoRARequest
+
+            self._lora = LoRARequest("adapter", 1, adapters[0])
+        args = AsyncEngineArgs(model=str(model_path), max_num_seqs=max_batch_size, enable_lora=bool(adapters),
+                               trust_remote_code=trust_remote_code)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="gym-vllm", daemon=True)
+        self._thread.start()
+
+        async def start() -> Any:
+            return AsyncLLMEngine.from_engine_args(args)
+
+        self._engine = asyncio.run_coroutine_threadsafe(start(), self._loop).result()
+
+    def submit(self, prompt_ids: list[int], params: SamplingParams,
+               sink: Callable[[Event], None] | None = None) -> Request:
+        if self._in_flight >= self.max_waiting:
+            raise EngineBusy(f"{self._in_flight} requests are in flight; retry later")
+        request = Request(prompt_ids, params, sink)
+        self._in_flight += 1
+        asyncio.run_coroutine_threadsafe(self._run(request), self._loop)
+        return request
+
+    async def _run(self, request: Request) -> None:
+        from vllm import SamplingParams as VllmSampling
+
+        params = request.params
+        sampling = VllmSampling(
+            n=1, max_tokens=params.max_new_tokens, temperature=0.0 if params.greedy else params.temperature,
+            top_p=params.top_p, top_k=params.top_k if params.top_k > 0 else -1,
+            repetition_penalty=params.repetition_penalty, stop=params.stop or None,
+            stop_token_ids=self.stop_token_ids, seed=params.seed, skip_special_tokens=True)
+        request_id = uuid.uuid4().hex
+        emitted_tokens, reason = 0, "cancelled"
+        try:
+            async for output in self._engine.generate({"prompt_token_ids": request.prompt_ids}, sampling,
+                                                      request_id, lora_request=self._lora):
+                if request.cancelled:
+                    await self._engine.abort(request_id)
+                    break
+                completion = output.outputs[0]
+                new_text = completion.text[len(request.text):]
+                new_ids = list(completion.token_ids[emitted_tokens:])
+                request.text, emitted_tokens = completion.text, len(completion.token_ids)
+                request.generated = list(completion.token_ids)
+                request.emit(Piece(new_text, new_ids))
+                if completion.finish_reason is not None:
+                    reason = "length" if completion.finish_reason == "length" else "stop"
+        finally:
+            self._in_flight -= 1
+            request.emit(Finished(reason, len(request.prompt_ids), len(request.generated), request.text))
+
+    @property
+    def load(self) -> dict[str, int]:
+        return {"running": self._in_flight, "waiting": 0}
+
+    def shutdown(self, timeout: float = 30.0) -> None:
+        shutdown = getattr(self._engine, "shutdown", None)
+        if callable(shutdown):
+            shutdown()
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout)

@@ -1,0 +1,196 @@
+"""`gym api` through the real openai client, on 127.0.0.1, with the tiny model."""
+
+from __future__ import annotations
+
+import json
+import threading
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+import openai
+import pytest
+
+KEY = "test-key"
+HELLO = [{"role": "user", "content": "Say hello."}]
+
+
+@pytest.fixture(scope="module")
+def base_url(serve_app, tiny_chat):
+    return serve_app(tiny_chat, "tiny", api_key=KEY)
+
+
+@pytest.fixture(scope="module")
+def client(base_url):
+    return openai.OpenAI(base_url=f"{base_url}/v1", api_key=KEY, max_retries=0, timeout=60)
+
+
+def raw(base_url: str, path: str, body: bytes | None = None, key: str | None = KEY, method: str | None = None):
+    """(status, JSON) for requests the openai client cannot make (bad JSON, no key, odd routes)."""
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
+    request = urllib.request.Request(base_url + path, data=body, headers=headers, method=method)
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+def rss_mb() -> float:
+    """This process's resident memory (server and clients share it here, so this over-counts the server)."""
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("VmRSS")) / 1024
+
+
+def test_models_and_health(client, base_url):
+    assert [m.id for m in client.models.list().data] == ["tiny"]
+    status, health = raw(base_url, "/health", key=None)  # health needs no key (load balancers probe it)
+    assert status == 200 and health["status"] == "ok"
+
+
+def test_chat_answers_as_the_chat_model_does_with_exact_usage(client, tiny_chat):
+    response = client.chat.completions.create(model="tiny", messages=HELLO, temperature=0, max_tokens=9)
+    reference = tiny_chat.engine.generate(tiny_chat.render(HELLO), tiny_chat.sampling_params(do_sample=False,
+                                                                                             max_new_tokens=9))
+    assert response.choices[0].message.content == reference.text
+    assert response.choices[0].finish_reason == reference.reason
+    assert response.usage.prompt_tokens == len(tiny_chat.render(HELLO))
+    assert response.usage.completion_tokens == reference.completion_tokens == 9
+    assert response.usage.total_tokens == response.usage.prompt_tokens + 9
+
+
+def test_streaming_gives_the_same_text_piece_by_piece_and_usage_last(client):
+    whole = client.chat.completions.create(model="tiny", messages=HELLO, temperature=0, max_tokens=8)
+    chunks = list(client.chat.completions.create(model="tiny", messages=HELLO, temperature=0, max_tokens=8,
+                                                 stream=True, stream_options={"include_usage": True}))
+    pieces = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
+    assert len(pieces) > 1 and "".join(pieces) == whole.choices[0].message.content
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 8
+
+
+def test_n_choices_with_a_seed_are_distinct_and_reproducible(client):
+    ask = dict(model="tiny", messages=HELLO, temperature=1.0, top_p=1.0, max_tokens=10, n=3, seed=5)
+    first, again = client.chat.completions.create(**ask), client.chat.completions.create(**ask)
+    texts = [c.message.content for c in first.choices]
+    assert [c.index for c in first.choices] == [0, 1, 2]
+    assert texts == [c.message.content for c in again.choices]
+    assert len(set(texts)) > 1
+    assert first.usage.completion_tokens == 30  # every choice ran to max_tokens (no end token from a random model)
+
+
+def test_stop_sequences(client):
+    full = client.chat.completions.create(model="tiny", messages=HELLO, temperature=0, max_tokens=12)
+    text = full.choices[0].message.content
+    stop = text[3:6]
+    cut = client.chat.completions.create(model="tiny", messages=HELLO, temperature=0, max_tokens=12, stop=[stop])
+    assert cut.choices[0].message.content == text[: text.find(stop)]
+    assert cut.choices[0].finish_reason == "stop"
+
+
+def test_completions_plain_and_streamed(client, tiny_chat):
+    response = client.completions.create(model="tiny", prompt="Once upon a time", max_tokens=6, temperature=0)
+    ids = tiny_chat.tokenizer.encode("Once upon a time")
+    assert response.usage.prompt_tokens == len(ids) and response.usage.completion_tokens == 6
+    streamed = "".join(c.choices[0].text for c in client.completions.create(
+        model="tiny", prompt="Once upon a time", max_tokens=6, temperature=0, stream=True))
+    assert streamed == response.choices[0].text
+    echoed = client.completions.create(model="tiny", prompt="Once upon a time", max_tokens=6, temperature=0, echo=True)
+    assert echoed.choices[0].text == "Once upon a time" + response.choices[0].text
+    two = client.completions.create(model="tiny", prompt=["Once", "Twice"], max_tokens=2, temperature=0)
+    assert len(two.choices) == 2
+
+
+def test_auth_is_required_when_a_key_is_set(base_url):
+    wrong = openai.OpenAI(base_url=f"{base_url}/v1", api_key="not-the-key", max_retries=0)
+    with pytest.raises(openai.AuthenticationError) as error:
+        wrong.models.list()
+    assert error.value.body["code"] == "invalid_api_key"
+    status, body = raw(base_url, "/v1/chat/completions", json.dumps({"model": "tiny", "messages": HELLO}).encode(),
+                       key=None)
+    assert status == 401 and body["error"]["type"] == "authentication_error"
+
+
+@pytest.mark.parametrize("body, status, param", [
+    ({"model": "tiny", "messages": []}, 422, "messages"),
+    ({"model": "tiny"}, 422, "messages"),
+    ({"model": "tiny", "messages": HELLO, "temperature": 5}, 422, "temperature"),
+    ({"model": "tiny", "messages": HELLO, "n": 0}, 422, "n"),
+    ({"model": "tiny", "messages": [{"role": "wizard", "content": "hi"}]}, 422, "messages.0.role"),
+    ({"model": "nope", "messages": HELLO}, 404, "model"),
+    ({"model": "tiny", "messages": HELLO, "max_tokens": 100000}, 400, "max_tokens"),
+    ({"model": "tiny", "messages": [{"role": "assistant", "content": "hi"}]}, 400, "messages"),
+    ({"model": "tiny", "messages": HELLO, "tools": [{"type": "function"}]}, 400, "tools"),
+    ({"model": "tiny", "messages": HELLO, "stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),
+    ({"model": "tiny", "messages": HELLO, "logprobs": True}, 400, "logprobs"),
+])
+def test_bad_chat_requests_get_openai_shaped_4xx(base_url, body, status, param):
+    got, answer = raw(base_url, "/v1/chat/completions", json.dumps(body).encode())
+    assert got == status, answer
+    assert set(answer["error"]) == {"message", "type", "param", "code"} and answer["error"]["message"]
+    assert answer["error"]["param"] == param
+
+
+def test_bad_json_unknown_routes_and_methods(base_url, client):
+    assert raw(base_url, "/v1/chat/completions", b"{not json")[0] == 400
+    status, body = raw(base_url, "/v1/nothing-here")
+    assert status == 404 and "Unknown route" in body["error"]["message"]
+    assert raw(base_url, "/v1/chat/completions", method="GET")[0] == 405
+    assert raw(base_url, "/v1/completions", json.dumps({"model": "tiny", "prompt": [10**9]}).encode())[0] == 400
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(model="tiny", prompt="x", suffix="y")
+
+
+def test_tokenize_returns_the_ids_chat_requests_are_generated_from(base_url, tiny_chat):
+    status, body = raw(base_url, "/tokenize", json.dumps({"model": "tiny", "messages": HELLO}).encode())
+    assert status == 200 and body["tokens"] == tiny_chat.render(HELLO) and body["max_model_len"] == 1024
+
+
+def test_sixty_four_concurrent_chats_all_succeed_in_bounded_memory(client, tiny_chat):
+    """The load test: 64 clients at once on 8 batch rows; none fails, the queue absorbs the rest."""
+    def ask(i: int) -> tuple[str, int]:
+        response = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": f"Count {i}."}],
+                                                  max_tokens=8, temperature=0.8, seed=i)
+        return response.choices[0].finish_reason, response.usage.completion_tokens
+
+    before = rss_mb()
+    peak, done = [before], threading.Event()
+
+    def watch() -> None:
+        while not done.wait(0.05):
+            peak.append(rss_mb())
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    with ThreadPoolExecutor(64) as pool:
+        results = list(pool.map(ask, range(64)))
+    done.set()
+    watcher.join()
+    grown_mb = max(peak) - before
+    assert all(reason in ("stop", "length") and tokens >= 1 for reason, tokens in results)
+    assert grown_mb < 256, f"peak memory grew by {grown_mb:.0f} MB serving 64 short requests"
+    assert tiny_chat.engine.load == {"running": 0, "waiting": 0}
+
+
+def test_a_full_queue_answers_429(serve_app, tiny_model_dir):
+    from gym.chat import ChatModel
+
+    small = ChatModel({"model_name_or_path": str(tiny_model_dir)}, max_batch_size=1, max_waiting=1)
+    client = openai.OpenAI(base_url=f"{serve_app(small, 'tiny')}/v1", api_key="none", max_retries=0)
+    statuses: list[int] = []
+
+    def ask() -> None:
+        try:
+            client.chat.completions.create(model="tiny", messages=HELLO, max_tokens=150, temperature=0)
+            statuses.append(200)
+        except openai.RateLimitError as error:
+            assert error.body["code"] == "rate_limit_exceeded"
+            statuses.append(429)
+
+    threads = [threading.Thread(target=ask) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert 429 in statuses and 200 in statuses and len(statuses) == 4
