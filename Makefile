@@ -34,6 +34,7 @@ bench: setup
 	HF_HUB_OFFLINE=1 $(PY) bench/train_throughput.py
 	HF_HUB_OFFLINE=1 $(PY) bench/align_speed.py
 	HF_HUB_OFFLINE=1 $(PY) bench/delta.py
+	HF_HUB_OFFLINE=1 $(PY) bench/serve.py
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info
