@@ -132,6 +132,8 @@ def main() -> int:
                  "What is a prime number?", "Give me three tips for sleeping well.", "Why is the sky blue?",
                  "Explain what a computer does.", "Describe a busy market."]
     prompts = [chat.render([{"role": "user", "content": q}]) for q in questions]
+    with torch.inference_mode():  # first-call costs (kernel selection, allocator) are nobody's TTFT
+        chat.model.generate(torch.tensor([prompts[0]]), max_new_tokens=4, do_sample=False, pad_token_id=0)
     print(f"# {' '.join(['python'] + sys.argv)}")
     print(f"# model {args.model}, {args.tokens} tokens per answer, {args.requests} requests per client, "
           f"torch threads {torch.get_num_threads()}\n")
