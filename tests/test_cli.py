@@ -6,7 +6,7 @@ import sys
 import pytest
 import yaml
 
-from gym.cli import main
+from gym.cli import USAGE, main
 
 
 def _gym(*args, cwd=None):
@@ -72,3 +72,9 @@ def test_version_env_and_help(capsys):
     assert "lora_rank (an integer, default 8)" in capsys.readouterr().out
     assert main(["trian"]) == 2
     assert "Did you mean 'train'" in capsys.readouterr().err
+
+
+def test_soup_and_api_verbs_are_wired(capsys, tmp_path):
+    assert main(["soup", "status", str(tmp_path / "nowhere")]) == 2
+    assert "is not a soup" in capsys.readouterr().err
+    assert "soup init|contribute|status|aggregate|rewards" in USAGE and "api [CONFIG]" in USAGE

@@ -19,6 +19,7 @@ commands:
   infer CONFIG --dataset D -o out.jsonl [--batch_size N] [--max_samples N]
                                                    answer every row of a dataset (resumable)
   delta compress|apply|inspect|eval [options]      a fine-tune as a compressed delta (`gym delta -h`)
+  soup init|contribute|status|aggregate|rewards    community merge of many users' deltas (`gym soup -h`)
   env                                              versions of Python, torch and the HF stack, and the device
   version                                          Gym's version
 
@@ -192,6 +193,12 @@ def cmd_delta(argv: list[str]) -> int:
     return delta_main(argv)
 
 
+def cmd_soup(argv: list[str]) -> int:
+    from gym.soup.cli import main as soup_main
+
+    return soup_main(argv)
+
+
 def cmd_env(argv: list[str]) -> int:
     import platform
 
@@ -235,6 +242,7 @@ COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "api": cmd_api,
     "infer": cmd_infer,
     "delta": cmd_delta,
+    "soup": cmd_soup,
     "env": cmd_env,
     "version": cmd_version,
 }

@@ -8,6 +8,7 @@ from gym.delta.bitdelta import BitDeltaConfig, BitDeltaQuantizer
 from gym.delta.compress import CompressedDelta
 from gym.delta.deltaquant import DeltaQuantConfig, DeltaQuantizer
 from gym.delta.quant import QuantMethod
+from gym.soup import AggregationMethod, DeltaSoup, DeltaSoupConfig
 
-__all__ = ["BitDeltaConfig", "BitDeltaQuantizer", "CompressedDelta", "DeltaQuantConfig", "DeltaQuantizer",
-           "QuantMethod"]
+__all__ = ["AggregationMethod", "BitDeltaConfig", "BitDeltaQuantizer", "CompressedDelta", "DeltaQuantConfig",
+           "DeltaQuantizer", "DeltaSoup", "DeltaSoupConfig", "QuantMethod"]

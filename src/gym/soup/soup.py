@@ -1,0 +1,372 @@
+"""DeltaSoup: many fine-tunes of one base -> one community delta, robust to attackers, private, paid.
+
+    soup = DeltaSoup(DeltaSoupConfig(), path="my-soup", base_model="smollm2-135m")
+    soup.contribute(user_id="alice", model="saves/alice-lora")      # -> ContributionRecord (status, reason)
+    delta = soup.aggregate(min_contributors=3, output_dir="soup-model")
+    soup.calculate_rewards()                                          # -> {"alice": 397.0, ...}
+
+A round: the open round's accepted contributions are read back from their blobs as one stream
+(gym.soup.aggregators' DeltaSource), clipped to clip_norm when differential_privacy is on, merged by
+config.method, noised (Gaussian mechanism, gym.soup.privacy), and recorded with its privacy cost, its
+rewards and the contributors' new reputation; then the next round opens. Everything lives in the soup
+folder (gym.soup.store), so a soup survives restarts and several processes may contribute at once.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gym.errors import ConfigError
+from gym.soup import rewards as pay
+from gym.soup.config import KRUM_FAMILY, DeltaSoupConfig
+from gym.soup.contributions import Base, Rejected, l2_norm, to_delta
+from gym.soup.store import ACCEPTED, LEDGER, REJECTED, ContributionRecord, RoundRecord, Store, source_for
+
+logger = logging.getLogger(__name__)
+
+
+class DeltaSoup:
+    """A soup folder: `DeltaSoup(config, path=..., base_model=...)` creates it, `DeltaSoup(path=...)` reopens it.
+
+    Reopening with a config replaces the stored one (each round records the method and privacy it used);
+    reopening without one uses the stored config. base_model is required only to create a soup; given on
+    reopening, it must be the same base (its fingerprint is checked).
+    """
+
+    def __init__(self, config: DeltaSoupConfig | None = None, *, path: str | os.PathLike,
+                 base_model: str | os.PathLike | None = None) -> None:
+        self.path = Path(path).expanduser()
+        if (self.path / LEDGER).is_file():
+            self.store = Store(self.path)
+            stored = DeltaSoupConfig.from_dict(json.loads(self.store.meta("config") or "{}"))
+            if config is not None and config.to_dict() != stored.to_dict():
+                logger.warning("%s: replacing the stored soup config with the one given.", self.path)
+                self.store.set_meta("config", json.dumps(config.to_dict()))
+            self.config = config or stored
+            self.base = Base(self.store.meta("base_model") or "")
+            self._base_checked = False
+            if base_model is not None and _normalised(base_model) != self.base.ref:
+                self.base = Base(_normalised(base_model))
+                self._checked_base()
+        else:
+            if base_model is None:
+                raise ConfigError(f"{self.path} is not a soup yet: give base_model= (the model every contribution "
+                                  "was fine-tuned from) to create it.")
+            self.config = config or DeltaSoupConfig()
+            self.base = Base(_normalised(base_model))
+            self.store = Store.create(self.path, {"config": json.dumps(self.config.to_dict()),
+                                                  "base_model": self.base.ref,
+                                                  "base_fingerprint": self.base.fingerprint})
+            self._base_checked = True
+        self._validator: Any = None
+
+    def _checked_base(self) -> Base:
+        if not self._base_checked:
+            if self.base.fingerprint != self.store.meta("base_fingerprint"):
+                raise ConfigError(f"{self.base.ref} is not this soup's base: its fingerprint differs from the one "
+                                  f"recorded when {self.path} was created.")
+            self._base_checked = True
+        return self.base
+
+    # contributions
+    def contribute(self, user_id: str, model: Any, num_samples: int | None = None) -> ContributionRecord:
+        """Check a contribution and record it in the open round, accepted or rejected with the reason.
+
+        model: a model object, a model folder, a LoRA adapter folder, a Gym delta file or a dict of delta
+        tensors (gym.soup.contributions). num_samples: how many training examples it saw (weighted_mean uses it).
+        Raises ConfigError only for input that cannot be read; a wrong-but-readable contribution is rejected.
+        """
+        if not isinstance(user_id, str) or not user_id.strip():
+            raise ConfigError(f"user_id must be a non-empty string, got {user_id!r}.")
+        if num_samples is not None and (not isinstance(num_samples, int) or num_samples < 1):
+            raise ConfigError(f"num_samples must be a positive integer or None, got {num_samples!r}.")
+        base, config = self._checked_base(), self.config
+        info: dict[str, Any] = {}
+        norm, blob, status, reason = None, None, ACCEPTED, None
+        try:
+            converted = to_delta(model, base)
+            info.update(source=converted.source, **converted.info)
+            delta = converted.delta
+            if not delta:
+                raise Rejected("identical to the base: it changes nothing")
+            encoded = _bitdelta_entries(delta, base) if config.use_bitdelta else None
+            if encoded is not None:
+                delta = _decoded(encoded)
+            norm = l2_norm(delta)
+            if config.validate_contributions:
+                self._validate(delta, norm, info)
+            metadata = {"what": "contribution", "user_id": user_id, "base_fingerprint": base.fingerprint}
+            blob = self.store.write_tensors(delta, metadata) if encoded is None else \
+                self._write_encoded(encoded, metadata)
+        except Rejected as exc:
+            status, reason = REJECTED, str(exc)
+        record = self.store.add_contribution(user_id, status, reason, norm, num_samples, blob, info,
+                                             config.max_contributors)
+        logger.info("%s: %s's contribution %s%s", self.path, user_id, record.status,
+                    f" ({record.reason})" if record.reason else "")
+        return record
+
+    def _validate(self, delta: dict[str, torch.Tensor], norm: float, info: dict[str, Any]) -> None:
+        config = self.config
+        if config.max_norm is not None and norm > config.max_norm:
+            raise Rejected(f"norm {norm:.4g} is above max_norm {config.max_norm:.4g}")
+        if config.validation_dataset:
+            if self._validator is None:
+                from gym.soup.validate import Validator
+
+                self._validator = Validator(self.base, config)
+            losses, reason = self._validator.check(delta)
+            info.update(losses)
+            if reason:
+                raise Rejected(reason)
+
+    def _write_encoded(self, entries: dict[str, Any], metadata: dict[str, Any]) -> str:
+        from gym.delta.format import save_delta
+
+        header = {"method": "bitdelta", "options": {"storage": "deltasoup"},
+                  "base": {"fingerprint": self.base.fingerprint, "name": self.base.ref}, "gym_soup": metadata}
+        return self.store.write_blob(lambda tmp: save_delta(tmp, entries, header))
+
+    def contributions(self, round_id: int | None = None) -> list[ContributionRecord]:
+        return self.store.contributions(round_id)
+
+    # rounds
+    def aggregate(self, min_contributors: int | None = None, output_dir: str | os.PathLike | None = None
+                  ) -> dict[str, torch.Tensor]:
+        """Merge the open round's accepted contributions, record the round, open the next one.
+
+        Returns the released delta {parameter name: tensor} (noised when differential_privacy is on).
+        output_dir: also write base + delta there as a model folder.
+        """
+        config = self.config
+        round_id, everyone, rows = self._open_round(config.min_contributors if min_contributors is None
+                                                    else min_contributors)
+        merged = self._merge(rows)
+        result, n = merged.result, len(rows)
+        released, privacy = result.delta, None
+        if config.differential_privacy:
+            released, privacy = self._add_noise(result.delta, n, merged.weights, merged.num_byzantine, round_id,
+                                                weights_fixed=all(r.num_samples is None for r in rows))
+        quality = pay.qualities(merged.source, result.delta, result.weights, result.selected, merged.gram)
+        blob = self.store.write_tensors(released, {"what": "aggregate", "round": round_id,
+                                                   "method": config.method.value})
+        record = RoundRecord(
+            round_id, config.method.value, n, [r.id for r in rows], [rows[i].id for i in result.selected],
+            [float(w) for w in result.weights], privacy, blob,
+            _jsonable({"num_byzantine": merged.num_byzantine, "norms": merged.norms,
+                       "clip_scales": merged.clip_scales, "quality": quality, "aggregator": result.info}),
+            time.time())
+        chosen = set(result.selected)
+        excluded = [r.id for i, r in enumerate(rows) if i not in chosen]
+        rewards, reputation = self._settle(everyone, rows, quality, chosen)
+        self.store.close_round(record, max(r.id for r in everyone), excluded, rewards, reputation)
+        logger.info("%s: round %d aggregated %d contributions with %s (%d selected).", self.path, round_id, n,
+                    config.method.value, len(result.selected))
+        if output_dir is not None:
+            self.write_model(output_dir, round_id)
+        return released
+
+    def _open_round(self, need: int) -> tuple[int, list[ContributionRecord], list[ContributionRecord]]:
+        """(round id, every contribution in it, the accepted ones), or a ConfigError that counts them."""
+        round_id = self.store.open_round()
+        everyone = self.store.contributions(round_id)
+        rows = [r for r in everyone if r.status == ACCEPTED]
+        if len(rows) < max(need, 1):
+            counts = {s: sum(r.status == s for r in everyone) for s in {r.status for r in everyone}}
+            raise ConfigError(f"Round {round_id} has {len(rows)} accepted contribution(s) "
+                              f"({', '.join(f'{v} {k}' for k, v in sorted(counts.items())) or 'none at all'}); "
+                              f"aggregating needs at least {need} (min_contributors).")
+        return round_id, everyone, rows
+
+    def _merge(self, rows: list[ContributionRecord]) -> "_Merged":
+        """The accepted deltas as one stream, clipped under DP, merged by config.method (before noise)."""
+        from gym.soup import aggregators as agg
+
+        config, n = self.config, len(rows)
+        source: Any = source_for([self.store.blob_path(str(r.blob)) for r in rows])
+        gram = agg.gram_matrix(source)
+        norms = [float(v) for v in agg.norms(gram)]
+        scales = [1.0] * n
+        if config.differential_privacy:
+            from gym.soup.privacy import clip_scales
+
+            scales = list(clip_scales(norms, config.clip_norm))
+            source, gram = agg.ScaledSource(source, scales), agg.scaled_gram(gram, scales)
+        weights = None
+        if config.method == agg.AggregationMethod.WEIGHTED_MEAN:
+            reputation = self.store.reputation()
+            weights = pay.mean_weights([reputation.get(r.user_id) for r in rows], [r.num_samples for r in rows],
+                                       pay.newcomer_reputation(list(reputation.values())))
+        # byzantine_threshold sets the f of the Krum scores (krum, multi_krum, byzantine_robust); trimmed_mean
+        # trims by trim_percent, which the aggregator would ignore if it were given an f.
+        num_byzantine = config.num_byzantine(n) if config.method in KRUM_FAMILY else None
+        result = agg.aggregate(source, config.method, num_byzantine=num_byzantine,
+                               trim_percent=config.trim_percent, weights=weights, gram=gram)
+        return _Merged(result, source, gram, norms, scales, weights, num_byzantine)
+
+    def _add_noise(self, delta: dict[str, torch.Tensor], n: int, weights: list[float] | None,
+                   num_byzantine: int | None, round_id: int, weights_fixed: bool = True) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        from gym.soup.privacy import PrivacyReport, add_gaussian_noise, gaussian_sigma, sensitivity, zcdp_rho
+
+        config = self.config
+        if config.method.value == "weighted_mean" and not weights_fixed:
+            # Self-reported num_samples travel with the contribution, so replacing one contributor moves every
+            # weight: only the bound of a convex combination of clipped inputs (2C) still holds.
+            bound = 2 * config.clip_norm
+        else:
+            bound = sensitivity(config.method, config.clip_norm, n, weights, num_byzantine=num_byzantine,
+                                trim_percent=config.trim_percent)
+        sigma = gaussian_sigma(config.privacy_epsilon, config.privacy_delta, bound)
+        seed = secrets.randbits(63) if config.noise_seed is None else config.noise_seed + round_id
+        noised = add_gaussian_noise(delta, sigma, generator=torch.Generator().manual_seed(seed))
+        report = PrivacyReport(epsilon=config.privacy_epsilon, delta=config.privacy_delta, sigma=sigma,
+                               sensitivity=bound, rho=zcdp_rho(bound, sigma))
+        return noised, asdict(report)
+
+    def _settle(self, everyone: list[ContributionRecord], rows: list[ContributionRecord], quality: list[float],
+                selected: set[int]) -> tuple[list[tuple[str, int, float, float, float]], dict[str, float]]:
+        """Rewards rows and new reputations for everyone who contributed in the round."""
+        config = self.config
+        participation = pay.participation(quality, sorted(selected))
+        amounts = pay.split(quality, participation, config.reward_pool, config.quality_weight,
+                            config.participation_weight) if config.enable_rewards else [0.0] * len(rows)
+        rewards = [(r.user_id, r.id, q, p, a) for r, q, p, a in zip(rows, quality, participation, amounts)]
+        paid = {r.user_id for r in rows}
+        for r in everyone:  # rejected in this round, with no accepted contribution: on the books with 0
+            if r.status == REJECTED and r.user_id not in paid:
+                rewards.append((r.user_id, r.id, 0.0, 0.0, 0.0))
+                paid.add(r.user_id)
+        previous = self.store.reputation()
+        by_user = {user: 0.0 for user, *_ in rewards}
+        by_user.update({r.user_id: q for r, q in zip(rows, quality)})
+        reputation = {user: pay.updated_reputation(previous.get(user), q, config.reputation_decay)
+                      for user, q in by_user.items()}
+        return (rewards if config.enable_rewards else []), reputation
+
+    def write_model(self, output_dir: str | os.PathLike, round_id: int | None = None) -> Path:
+        """base + a round's released aggregate (default: the last round) as a model folder with the tokenizer."""
+        from gym.delta.weights import load_model
+        from gym.models.loader import load_tokenizer, resolve_model_path
+
+        record = self._round(round_id)
+        delta = self.store.read_tensors(record.aggregate_blob)
+        out = Path(output_dir).expanduser()
+        model = load_model(self._checked_base().ref)
+        params = dict(model.named_parameters())
+        with torch.no_grad():
+            for name, value in delta.items():
+                params[name].add_(value.to(params[name].dtype))
+        tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        try:
+            model.save_pretrained(tmp)
+            load_tokenizer(resolve_model_path(self.base.ref)).save_pretrained(tmp)
+            (tmp / "gym_manifest.json").write_text(json.dumps({
+                "what": "model", "made_by": "gym soup aggregate", "base_model": self.base.ref, "soup": str(self.path),
+                "round": record.id, "method": record.method, "contributors": record.n,
+                "privacy": record.privacy, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}, indent=2))
+            if out.exists():
+                shutil.rmtree(out)
+            os.replace(tmp, out)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return out
+
+    def _round(self, round_id: int | None) -> RoundRecord:
+        rounds = self.store.rounds()
+        if not rounds:
+            raise ConfigError(f"{self.path} has no aggregated round yet: run aggregate first.")
+        if round_id is None:
+            return rounds[-1]
+        for record in rounds:
+            if record.id == round_id:
+                return record
+        raise ConfigError(f"{self.path} has no round {round_id} (rounds: 1 to {rounds[-1].id}).")
+
+    # rewards and status
+    def calculate_rewards(self, round_id: int | None = None, cumulative: bool = False) -> dict[str, float]:
+        """{user_id: amount} paid by a round (default: the last); cumulative=True sums every round."""
+        if not self.config.enable_rewards:
+            raise ConfigError("Rewards are off for this soup (enable_rewards=False).")
+        rows = self.store.rewards() if cumulative else self.store.rewards(self._round(round_id).id)
+        if cumulative and not self.store.rounds():
+            raise ConfigError(f"{self.path} has no aggregated round yet: run aggregate first.")
+        totals: dict[str, float] = {}
+        for row in rows:
+            totals[row["user_id"]] = totals.get(row["user_id"], 0.0) + row["amount"]
+        return totals
+
+    def reputation(self) -> dict[str, float]:
+        return self.store.reputation()
+
+    def status(self) -> dict[str, Any]:
+        """Rounds, contributions by status (all and in the open round), and the privacy spent so far."""
+        from gym.soup.privacy import PrivacyReport, total_privacy
+
+        rounds, everyone = self.store.rounds(), self.store.contributions()
+        open_round = self.store.open_round()
+
+        def by_status(rows: list[ContributionRecord]) -> dict[str, int]:
+            return {s: sum(r.status == s for r in rows) for s in sorted({r.status for r in rows})}
+
+        reports = [PrivacyReport(**r.privacy) for r in rounds if r.privacy]
+        return {
+            "path": str(self.path), "base_model": self.base.ref, "method": self.config.method.value,
+            "open_round": open_round, "rounds": len(rounds),
+            "contributions": by_status(everyone),
+            "open_round_contributions": by_status([r for r in everyone if r.round == open_round]),
+            "contributors": len({r.user_id for r in everyone}),
+            "privacy": {"differential_privacy": self.config.differential_privacy,
+                        "per_round": [{"round": r.id, **r.privacy} for r in rounds if r.privacy],
+                        "total": total_privacy(reports, self.config.privacy_delta) if reports else None},
+        }
+
+
+@dataclass
+class _Merged:
+    result: Any  # gym.soup.aggregators.AggregateResult
+    source: Any  # the DeltaSource that was aggregated (clipped under DP)
+    gram: torch.Tensor  # its Gram matrix
+    norms: list[float]  # each contribution's L2 norm before clipping
+    clip_scales: list[float]
+    weights: list[float] | None  # weighted_mean's weights
+    num_byzantine: int | None
+
+
+def _normalised(ref: str | os.PathLike) -> str:
+    """A folder reference as an absolute path (a soup is reopened from anywhere); names and hub ids as given."""
+    path = Path(ref).expanduser()
+    return str(path.resolve()) if path.exists() else str(ref)
+
+
+def _bitdelta_entries(delta: dict[str, torch.Tensor], base: Base) -> dict[str, Any]:
+    """1-bit BitDelta codes for block matrices and embeddings (no scale distillation); others stay dense."""
+    from gym.delta.bitdelta import BitDeltaQuantizer
+    from gym.delta.weights import Delta, kind_of
+
+    quantizer = BitDeltaQuantizer()
+    entries: dict[str, Any] = {}
+    for name, value in delta.items():
+        encoded = quantizer.encode(Delta(name, kind_of(name, base.params[name], base.model), value))
+        entries[name] = value if encoded is None else encoded
+    return entries
+
+
+def _decoded(entries: dict[str, Any]) -> dict[str, torch.Tensor]:
+    from gym.delta.compress import reconstruct
+
+    return {name: reconstruct(entry) for name, entry in entries.items()}
+
+
+def _jsonable(value: Any) -> Any:
+    return json.loads(json.dumps(value, default=lambda v: v.tolist() if hasattr(v, "tolist") else str(v)))
