@@ -40,10 +40,6 @@ import torch
 
 from gym.soup.aggregators import (
     AggregateResult,
-    DeltaSource,
-    InMemorySource,
-    ScaledSource,
-    SubsetSource,
     aggregate,
     default_byzantine,
     krum_scores,
@@ -51,6 +47,7 @@ from gym.soup.aggregators import (
     norms,
     scaled_gram,
 )
+from gym.soup.sources import DeltaSource, InMemorySource, ScaledSource, SubsetSource
 
 FRACTIONS = (0.1, 0.2, 0.3)
 RESISTED = 0.9

@@ -177,7 +177,7 @@ def main() -> None:
     print("\nbyzantine_robust round: weight in the aggregate and reward (pool 1000)")
     for u in users:
         print(f"  {u:<10} weight {weights.get(u, 0.0):.3f}  reward {paid.get(u, 0.0):8.2f}")
-    print(f"\ntimes: " + ", ".join(f"{k} {v:.0f} s" for k, v in timings.items()) +
+    print("\ntimes: " + ", ".join(f"{k} {v:.0f} s" for k, v in timings.items()) +
           f"; total {time.perf_counter() - started:.0f} s; work folder {work}")
 
 

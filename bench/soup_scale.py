@@ -31,7 +31,8 @@ import time
 import torch
 
 from gym.soup import aggregators
-from gym.soup.aggregators import InMemorySource, aggregate, gram_matrix
+from gym.soup.aggregators import aggregate, gram_matrix
+from gym.soup.sources import InMemorySource
 
 
 def best_of(runs: int, fn) -> float:

@@ -11,7 +11,9 @@ from safetensors.torch import save_file
 
 from gym.errors import ConfigError, DataError
 from gym.soup import aggregators as agg
-from gym.soup.aggregators import AggregationMethod, InMemorySource, SafetensorsSource, aggregate, gram_matrix
+from gym.soup import sources
+from gym.soup.aggregators import AggregationMethod, aggregate, gram_matrix
+from gym.soup.sources import InMemorySource, SafetensorsSource
 
 # Non-square, 1-D, 3-D and 0-D tensors: the prototype crashed on anything but square matrices.
 SHAPES = {"attn.weight": (3, 5), "bias": (7,), "conv": (2, 3, 4), "scale": ()}
@@ -268,7 +270,7 @@ def test_safetensors_source_reads_only_the_name_asked(tmp_path, monkeypatch):
     del deltas[3]["conv"]
     source = SafetensorsSource(write_contributions(tmp_path, deltas))
     reads: list[str] = []
-    real_open = agg.safe_open
+    real_open = sources.safe_open
 
     class Recording:
         def __init__(self, *args, **kwargs):
@@ -285,7 +287,7 @@ def test_safetensors_source_reads_only_the_name_asked(tmp_path, monkeypatch):
             reads.append(name)
             return self.file.get_tensor(name)
 
-    monkeypatch.setattr(agg, "safe_open", Recording)
+    monkeypatch.setattr(sources, "safe_open", Recording)
     stacked = source.stacked("conv")
     assert reads == ["conv"] * 4 and stacked.shape == (5, 2, 3, 4)
     assert torch.equal(stacked[3], torch.zeros(2, 3, 4))

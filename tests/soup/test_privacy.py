@@ -9,7 +9,8 @@ import torch
 
 from gym.errors import ConfigError
 from gym.soup import privacy
-from gym.soup.aggregators import InMemorySource, ScaledSource, aggregate, gram_matrix, norms, scaled_gram
+from gym.soup.aggregators import aggregate, gram_matrix, norms, scaled_gram
+from gym.soup.sources import InMemorySource, ScaledSource
 
 
 def exact_delta(epsilon: float, sensitivity: float, sigma: float) -> float:

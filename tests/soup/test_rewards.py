@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from gym.soup import rewards
-from gym.soup.aggregators import InMemorySource
+from gym.soup.sources import InMemorySource
 
 
 def _gram(source):

@@ -191,6 +191,7 @@ class DeltaSoup:
     def _merge(self, rows: list[ContributionRecord]) -> "_Merged":
         """The accepted deltas as one stream, clipped under DP, merged by config.method (before noise)."""
         from gym.soup import aggregators as agg
+        from gym.soup.sources import ScaledSource
 
         config, n = self.config, len(rows)
         source: Any = source_for([self.store.blob_path(str(r.blob)) for r in rows])
@@ -201,7 +202,7 @@ class DeltaSoup:
             from gym.soup.privacy import clip_scales
 
             scales = list(clip_scales(norms, config.clip_norm))
-            source, gram = agg.ScaledSource(source, scales), agg.scaled_gram(gram, scales)
+            source, gram = ScaledSource(source, scales), agg.scaled_gram(gram, scales)
         weights = None
         if config.method == agg.AggregationMethod.WEIGHTED_MEAN:
             reputation = self.store.reputation()

@@ -348,7 +348,7 @@ def source_for(paths: list[Path]) -> Any:
     """helper-2's SafetensorsSource when every blob is dense, else a BlobSource that decodes compressed ones."""
     from safetensors import safe_open
 
-    from gym.soup.aggregators import SafetensorsSource
+    from gym.soup.sources import SafetensorsSource
 
     def dense(path: Path) -> bool:
         with safe_open(str(path), framework="pt") as handle:
