@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import weakref
 from collections.abc import Iterator
 from dataclasses import asdict, fields
 from pathlib import Path
@@ -107,6 +108,9 @@ class ChatModel:
             from gym.serve.backends import build_engine
 
             self._engine = build_engine(self, **self._engine_options)
+            # Stop the engine thread before the interpreter tears torch down under it (a thread still
+            # inside torch at exit aborts the process), without keeping this ChatModel alive.
+            weakref.finalize(self, self._engine.shutdown)
         return self._engine
 
     def close(self) -> None:

@@ -98,13 +98,16 @@ def cmd_chat(argv: list[str]) -> int:
     from gym.config.parser import parse_cli_args
 
     model = ChatModel(parse_cli_args(argv))
-    if prompt is not None:
-        print(f"User: {prompt}\nAssistant: ", end="", flush=True)
-        for piece in model.stream_chat([{"role": "user", "content": prompt}]):
-            print(piece, end="", flush=True)
-        print()
-        return 0
-    return _interactive(model)
+    try:
+        if prompt is not None:
+            print(f"User: {prompt}\nAssistant: ", end="", flush=True)
+            for piece in model.stream_chat([{"role": "user", "content": prompt}]):
+                print(piece, end="", flush=True)
+            print()
+            return 0
+        return _interactive(model)
+    finally:
+        model.close()
 
 
 def cmd_api(argv: list[str]) -> int:
