@@ -17,7 +17,6 @@ a seeded request samples from its own generator whatever else shares its batch.
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import logging
 import queue
@@ -25,7 +24,7 @@ import random
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -165,20 +164,6 @@ class HFEngine:
         *_, last = self.submit(prompt_ids, params).events()
         assert isinstance(last, Finished)
         return last
-
-    async def stream(self, prompt_ids: list[int], params: SamplingParams) -> AsyncIterator[Event]:
-        """Events for asyncio callers; cancelling the consumer (a client that went away) frees the row."""
-        loop = asyncio.get_running_loop()
-        events: asyncio.Queue[Event] = asyncio.Queue()
-        request = self.submit(prompt_ids, params, sink=lambda e: loop.call_soon_threadsafe(events.put_nowait, e))
-        try:
-            while True:
-                event = await events.get()
-                yield event
-                if isinstance(event, Finished):
-                    return
-        finally:
-            request.cancel()
 
     @property
     def load(self) -> dict[str, int]:
