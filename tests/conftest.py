@@ -86,3 +86,22 @@ def train_config(tiny_model_dir, data_dir, tmp_path):
         return config
 
     return make
+
+
+@pytest.fixture()
+def make_finetune(tiny_model_dir, tmp_path):
+    """make_finetune(change, name) -> a model folder: the tiny base with change(name, param) applied in place,
+    so a test knows exactly what a fine-tune changed."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    def make(change, name: str = "finetuned") -> Path:
+        model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+        with torch.no_grad():
+            for param_name, param in model.named_parameters():
+                change(param_name, param)
+        out = tmp_path / name
+        model.save_pretrained(out)
+        return out
+
+    return make

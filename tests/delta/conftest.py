@@ -2,31 +2,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
 
 def block_linears(model) -> dict[str, torch.nn.Parameter]:
     return {n: p for n, p in model.named_parameters() if p.ndim == 2 and ".layers." in n}
-
-
-@pytest.fixture()
-def make_finetune(tiny_model_dir, tmp_path):
-    """make_finetune(change, name) -> a model folder: the tiny base with change(name, param) added in place."""
-    from transformers import AutoModelForCausalLM
-
-    def make(change, name: str = "finetuned") -> Path:
-        model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
-        with torch.no_grad():
-            for param_name, param in model.named_parameters():
-                change(param_name, param)
-        out = tmp_path / name
-        model.save_pretrained(out)
-        return out
-
-    return make
 
 
 @pytest.fixture()

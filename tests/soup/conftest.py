@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -50,24 +48,6 @@ def make_soup(tiny_model_dir, tmp_path):
         return DeltaSoup(DeltaSoupConfig(**fields), path=tmp_path / name, base_model=str(tiny_model_dir))
 
     return make
-
-
-@pytest.fixture()
-def make_finetune(tiny_model_dir, tmp_path):
-    """make_finetune(change, name) -> a model folder: the tiny base with change(name, param) applied in place."""
-    from transformers import AutoModelForCausalLM
-
-    def make(change, name: str = "finetuned") -> Path:
-        model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
-        with torch.no_grad():
-            for param_name, param in model.named_parameters():
-                change(param_name, param)
-        out = tmp_path / name
-        model.save_pretrained(out)
-        return out
-
-    return make
-
 
 
 @pytest.fixture(scope="session")

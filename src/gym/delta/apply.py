@@ -49,7 +49,7 @@ def apply_delta(base: Any, entries: dict[str, Encoded | torch.Tensor], header: d
 
 def write_applied(base_ref: str, delta_path: str | os.PathLike, out: str | os.PathLike, overwrite: bool = False) -> Path:
     """`gym delta apply`: a model folder (safetensors + tokenizer) that transformers loads as it is."""
-    from gym.models.loader import load_tokenizer, resolve_model_path
+    from gym.models.loader import resolve_model_path
     from gym.delta.weights import load_model
 
     out = Path(out)
@@ -58,14 +58,23 @@ def write_applied(base_ref: str, delta_path: str | os.PathLike, out: str | os.Pa
     entries, header = load_delta(delta_path)  # everything is checked before anything is written
     base_path = resolve_model_path(base_ref)
     model = apply_delta(load_model(base_ref), entries, header, delta_path)
+    return save_model_folder(model, base_path, out, {"made_by": "gym delta apply", "base_model": base_ref,
+                                                     "delta": str(delta_path), "delta_method": header.get("method")})
+
+
+def save_model_folder(model: Any, tokenizer_path: str, out: str | os.PathLike, manifest: dict[str, Any]) -> Path:
+    """A model folder (weights, the tokenizer from tokenizer_path, gym_manifest.json) written under a temporary
+    name and renamed into place, so a crash never leaves a half-written folder where a model was."""
+    from gym.models.loader import load_tokenizer
+
+    out = Path(out)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         model.save_pretrained(tmp)
-        load_tokenizer(base_path).save_pretrained(tmp)
-        (tmp / "gym_manifest.json").write_text(json.dumps({
-            "what": "model", "made_by": "gym delta apply", "base_model": base_ref, "delta": str(delta_path),
-            "delta_method": header.get("method"), "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}, indent=2))
+        load_tokenizer(tokenizer_path).save_pretrained(tmp)
+        (tmp / "gym_manifest.json").write_text(json.dumps(
+            {"what": "model", **manifest, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}, indent=2))
         if out.exists():
             shutil.rmtree(out)
         os.replace(tmp, out)

@@ -18,7 +18,6 @@ import json
 import logging
 import os
 import secrets
-import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -257,7 +256,8 @@ class DeltaSoup:
     def write_model(self, output_dir: str | os.PathLike, round_id: int | None = None) -> Path:
         """base + a round's released aggregate (default: the last round) as a model folder with the tokenizer."""
         from gym.delta.weights import load_model
-        from gym.models.loader import load_tokenizer, resolve_model_path
+        from gym.delta.apply import save_model_folder
+        from gym.models.loader import resolve_model_path
 
         record = self._round(round_id)
         delta = self.store.read_tensors(record.aggregate_blob)
@@ -267,21 +267,9 @@ class DeltaSoup:
         with torch.no_grad():
             for name, value in delta.items():
                 params[name].add_(value.to(params[name].dtype))
-        tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-        shutil.rmtree(tmp, ignore_errors=True)
-        try:
-            model.save_pretrained(tmp)
-            load_tokenizer(resolve_model_path(self.base.ref)).save_pretrained(tmp)
-            (tmp / "gym_manifest.json").write_text(json.dumps({
-                "what": "model", "made_by": "gym soup aggregate", "base_model": self.base.ref, "soup": str(self.path),
-                "round": record.id, "method": record.method, "contributors": record.n,
-                "privacy": record.privacy, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}, indent=2))
-            if out.exists():
-                shutil.rmtree(out)
-            os.replace(tmp, out)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-        return out
+        return save_model_folder(model, resolve_model_path(self.base.ref), out, {
+            "made_by": "gym soup aggregate", "base_model": self.base.ref, "soup": str(self.path), "round": record.id,
+            "method": record.method, "contributors": record.n, "privacy": record.privacy})
 
     def _round(self, round_id: int | None) -> RoundRecord:
         rounds = self.store.rounds()
