@@ -73,7 +73,7 @@ def run_trl(method: str, steps: int, out: str, bf16: bool = False) -> dict:
     from peft import LoraConfig
 
     from gym.models.loader import resolve_model_path
-    from gym.train.rewards import get_reward_funcs
+    from gym.train.reward_funcs import get_reward_funcs
 
     model_path = resolve_model_path(None)
     common = dict(output_dir=out, per_device_train_batch_size=BATCH, max_steps=steps, learning_rate=LR, bf16=bf16,
@@ -99,7 +99,7 @@ def run_trl(method: str, steps: int, out: str, bf16: bool = False) -> dict:
 
 
 def run_gym(method: str, steps: int, out: str, **extra) -> dict:
-    from gym.train.callbacks import read_log
+    from gym.train.harness import read_log
     from gym.train.run import run_exp
 
     config = {"stage": method, "finetuning_type": "lora", "lora_rank": LORA["r"], "lora_alpha": LORA["lora_alpha"],
@@ -163,7 +163,7 @@ def main() -> None:
         print("RESULT " + json.dumps(result))
         return
 
-    from gym.train.resources import native_bf16
+    from gym.core.hardware import native_bf16
 
     print(f"{args.steps} steps per configuration, batch {BATCH}, LoRA r={LORA['r']}; "
           f"{os.cpu_count()} cores; native bf16: {native_bf16()}")

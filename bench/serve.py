@@ -25,7 +25,7 @@ import torch
 
 def run_engine(model, tokenizer, prompts: list[list[int]], concurrency: int, per_client: int, tokens: int,
                batch: int) -> tuple[float, list[float]]:
-    from gym.serve.engine import HFEngine, Piece, SamplingParams
+    from gym.infer.hf_engine import HFEngine, Piece, SamplingParams
 
     engine = HFEngine(model, tokenizer, stop_token_ids=[], max_batch_size=batch, max_waiting=1024)
     ttfts: list[float] = []
@@ -124,7 +124,7 @@ def main() -> int:
     parser.add_argument("--skip-generate", action="store_true", help="leave out the model.generate baseline")
     args = parser.parse_args()
 
-    from gym.chat import ChatModel
+    from gym.infer.chat import ChatModel
 
     torch.manual_seed(0)
     chat = ChatModel({"model_name_or_path": args.model})

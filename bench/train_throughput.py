@@ -137,7 +137,7 @@ def main() -> None:
                 continue
             results[name] = json.loads(line[len("RESULT "):])
     baseline = results.get("trl (defaults, fp32)")
-    from gym.train.resources import native_bf16
+    from gym.core.hardware import native_bf16
 
     print(f"native bf16 on this machine: {native_bf16()}")
     print("\n| configuration | tokens | seconds | tokens/s | vs TRL fp32 | peak RSS (GiB) | last loss |")

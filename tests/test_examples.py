@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gym.config.parser import parse_cli_args
+from gym.config.files import parse_cli_args
 from gym.train.run import run_exp
 
 REPO = Path(__file__).resolve().parent.parent

@@ -2,12 +2,30 @@
 
     from gym import Trainer, TrainingConfig
     Trainer(TrainingConfig(model="smollm2-135m", algorithm="sft", dataset="alpaca_en_demo")).train()
+
+`import gym` is light (no torch, no transformers): the names below load on first use.
 """
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+from typing import TYPE_CHECKING, Any
 
-from gym.api import Trainer, TrainingConfig  # noqa: E402
+from gym.core.version import __version__
 
-__all__ = ["Trainer", "TrainingConfig", "__version__"]
+if TYPE_CHECKING:
+    from gym.infer.chat import ChatModel
+    from gym.python_api import Trainer, TrainingConfig
+
+_LAZY = {"Trainer": "gym.python_api", "TrainingConfig": "gym.python_api", "ChatModel": "gym.infer.chat"}
+
+__all__ = ["ChatModel", "Trainer", "TrainingConfig", "__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'gym' has no attribute {name!r}")

@@ -1,4 +1,12 @@
-"""`gym <verb>`: parse argv, call one function per verb, turn GymError into exit status 2."""
+"""`gym <verb>`: parse argv, call one function per verb, turn a user's error into one line and exit status 2.
+
+Each verb imports what it needs when it runs, so `gym --help` and `gym version` stay instant. Errors a
+user can cause are GymErrors; known failures of the machine or a library (no space left, a broken
+safetensors file) are translated by gym.core.errors.as_gym_error; anything else is a bug and keeps
+its traceback. `--debug` shows the traceback in every case.
+
+To add a verb: a `cmd_<verb>(argv) -> int` function, a line in COMMANDS and one in USAGE.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +14,13 @@ import logging
 import os
 import sys
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from gym.errors import GymError
+from gym.core.errors import ConfigError, GymError, as_gym_error
+from gym.core.version import __version__
+
+if TYPE_CHECKING:
+    from gym.infer.chat import ChatModel
 
 USAGE = """usage: gym <command> [options]
 
@@ -43,37 +56,16 @@ def _setup_logging(debug: bool) -> None:
         transformers.utils.logging.disable_progress_bar()
 
 
-def train_help() -> str:
-    import dataclasses
-
-    from gym.config.parser import ALIASES, CONCERNS, _fields, _method_option_classes, _type_name
-
-    lines = ["usage: gym train CONFIG.yaml [key=value ...] [--key value ...]", ""]
-    stages_of: dict[type, list[str]] = {}
-    for stage, cls in _method_option_classes().items():
-        stages_of.setdefault(cls, []).append(stage)
-    sections = list(CONCERNS.items()) + [(f"{'/'.join(stages)} options", cls) for cls, stages in stages_of.items()]
-    for title, cls in sections:
-        lines.append(f"{title}:")
-        for name, (tp, f) in _fields(cls).items():
-            default = f.default if f.default is not dataclasses.MISSING else (
-                f.default_factory() if f.default_factory is not dataclasses.MISSING else None)  # type: ignore[misc]
-            if hasattr(default, "value"):
-                default = default.value
-            text = " ".join(str(f.metadata.get("help", "")).split())
-            lines.append(f"  {name} ({_type_name(tp)}, default {default!r})\n      {text}")
-        lines.append("")
-    lines.append("aliases: " + ", ".join(f"{k} -> {v}" for k, v in ALIASES.items()))
-    return "\n".join(lines)
-
-
 def cmd_train(argv: list[str]) -> int:
     if "--help" in argv or "-h" in argv:
+        from gym.config.help import train_help
+
         print(train_help())
         return 0
     if not argv:
         raise GymError("gym train needs a config: `gym train examples/quickstart.yaml` (see `gym train --help`).")
-    from gym.config.parser import get_train_args, parse_cli_args
+    from gym.config.files import parse_cli_args
+    from gym.config.parser import get_train_args
     from gym.train.run import run_exp
 
     args = get_train_args(parse_cli_args(argv))
@@ -94,8 +86,8 @@ def _take_option(argv: list[str], name: str, default: str | None = None) -> tupl
 
 def cmd_chat(argv: list[str]) -> int:
     prompt, argv = _take_option(argv, "--prompt")
-    from gym.chat import ChatModel
-    from gym.config.parser import parse_cli_args
+    from gym.config.files import parse_cli_args
+    from gym.infer.chat import ChatModel
 
     model = ChatModel(parse_cli_args(argv))
     try:
@@ -111,8 +103,7 @@ def cmd_chat(argv: list[str]) -> int:
 
 
 def cmd_api(argv: list[str]) -> int:
-    from gym.config.parser import parse_cli_args
-    from gym.errors import ConfigError
+    from gym.config.files import parse_cli_args
 
     options = {"--host": "127.0.0.1", "--port": "8000", "--api-key": None, "--max_batch_size": "16",
                "--max_waiting": "256", "--served_model_name": None}
@@ -135,7 +126,7 @@ def cmd_api(argv: list[str]) -> int:
     return 0
 
 
-def _interactive(model) -> int:  # noqa: ANN001 - ChatModel, imported lazily
+def _interactive(model: ChatModel) -> int:
     print("Chat with the model. /clear resets the history, /system <text> sets the system prompt, /exit quits.")
     history: list[dict[str, str]] = []
     system = None
@@ -169,8 +160,8 @@ def _interactive(model) -> int:  # noqa: ANN001 - ChatModel, imported lazily
 
 
 def cmd_infer(argv: list[str]) -> int:
-    from gym.batch_infer import run_infer
-    from gym.config.parser import parse_cli_args
+    from gym.config.files import parse_cli_args
+    from gym.infer.batch import run_infer
 
     dataset, argv = _take_option(argv, "--dataset")
     output, argv = _take_option(argv, "-o")
@@ -207,7 +198,7 @@ def cmd_env(argv: list[str]) -> int:
 
     import torch
 
-    print(f"gym          {_version()}")
+    print(f"gym          {__version__}")
     print(f"python       {platform.python_version()}")
     print(f"platform     {platform.platform()}")
     print(f"torch        {torch.__version__}")
@@ -221,21 +212,15 @@ def cmd_env(argv: list[str]) -> int:
     if torch.cuda.is_available():
         device = f"cuda: {torch.cuda.get_device_name(0)} x{torch.cuda.device_count()}"
     else:
-        from gym.train.resources import cpu_supports_bf16
+        from gym.core.hardware import cpu_supports_bf16
 
         device = f"cpu ({os.cpu_count()} cores, bf16 instructions: {'yes' if cpu_supports_bf16() else 'no'})"
     print(f"device       {device}")
     return 0
 
 
-def _version() -> str:
-    from gym import __version__
-
-    return __version__
-
-
 def cmd_version(argv: list[str]) -> int:
-    print(_version())
+    print(__version__)
     return 0
 
 
@@ -262,23 +247,23 @@ def main(argv: list[str] | None = None) -> int:
     if command in ("--version", "-V"):
         command = "version"
     if command not in COMMANDS:
-        import difflib
+        from gym.core.names import did_you_mean
 
-        close = difflib.get_close_matches(command, list(COMMANDS), n=1)
-        hint = f" Did you mean '{close[0]}'?" if close else ""
-        print(f"gym: error: unknown command '{command}'.{hint}\n\n{USAGE}", file=sys.stderr)
+        print(f"gym: error: unknown command '{command}'.{did_you_mean(command, COMMANDS)}\n\n{USAGE}",
+              file=sys.stderr)
         return 2
     _setup_logging(debug)
     try:
         return COMMANDS[command](rest)
-    except GymError as exc:
-        if debug:
-            raise
-        print(f"gym: error: {exc}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         print("\ngym: interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:
+        error = as_gym_error(exc)
+        if error is None or debug:
+            raise
+        print(f"gym: error: {error}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ mixed precision) compress the difference between a fine-tune and its base; see g
 from gym.delta.bitdelta import BitDeltaConfig, BitDeltaQuantizer
 from gym.delta.compress import CompressedDelta
 from gym.delta.deltaquant import DeltaQuantConfig, DeltaQuantizer
-from gym.delta.quant import QuantMethod
+from gym.delta.tensor_quant import QuantMethod
 from gym.soup import AggregationMethod, DeltaSoup, DeltaSoupConfig
 
 __all__ = ["AggregationMethod", "BitDeltaConfig", "BitDeltaQuantizer", "CompressedDelta", "DeltaQuantConfig",

@@ -6,8 +6,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gym.config.parser import get_train_args, known_keys, parse_cli_args
-from gym.errors import ConfigError
+from gym.config.files import parse_cli_args
+from gym.config.parser import get_train_args, known_keys
+from gym.core.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -134,7 +135,7 @@ def test_every_shipped_example_parses():
 
 
 def test_help_lists_every_key():
-    from gym.cli import train_help
+    from gym.config.help import train_help
 
     text = train_help()
     for key in known_keys():
@@ -142,7 +143,10 @@ def test_help_lists_every_key():
 
 
 def test_every_config_field_has_help():
-    from gym.config import DataArguments, FinetuningArguments, GeneratingArguments, ModelArguments
+    from gym.config.data import DataArguments
+    from gym.config.finetuning import FinetuningArguments
+    from gym.config.generating import GeneratingArguments
+    from gym.config.model import ModelArguments
 
     for cls in (ModelArguments, DataArguments, FinetuningArguments, GeneratingArguments):
         for f in dataclasses.fields(cls):
@@ -150,10 +154,10 @@ def test_every_config_field_has_help():
 
 
 def test_bf16_unset_follows_the_hardware(monkeypatch):
-    import gym.train.resources as resources
+    import gym.config.parser as parser
 
-    monkeypatch.setattr(resources, "native_bf16", lambda: False)
+    monkeypatch.setattr(parser, "native_bf16", lambda: False)
     assert get_train_args({}).training.bf16 is False
-    monkeypatch.setattr(resources, "native_bf16", lambda: True)
+    monkeypatch.setattr(parser, "native_bf16", lambda: True)
     assert get_train_args({}).training.bf16 is True
     assert get_train_args({"bf16": False}).training.bf16 is False

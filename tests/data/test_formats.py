@@ -8,7 +8,7 @@ from gym.config.data import DataArguments
 from gym.data.loader import get_dataset, load_examples
 from gym.data.registry import get_dataset_attrs
 from gym.data.templates import get_chat_format
-from gym.errors import DataError
+from gym.core.errors import DataError
 
 
 def _examples(data_dir, name, kind="supervised"):

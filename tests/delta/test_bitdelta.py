@@ -8,8 +8,8 @@ import torch
 
 from gym.delta.apply import apply_delta
 from gym.delta.format import load_delta
-from gym.delta.quant import QuantMethod, signs
-from gym.errors import ConfigError
+from gym.delta.tensor_quant import QuantMethod, signs
+from gym.core.errors import ConfigError
 from gym.quantization import BitDeltaConfig, BitDeltaQuantizer
 
 C = 2.0**-9  # exactly representable in float16, so the stored scale is exactly c

@@ -9,10 +9,10 @@ from gym.delta.apply import apply_delta
 from gym.delta.deltaquant import BUDGET_LADDER
 from gym.delta.format import load_delta
 from gym.delta.distill import calibration_batches
-from gym.delta.quant import BITS, QuantMethod, dequantize
+from gym.delta.tensor_quant import BITS, QuantMethod, dequantize
 from gym.delta.sensitivity import input_grams, weighted_error
 from gym.delta.weights import Delta
-from gym.errors import ConfigError
+from gym.core.errors import ConfigError
 from gym.quantization import DeltaQuantConfig, DeltaQuantizer
 
 

@@ -11,7 +11,7 @@ import torch
 from gym.delta.apply import apply_delta, write_applied
 from gym.delta.format import HEADER_KEY, fingerprint, load_delta, read_header
 from gym.delta.weights import parameters
-from gym.errors import ConfigError
+from gym.core.errors import ConfigError
 from gym.quantization import BitDeltaQuantizer
 
 

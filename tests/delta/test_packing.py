@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from gym.delta.packing import pack, packed_size, unpack
+from gym.delta.bitpack import pack, packed_size, unpack
 
 
 @pytest.mark.parametrize("bits", [1, 2, 4, 8])

@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors.torch import load, save
 
-from gym.delta.quant import (
+from gym.delta.tensor_quant import (
     BITS,
     Encoded,
     QuantMethod,
@@ -19,7 +19,7 @@ from gym.delta.quant import (
     relative_error,
     signs,
 )
-from gym.errors import ConfigError
+from gym.core.errors import ConfigError
 
 # (granularity, group_size); 16 does not divide the 40-wide rows used below, 8 does.
 UNITS = [("tensor", None), ("channel", None), ("group", 16), ("group", 8)]

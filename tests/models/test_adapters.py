@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from gym.config.finetuning import FinetuningArguments
-from gym.errors import ConfigError
+from gym.core.errors import ConfigError
 from gym.models.adapters import count_parameters, setup_freeze, setup_lora
 
 

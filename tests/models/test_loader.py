@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gym.errors import ModelError
+from gym.core.errors import ModelError
 from gym.models.loader import resolve_model_path
 
 

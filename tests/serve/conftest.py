@@ -20,7 +20,7 @@ def serve_app():
     """serve_app(chat_model, name, api_key) -> base URL of a running server; all are stopped after the module."""
     import uvicorn
 
-    from gym.serve.api import create_app
+    from gym.serve.app import create_app
 
     servers = []
 
@@ -45,7 +45,7 @@ def serve_app():
 
 @pytest.fixture(scope="module")
 def tiny_chat(tiny_model_dir):
-    from gym.chat import ChatModel
+    from gym.infer.chat import ChatModel
 
     model = ChatModel({"model_name_or_path": str(tiny_model_dir), "max_new_tokens": 12}, max_batch_size=8,
                       max_waiting=64)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import openai
 
-from gym.chat import ChatModel
+from gym.infer.chat import ChatModel
 from gym.cli import main
 from gym.data.formats import Example
 from gym.data.processors import encode_supervised

@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from gym.errors import ConfigError, DataError
+from gym.core.errors import ConfigError, DataError
 from gym.soup import aggregators as agg
 from gym.soup import sources
 from gym.soup.aggregators import AggregationMethod, aggregate, gram_matrix

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from gym.errors import ConfigError
+from gym.core.errors import ConfigError
 from gym.soup.cli import main
 
 

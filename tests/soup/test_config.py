@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gym.errors import ConfigError
+from gym.core.errors import ConfigError
 from gym.soup import AggregationMethod, DeltaSoupConfig
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gym.errors import ConfigError
+from gym.core.errors import ConfigError
 from gym.soup.contributions import Base, Rejected, l2_norm, to_delta
 
 NAME = "model.layers.1.mlp.down_proj.weight"

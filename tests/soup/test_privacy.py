@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from gym.errors import ConfigError
+from gym.core.errors import ConfigError
 from gym.soup import privacy
 from gym.soup.aggregators import aggregate, gram_matrix, norms, scaled_gram
 from gym.soup.sources import InMemorySource, ScaledSource

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from gym.errors import ConfigError
+from gym.core.errors import ConfigError
 from gym.soup.store import ACCEPTED, REJECTED, SUPERSEDED, Store
 
 

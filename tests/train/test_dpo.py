@@ -13,8 +13,8 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
-from gym.errors import ConfigError
-from gym.train.callbacks import read_log
+from gym.core.errors import ConfigError
+from gym.train.harness import read_log
 from gym.train.methods import dpo
 from gym.train.run import run_exp
 
@@ -209,7 +209,7 @@ def test_preference_keys_are_refused_under_other_stages(train_config):
 
 
 def test_pairwise_stage_on_data_without_pairs_says_how_to_fix_it(train_config):
-    from gym.errors import DataError
+    from gym.core.errors import DataError
 
     with pytest.raises(DataError, match=r"no preference pairs .*dataset_info\.json.*\"ranking\": true"):
         run_exp(train_config(stage="dpo"))

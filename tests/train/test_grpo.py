@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from gym.errors import ConfigError
-from gym.train.callbacks import read_log
+from gym.core.errors import ConfigError
+from gym.train.harness import read_log
 from gym.train.methods import grpo
 from gym.train.run import run_exp
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from gym.errors import ConfigError
-from gym.train.callbacks import read_log
+from gym.core.errors import ConfigError
+from gym.train.harness import read_log
 from gym.train.methods import kto
 from gym.train.run import run_exp
 

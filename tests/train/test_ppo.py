@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from gym.errors import ConfigError
+from gym.core.errors import ConfigError
+from gym.train import ppo_loop
 from gym.train.methods import ppo
 from gym.train.ppo_math import completion_mask
 
@@ -21,7 +22,7 @@ def test_forward_log_probs_match_the_sampling_distribution(tiny_model_dir, token
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
     torch.manual_seed(0)
-    prompt_ids, prompt_mask = ppo.left_pad([[5, 6, 7, 8, 9, 10], [11, 12]], tokenizer.pad_token_id)
+    prompt_ids, prompt_mask = ppo_loop.left_pad([[5, 6, 7, 8, 9, 10], [11, 12]], tokenizer.pad_token_id)
     config = GenerationConfig(do_sample=True, temperature=0.7, top_p=1.0, top_k=0, max_new_tokens=5,
                               eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
     out = model.generate(input_ids=prompt_ids, attention_mask=prompt_mask, generation_config=config,
@@ -30,7 +31,7 @@ def test_forward_log_probs_match_the_sampling_distribution(tiny_model_dir, token
     sampled = torch.stack(out.scores, 1).log_softmax(-1).gather(-1, completions[..., None]).squeeze(-1)
     mask = completion_mask(completions, [tokenizer.eos_token_id])
     with torch.no_grad():
-        logprobs, values, _ = ppo.forward(model, torch.nn.Linear(64, 1), torch.cat([prompt_ids, completions], 1),
+        logprobs, values, _ = ppo_loop.forward(model, torch.nn.Linear(64, 1), torch.cat([prompt_ids, completions], 1),
                                           torch.cat([prompt_mask, mask.long()], 1), prompt_ids.shape[1],
                                           temperature=0.7, bf16=False)
     assert values.shape == logprobs.shape == completions.shape
@@ -59,14 +60,14 @@ def test_ppo_lora_two_steps_end_to_end(ppo_config, monkeypatch):
     from gym.train.run import run_exp
 
     captured = {}
-    original = ppo._build_loop
+    original = ppo.build_loop
 
     def build_and_capture(args, setup, device, max_steps):
         loop = original(args, setup, device, max_steps)
         captured["model"], captured["before"] = loop.model, _weights(loop.model)
         return loop
 
-    monkeypatch.setattr(ppo, "_build_loop", build_and_capture)
+    monkeypatch.setattr(ppo, "build_loop", build_and_capture)
     result = run_exp(ppo_config())
 
     out = result.output_dir
@@ -107,14 +108,14 @@ def test_ppo_without_lora_keeps_a_frozen_reference(ppo_config, monkeypatch, over
     from gym.train.run import run_exp
 
     captured = {}
-    original = ppo._build_loop
+    original = ppo.build_loop
 
     def build_and_capture(args, setup, device, max_steps):
         loop = original(args, setup, device, max_steps)
         captured["loop"], captured["ref"], captured["before"] = loop, _weights(loop.ref_model), _weights(loop.model)
         return loop
 
-    monkeypatch.setattr(ppo, "_build_loop", build_and_capture)
+    monkeypatch.setattr(ppo, "build_loop", build_and_capture)
     run_exp(ppo_config(max_steps=1, ppo_buffer_size=1, ppo_epochs=1, learning_rate=1e-3, **overrides))
     loop = captured["loop"]
     assert all(torch.equal(p, captured["ref"][n]) for n, p in loop.ref_model.named_parameters())

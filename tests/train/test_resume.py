@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from gym.train.outputs import last_checkpoint
+from gym.train.checkpoints import last_checkpoint
 from gym.train.run import run_exp
 
 
@@ -57,7 +57,7 @@ def test_sigkill_then_resume_reaches_the_same_loss(train_config, tmp_path):
 def test_resume_without_checkpoint_is_a_clear_error(train_config):
     import pytest
 
-    from gym.errors import ConfigError
+    from gym.core.errors import ConfigError
 
     with pytest.raises(ConfigError, match="no complete checkpoint"):
         run_exp(train_config(resume_from_checkpoint=True))

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gym.train.callbacks import read_log
+from gym.train.harness import read_log
 from gym.train.methods import rloo
 from gym.train.run import run_exp
 

@@ -131,7 +131,7 @@ def test_continue_training_an_adapter(train_config, tmp_path):
 
 
 def test_refuses_to_overwrite_a_finished_model(train_config):
-    from gym.errors import ConfigError
+    from gym.core.errors import ConfigError
 
     run_exp(train_config())
     with pytest.raises(ConfigError, match="already holds a finished model"):

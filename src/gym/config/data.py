@@ -1,6 +1,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from gym.core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from gym.config.args import TrainArgs
 
 
 @dataclass
@@ -56,3 +62,13 @@ class DataArguments:
     seed_shuffle_datasets: bool = field(
         default=False, metadata={"help": "Shuffle rows (with the training seed) before max_samples is applied."}
     )
+
+    def validate(self, args: TrainArgs[Any]) -> None:
+        if self.cutoff_len <= 0:
+            raise ConfigError(f"'cutoff_len' must be positive, got {self.cutoff_len}.")
+        if self.max_samples is not None and self.max_samples <= 0:
+            raise ConfigError(f"'max_samples' must be positive, got {self.max_samples}.")
+        if self.val_size < 0:
+            raise ConfigError(f"'val_size' must be >= 0, got {self.val_size}.")
+        if self.val_size and self.eval_dataset:
+            raise ConfigError("Set either 'val_size' or 'eval_dataset', not both.")

@@ -1,7 +1,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+from gym.core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from gym.config.args import TrainArgs
 
 
 @dataclass
@@ -10,7 +15,7 @@ class FinetuningArguments:
 
     stage: str = field(
         default="sft",
-        metadata={"help": "Training method: pt, sft, rm, dpo, orpo, simpo, cpo, kto, ppo, grpo, gspo or rloo."},
+        metadata={"help": "Training method: one of the stages listed at the top of `gym train --help`."},
     )
     finetuning_type: Literal["lora", "freeze", "full"] = field(
         default="lora", metadata={"help": "lora (adapters), freeze (last layers only) or full."}
@@ -65,5 +70,19 @@ class FinetuningArguments:
         default=False,
         metadata={"help": "Allow writing over a finished model in output_dir (otherwise that is an error)."},
     )
-    # Filled by the parser with the chosen method's own options dataclass (not a config key).
-    method_options: Any = field(default=None, init=False, repr=False)
+
+    def validate(self, args: TrainArgs[Any]) -> None:
+        if self.lora_rank <= 0:
+            raise ConfigError(f"'lora_rank' must be positive, got {self.lora_rank}.")
+        if self.finetuning_type != "lora":
+            lora_only = [k for k in ("use_dora", "use_rslora", "pissa_init") if getattr(self, k)]
+            if self.loraplus_lr_ratio is not None:
+                lora_only.append("loraplus_lr_ratio")
+            if args.model.adapter_name_or_path:
+                lora_only.append("adapter_name_or_path")
+            if lora_only:
+                raise ConfigError(f"'{lora_only[0]}' needs finetuning_type: lora (got '{self.finetuning_type}').")
+        if self.use_dora and self.pissa_init:
+            raise ConfigError("'use_dora' and 'pissa_init' cannot be combined; choose one LoRA initialisation.")
+        if self.delta_compression and self.stage == "rm":
+            raise ConfigError("delta_compression applies to language models; a reward model (stage: rm) is not one.")

@@ -1,23 +1,63 @@
+"""Decoding settings for chat, serving and batch inference: one set of defaults, the model's first.
+
+A key left unset takes the model's own `generation_config.json` value when the model ships one
+(Qwen3, for instance, asks for temperature 0.6, top_p 0.95, top_k 20), else `DECODING_DEFAULTS`.
+The engine's per-request `SamplingParams` start from the same resolved values.
+"""
+
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Any
+
+from gym.core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from gym.config.args import TrainArgs
+
+# Gym's choice where neither the user nor the model says: moderate sampling, no truncation tricks.
+DECODING_DEFAULTS: dict[str, Any] = {
+    "do_sample": True,
+    "temperature": 0.7,
+    "top_p": 1.0,
+    "top_k": 0,
+    "max_new_tokens": 512,
+    "repetition_penalty": 1.0,
+}
+
+
+def _unset(key: str, help_text: str) -> Any:
+    default = DECODING_DEFAULTS[key]
+    return field(default=None, metadata={"help": f"{help_text} (unset: the model's generation_config, else {default})."})
 
 
 @dataclass
 class GeneratingArguments:
-    """Decoding defaults for chat, serving and batch inference."""
+    do_sample: bool | None = _unset("do_sample", "Sample; false decodes greedily")
+    temperature: float | None = _unset("temperature", "Sampling temperature")
+    top_p: float | None = _unset("top_p", "Nucleus sampling mass (1.0 = off)")
+    top_k: int | None = _unset("top_k", "Sample among the k most likely tokens (0 = off)")
+    max_new_tokens: int | None = _unset("max_new_tokens", "Most tokens generated per answer")
+    repetition_penalty: float | None = _unset("repetition_penalty", "Penalty on repeated tokens (1.0 = none)")
 
-    do_sample: bool = field(default=True, metadata={"help": "Sample; false decodes greedily."})
-    temperature: float = field(default=0.7, metadata={"help": "Sampling temperature."})
-    top_p: float = field(default=0.9, metadata={"help": "Nucleus sampling mass."})
-    top_k: int = field(default=50, metadata={"help": "Sample among the k most likely tokens."})
-    max_new_tokens: int = field(default=512, metadata={"help": "Most tokens generated per answer."})
-    repetition_penalty: float = field(default=1.0, metadata={"help": "Penalty on repeated tokens (1.0 = none)."})
+    def validate(self, args: TrainArgs[Any]) -> None:
+        checks = {
+            "temperature": lambda v: v >= 0, "top_p": lambda v: 0 < v <= 1, "top_k": lambda v: v >= 0,
+            "max_new_tokens": lambda v: v >= 1, "repetition_penalty": lambda v: v > 0,
+        }
+        for key, ok in checks.items():
+            value = getattr(self, key)
+            if value is not None and not ok(value):
+                raise ConfigError(f"'{key}' is out of range: {value}.")
 
-    def to_generate_kwargs(self) -> dict[str, Any]:
-        kwargs = asdict(self)
-        if not self.do_sample:
-            for key in ("temperature", "top_p", "top_k"):
-                kwargs.pop(key)
-        return kwargs
+    def explicit(self) -> dict[str, Any]:
+        """The keys the user (or a saved training config) set."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+
+    def resolve(self, model_defaults: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """Every decoding setting: the user's, else the model's generation_config's, else Gym's."""
+        model_defaults = model_defaults or {}
+        resolved = {key: model_defaults.get(key, default) for key, default in DECODING_DEFAULTS.items()}
+        resolved = {k: v for k, v in resolved.items() if v is not None}
+        return {**DECODING_DEFAULTS, **resolved, **self.explicit()}

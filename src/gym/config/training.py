@@ -1,8 +1,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from transformers import TrainingArguments as HFTrainingArguments
+
+from gym.core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from gym.config.args import TrainArgs
 
 
 @dataclass
@@ -40,3 +46,12 @@ class TrainingArguments(HFTrainingArguments):
         metadata={"help": "bf16 mixed precision. Unset = auto: on where the hardware has native bf16 "
                   "(recent GPUs, CPUs with AVX512-BF16/AMX), off elsewhere."},
     )
+
+    def validate(self, args: TrainArgs[Any]) -> None:
+        if self.bf16 and self.fp16:
+            raise ConfigError("Set at most one of 'bf16' and 'fp16'.")
+        if self.learning_rate < 0:
+            raise ConfigError(f"'learning_rate' must be >= 0, got {self.learning_rate}.")
+        for key in ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"'{key}' must be at least 1, got {getattr(self, key)}.")

@@ -15,7 +15,7 @@ from typing import Any
 
 from gym.data.readers import RowSource
 from gym.data.registry import DatasetAttr
-from gym.errors import DataError
+from gym.core.errors import DataError
 
 USER, ASSISTANT, OBSERVATION, FUNCTION = "user", "assistant", "observation", "function"
 

@@ -17,7 +17,7 @@ from gym.data.processors import (encode_feedback, encode_pairwise, encode_prompt
 from gym.data.readers import RowSource, read_rows
 from gym.data.registry import DatasetAttr, get_dataset_attrs
 from gym.data.templates import ChatFormat
-from gym.errors import DataError
+from gym.core.errors import DataError
 
 logger = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gym.errors import DataError
+from gym.core.errors import DataError
 
 EXTENSIONS = (".json", ".jsonl", ".csv", ".parquet")
 

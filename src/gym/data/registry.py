@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from gym.config.parser import split_names
-from gym.errors import DataError
+from gym.core.names import split_names
+from gym.core.errors import DataError
 
 DATA_EXTENSIONS = (".json", ".jsonl", ".csv", ".parquet")
 

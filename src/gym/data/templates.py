@@ -12,7 +12,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from gym.errors import ConfigError, GymError
+from gym.core.errors import ConfigError, GymError
 
 logger = logging.getLogger(__name__)
 

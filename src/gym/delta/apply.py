@@ -13,9 +13,9 @@ import torch
 
 from gym.delta.compress import reconstruct
 from gym.delta.format import fingerprint, load_delta
-from gym.delta.quant import Encoded
+from gym.delta.tensor_quant import Encoded
 from gym.delta.weights import parameters
-from gym.errors import ConfigError
+from gym.core.errors import ConfigError
 
 
 def check_base(base: Any, header: dict[str, Any], delta_path: str | os.PathLike) -> None:

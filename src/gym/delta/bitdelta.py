@@ -21,9 +21,9 @@ from typing import Any
 
 from gym.delta.compress import CompressedDelta, dense_entry, finish
 from gym.delta.distill import DISTINCT_BATCHES, calibration_batches, distill_scales
-from gym.delta.quant import Encoded, QuantMethod, quantize, relative_error
+from gym.delta.tensor_quant import Encoded, QuantMethod, quantize, relative_error
 from gym.delta.weights import EMBEDDING, LINEAR, Delta, extract_deltas, parameters
-from gym.errors import ConfigError
+from gym.core.errors import ConfigError
 
 
 @dataclass
@@ -112,7 +112,7 @@ class BitDeltaQuantizer:
         if config.distill_steps:
             if tokenizer is None:
                 raise ConfigError("Scale distillation needs the base model's tokenizer for its calibration data.")
-            from gym.train.resources import native_bf16
+            from gym.core.hardware import native_bf16
 
             batches = calibration_batches(tokenizer, config.calibration, config.calibration_dir, config.distill_seq_len,
                                           config.distill_batch_size, min(config.distill_steps, DISTINCT_BATCHES),

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from gym.errors import ConfigError
+from gym.core.errors import ConfigError
 
 METHODS = ("bitdelta", "int8", "int4", "int2", "ternary", "binary")
 

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from gym.delta.format import DENSE, fingerprint, save_delta
-from gym.delta.quant import Encoded, dequantize, encoded_bytes, relative_error
+from gym.delta.tensor_quant import Encoded, dequantize, encoded_bytes, relative_error
 from gym.delta.weights import Delta, parameters
 
 

@@ -1,7 +1,7 @@
 """DeltaQuant: a fine-tune's delta at int8, int4, int2, ternary or binary, one precision or mixed.
 
 Each changed projection matrix (and the embedding / LM head, with `compress_embeddings`) is quantized
-by gym.delta.quant with per-tensor, per-channel or per-group scales; norms and biases stay dense.
+by gym.delta.tensor_quant with per-tensor, per-channel or per-group scales; norms and biases stay dense.
 Mixed precision comes two ways: `layer_bits` names the method per layer (a pattern of the parameter
 name, e.g. {"mlp.down_proj": "int8"}); `bit_budget` (average bits per compressed weight) lets Gym
 choose, by greedily giving more bits where they remove the most error per added bit (1, 2 = ternary,
@@ -21,10 +21,10 @@ from typing import Any
 import torch
 
 from gym.delta.compress import CompressedDelta, dense_entry, finish
-from gym.delta.quant import BITS, Encoded, QuantMethod, dequantize, quantize
+from gym.delta.tensor_quant import BITS, Encoded, QuantMethod, dequantize, quantize
 from gym.delta.sensitivity import input_grams, weighted_error
 from gym.delta.weights import EMBEDDING, LINEAR, Delta, extract_deltas, parameters
-from gym.errors import ConfigError
+from gym.core.errors import ConfigError
 
 CLIP_CANDIDATES = (None, 99.99, 99.9, 99.5, 99.0)
 # The best method at each size: ternary beats symmetric int2 (same 2 bits, a better-placed scale).

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from gym.delta.quant import Encoded, QuantMethod, expand_scale, signs
+from gym.delta.tensor_quant import Encoded, QuantMethod, expand_scale, signs
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ def calibration_batches(tokenizer: Any, dataset: str, dataset_dir: str, seq_len:
     from gym.config.data import DataArguments
     from gym.data.loader import get_dataset
     from gym.data.templates import get_chat_format
-    from gym.errors import DataError
+    from gym.core.errors import DataError
 
     chat = get_chat_format(tokenizer)
     args = DataArguments(dataset=dataset, dataset_dir=dataset_dir, cutoff_len=seq_len * 4)

@@ -9,7 +9,7 @@ header (safetensors metadata key `gym_delta`) says, per parameter, how it is enc
                                                         "params": {"granularity": "tensor", ...}}, ...},
      "stats": {...}}
 
-Encodings: the DeltaQuant methods (int8, int4, int2, ternary, binary; gym.delta.quant) and `dense`
+Encodings: the DeltaQuant methods (int8, int4, int2, ternary, binary; gym.delta.tensor_quant) and `dense`
 (the delta itself, at the fine-tune's precision). The base fingerprint is computed from the base's
 tensors, so a delta cannot be applied to a base it was not made from. Files are written to a
 temporary name and renamed; reading checks everything before anything is used.
@@ -26,8 +26,8 @@ from typing import Any
 
 import torch
 
-from gym.delta.quant import Encoded, QuantMethod
-from gym.errors import ConfigError
+from gym.delta.tensor_quant import Encoded, QuantMethod
+from gym.core.errors import ConfigError
 
 FORMAT = "gym-delta"
 VERSION = 1

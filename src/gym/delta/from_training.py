@@ -7,34 +7,32 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from gym.config.parser import TrainArgs
+from gym.config.args import TrainArgs
+from gym.core.files import MANIFEST_FILE
+from gym.delta.bitdelta import BitDeltaConfig, BitDeltaQuantizer
+from gym.delta.deltaquant import DeltaQuantConfig, DeltaQuantizer
+from gym.delta.weights import load_model
+from gym.models.loader import load_tokenizer
 
 logger = logging.getLogger(__name__)
 
 DELTA_FILE = "delta.safetensors"
 
 
-def quantizer_for_training(args: TrainArgs) -> Any:
+def quantizer_for_training(args: TrainArgs[Any]) -> BitDeltaQuantizer | DeltaQuantizer:
     """The run's delta options as a quantizer; BitDelta distils its scales on the training data."""
     finetuning = args.finetuning
     if finetuning.delta_compression == "bitdelta":
-        from gym.delta.bitdelta import BitDeltaConfig, BitDeltaQuantizer
-
         return BitDeltaQuantizer(BitDeltaConfig(
             group_size=finetuning.delta_group_size, distill_steps=finetuning.delta_distill_steps,
             calibration=args.data.dataset if finetuning.delta_distill_steps else None,
             calibration_dir=args.data.dataset_dir, seed=args.training.seed))
-    from gym.delta.deltaquant import DeltaQuantConfig, DeltaQuantizer
-
     return DeltaQuantizer(DeltaQuantConfig(method=finetuning.delta_compression, group_size=finetuning.delta_group_size))
 
 
-def compress_output(args: TrainArgs, output_dir: str | Path) -> Path:
-    from gym.delta.weights import load_model
-    from gym.models.loader import load_tokenizer
-
+def compress_output(args: TrainArgs[Any], output_dir: str | Path) -> Path:
     output_dir = Path(output_dir)
-    base_path = json.loads((output_dir / "gym_manifest.json").read_text())["resolved_base_path"]
+    base_path = json.loads((output_dir / MANIFEST_FILE).read_text())["resolved_base_path"]
     quantizer = quantizer_for_training(args)
     logger.info("Compressing the result as a %s delta from %s ...", args.finetuning.delta_compression, base_path)
     result = quantizer.compress(load_model(base_path), load_model(str(output_dir), base_path),

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from gym.errors import ConfigError
+from gym.core.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 

@@ -9,8 +9,8 @@ from typing import Any
 import torch
 
 from gym.config.finetuning import FinetuningArguments
-from gym.config.parser import split_names as _split
-from gym.errors import ConfigError
+from gym.core.names import split_names as _split
+from gym.core.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 

@@ -19,14 +19,20 @@ from typing import Any
 
 import torch
 from filelock import FileLock
+from huggingface_hub import try_to_load_from_cache
+from transformers import (AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer,
+                          GenerationConfig)
 
-from gym.errors import ModelError
+from gym.config.model import ModelArguments
+from gym.core.errors import ModelError
+from gym.core.files import FORMAT_VERSION
+from gym.core.files import MANIFEST_FILE as MANIFEST
 from gym.models.registry import DEFAULT_MODEL, EMBEDDED, HUB_PRESETS, known_names
 
 logger = logging.getLogger(__name__)
 
-MANIFEST = "gym_manifest.json"
-FORMAT_VERSION = 1
+# Settings a model's generation_config.json may give that Gym's decoding uses (gym.config.generating).
+DECODING_KEYS = ("do_sample", "temperature", "top_p", "top_k", "max_new_tokens", "repetition_penalty")
 
 
 def gym_home() -> Path:
@@ -59,8 +65,6 @@ def convert_gguf(gguf_path: str | os.PathLike, dest: str | os.PathLike, hub_id: 
     Safe against two processes doing it at once (a file lock), and atomic: the folder is written
     under a temporary name and renamed, so a crash never leaves a half-written model behind.
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     gguf_path, dest = Path(gguf_path), Path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(dest) + ".lock"):
@@ -134,8 +138,6 @@ def resolve_model_path(ref: str | None) -> str:
 
 def _check_hub_available(hub_id: str, alias: str | None = None) -> str:
     """Fail early, with a way forward, when a hub model is neither cached nor downloadable."""
-    from huggingface_hub import try_to_load_from_cache
-
     offline = os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes")
     if offline and not isinstance(try_to_load_from_cache(hub_id, "config.json"), str):
         named = f"'{alias}' ({hub_id})" if alias else f"'{hub_id}'"
@@ -159,51 +161,63 @@ def attn_implementation(flash_attn: str) -> str:
     return "sdpa"
 
 
-def load_tokenizer(model_path: str, model_args: Any = None) -> Any:
-    from transformers import AutoTokenizer
-
+def load_tokenizer(model_path: str, model_args: ModelArguments | None = None) -> Any:
     kwargs = _hub_kwargs(model_args)
     try:
         tokenizer = AutoTokenizer.from_pretrained(model_path, **kwargs)
-    except OSError as exc:
-        raise ModelError(f"Could not load the tokenizer of {model_path}: {exc}") from None
+    except (OSError, ValueError) as exc:  # transformers raises ValueError when a folder has no tokenizer files
+        raise ModelError(f"Could not load the tokenizer of {model_path}: {_first_line(exc)} A model folder saved "
+                         "without its tokenizer needs one: copy the base model's tokenizer files into it.") from None
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
 
 
-def load_causal_lm(model_path: str, model_args: Any = None, dtype: torch.dtype = torch.float32) -> Any:
-    from transformers import AutoModelForCausalLM
-
+def load_causal_lm(model_path: str, model_args: ModelArguments | None = None,
+                   dtype: torch.dtype = torch.float32) -> Any:
     kwargs = _hub_kwargs(model_args)
     flash = getattr(model_args, "flash_attn", "auto") if model_args is not None else "auto"
     try:
         return AutoModelForCausalLM.from_pretrained(
             model_path, dtype=dtype, attn_implementation=attn_implementation(flash), **kwargs
         )
-    except OSError as exc:
-        raise ModelError(f"Could not load the model {model_path}: {exc}") from None
+    except (OSError, ValueError) as exc:  # a missing/unreadable config.json or weights file
+        raise ModelError(f"Could not load the model {model_path}: {_first_line(exc)}") from None
 
 
-def load_reward_backbone(model_path: str, model_args: Any = None, dtype: torch.dtype = torch.float32) -> Any:
+def load_reward_backbone(model_path: str, model_args: ModelArguments | None = None,
+                         dtype: torch.dtype = torch.float32) -> Any:
     """The base model with a new scalar head (`score`), for training a reward model."""
-    from transformers import AutoModelForSequenceClassification
-
     flash = getattr(model_args, "flash_attn", "auto") if model_args is not None else "auto"
     try:
         model = AutoModelForSequenceClassification.from_pretrained(
             model_path, num_labels=1, dtype=dtype, attn_implementation=attn_implementation(flash),
             **_hub_kwargs(model_args),
         )
-    except OSError as exc:
-        raise ModelError(f"Could not load the model {model_path}: {exc}") from None
+    except (OSError, ValueError) as exc:  # a missing/unreadable config.json or weights file
+        raise ModelError(f"Could not load the model {model_path}: {_first_line(exc)}") from None
     if model.config.pad_token_id is None:
         # The score is read at the last non-padding token, which the model finds through pad_token_id.
         model.config.pad_token_id = model.config.eos_token_id
     return model
 
 
-def _hub_kwargs(model_args: Any) -> dict[str, Any]:
+def generation_defaults(model_path: str) -> dict[str, Any]:
+    """The decoding settings the model's own generation_config.json sets (only those it sets)."""
+    try:
+        config = GenerationConfig.from_pretrained(model_path)
+    except (OSError, ValueError):  # no generation_config.json: the model has no preferences
+        return {}
+    given = config.to_diff_dict()
+    return {key: given[key] for key in DECODING_KEYS if key in given}
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+def _hub_kwargs(model_args: ModelArguments | None) -> dict[str, Any]:
     if model_args is None:
         return {}
     kwargs: dict[str, Any] = {"trust_remote_code": model_args.trust_remote_code, "revision": model_args.model_revision}

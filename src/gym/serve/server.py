@@ -15,6 +15,9 @@ from typing import Any
 
 import uvicorn
 
+from gym.infer.chat import ChatModel
+from gym.serve.app import create_app
+
 logger = logging.getLogger(__name__)
 
 
@@ -30,7 +33,7 @@ class DrainingServer(uvicorn.Server):
             self._captured_signals.clear()
 
 
-def served_model_name(chat_model: Any, explicit: str | None = None) -> str:
+def served_model_name(chat_model: ChatModel, explicit: str | None = None) -> str:
     """What clients pass as `model`: explicit, else the adapter's or model's folder name."""
     if explicit:
         return explicit
@@ -41,9 +44,6 @@ def served_model_name(chat_model: Any, explicit: str | None = None) -> str:
 def serve(config: dict[str, Any], *, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
           max_batch_size: int = 16, max_waiting: int = 256, model_name: str | None = None,
           graceful_seconds: float = 30.0) -> None:
-    from gym.chat import ChatModel
-    from gym.serve.api import create_app
-
     api_key = api_key or os.environ.get("GYM_API_KEY") or None
     chat_model = ChatModel(config, max_batch_size=max_batch_size, max_waiting=max_waiting)
     chat_model.engine  # start the engine now: a backend that cannot start fails before the port opens

@@ -68,7 +68,7 @@ from typing import Any
 
 import torch
 
-from gym.errors import ConfigError
+from gym.core.errors import ConfigError
 from gym.soup.sources import DeltaSource
 
 # On 2 cores at n=1000, d=2^18, 256-row blocks (10 products, 62.5% of the full product's flops) built the

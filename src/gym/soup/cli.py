@@ -16,7 +16,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from gym.errors import ConfigError
+from gym.core.errors import ConfigError
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -10,7 +10,7 @@ import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from gym.errors import ConfigError
+from gym.core.errors import ConfigError
 from gym.soup.aggregators import AggregationMethod
 
 # Methods built on Krum scores: they take byzantine_threshold's f and need n >= 2f + 3 contributions.
@@ -52,7 +52,7 @@ class DeltaSoupConfig:
     max_contributors: int = 100
     """Accepted contributions per round; later ones in a full round are rejected ('round full'), not queued."""
     enable_rewards: bool = True
-    """Split reward_pool among each round's selected contributors (see gym.soup.rewards)."""
+    """Split reward_pool among each round's selected contributors (see gym.soup.payouts)."""
     reward_pool: float = 1000.0
     """What one round pays out in total (when anybody earns)."""
     quality_weight: float = 0.7

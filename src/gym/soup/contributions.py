@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from gym.errors import ConfigError, GymError
+from gym.core.errors import ConfigError, GymError
 
 
 class Rejected(Exception):

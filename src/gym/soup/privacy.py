@@ -50,7 +50,7 @@ from dataclasses import dataclass
 
 import torch
 
-from gym.errors import ConfigError
+from gym.core.errors import ConfigError
 from gym.soup.aggregators import AggregationMethod, method_of, trim_count
 
 

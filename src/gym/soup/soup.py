@@ -25,8 +25,8 @@ from typing import Any
 
 import torch
 
-from gym.errors import ConfigError
-from gym.soup import rewards as pay
+from gym.core.errors import ConfigError
+from gym.soup import payouts as pay
 from gym.soup.config import KRUM_FAMILY, DeltaSoupConfig
 from gym.soup.contributions import Base, Rejected, l2_norm, to_delta
 from gym.soup.store import ACCEPTED, LEDGER, REJECTED, ContributionRecord, RoundRecord, Store, source_for

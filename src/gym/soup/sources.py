@@ -15,7 +15,7 @@ from typing import Protocol
 import torch
 from safetensors import safe_open
 
-from gym.errors import DataError
+from gym.core.errors import DataError
 
 
 class DeltaSource(Protocol):

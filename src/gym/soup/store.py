@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from gym.errors import ConfigError
+from gym.core.errors import ConfigError
 
 SCHEMA_VERSION = 1
 LEDGER = "soup.sqlite"
@@ -324,7 +324,7 @@ class BlobSource:
         from safetensors import safe_open
 
         from gym.delta.compress import reconstruct
-        from gym.delta.quant import Encoded, QuantMethod
+        from gym.delta.tensor_quant import Encoded, QuantMethod
 
         rows = []
         for path, header in zip(self.paths, self._headers):

@@ -12,72 +12,37 @@ import dataclasses
 import enum
 import json
 import os
-import re
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import yaml
 
-from gym.config.parser import TrainArgs
-from gym.errors import ConfigError
+from gym.config.args import TrainArgs
+from gym.config.training import TrainingArguments
+from gym.core.errors import ConfigError
+from gym.core.files import CONFIG_FILE, FORMAT_VERSION, MANIFEST_FILE
+from gym.core.version import __version__
 
-CONFIG_FILE = "gym_config.yaml"
-MANIFEST_FILE = "gym_manifest.json"
-FORMAT_VERSION = 1
-_CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
+ExtraFiles = Callable[[Path], None]  # writes a method's own files (e.g. a value head) into the output
 
 
 def is_finished_output(path: Path) -> bool:
     return (path / MANIFEST_FILE).is_file()
 
 
-def last_checkpoint(output_dir: str | Path) -> Path | None:
-    """The newest checkpoint that was completely written (its trainer_state.json is saved last)."""
-    root = Path(output_dir)
-    if not root.is_dir():
-        return None
-    steps = sorted(
-        (int(m.group(1)), p) for p in root.iterdir() if (m := _CHECKPOINT.match(p.name)) and p.is_dir()
-    )
-    for _, path in reversed(steps):
-        try:
-            json.loads((path / "trainer_state.json").read_text(encoding="utf-8"))
-            return path
-        except (OSError, json.JSONDecodeError):
-            continue  # interrupted while saving: fall back to the previous one
-    return None
-
-
-def resolve_resume(args: TrainArgs) -> str | None:
-    """`resume_from_checkpoint`: true -> the last complete checkpoint; a path -> that path."""
-    value = args.training.resume_from_checkpoint
-    if value in (None, False, "", "false", "False"):
-        return None
-    if value is True or value in ("true", "True"):
-        found = last_checkpoint(args.training.output_dir)
-        if found is None:
-            raise ConfigError(f"resume_from_checkpoint: true, but {args.training.output_dir} has no complete "
-                              "checkpoint yet. Remove the key to start from scratch.")
-        return str(found)
-    if not (Path(value) / "trainer_state.json").is_file():
-        raise ConfigError(f"resume_from_checkpoint: {value} is not a complete checkpoint folder.")
-    return str(value)
-
-
-def check_output_dir(args: TrainArgs, resuming: bool) -> None:
+def check_output_dir(args: TrainArgs[Any], resuming: bool) -> None:
     out = Path(args.training.output_dir)
     if is_finished_output(out) and not resuming and not args.finetuning.overwrite_output_dir:
         raise ConfigError(f"{out} already holds a finished model. Set overwrite_output_dir: true to replace it, "
                           "or choose another output_dir.")
 
 
-def resolved_config(args: TrainArgs, model_path: str) -> dict[str, Any]:
+def resolved_config(args: TrainArgs[Any], model_path: str) -> dict[str, Any]:
     """The config as run: every model/data/finetuning/generating key, and the training keys that differ
     from Hugging Face's defaults (the other hundred are noise)."""
-    from gym.config.training import TrainingArguments
-
     config: dict[str, Any] = {}
     for part in (args.model, args.data, args.finetuning, args.generating):
         for f in dataclasses.fields(part):
@@ -88,8 +53,8 @@ def resolved_config(args: TrainArgs, model_path: str) -> dict[str, Any]:
         value = getattr(args.training, f.name)
         if f.init and not f.name.startswith("_") and value != getattr(defaults, f.name):
             config[f.name] = value
-    if args.finetuning.method_options is not None:
-        config.update(dataclasses.asdict(args.finetuning.method_options))
+    if args.options is not None:
+        config.update(dataclasses.asdict(args.options))
     config["resolved_model_path"] = model_path
     return _plain(config)
 
@@ -106,8 +71,8 @@ def _plain(value: Any) -> Any:
     return str(value)
 
 
-def save_final(model: Any, tokenizer: Any, args: TrainArgs, model_path: str, global_step: int,
-               pissa_init_dir: str | None = None, extra: Callable[[Path], None] | None = None) -> Path:
+def save_final(model: Any, tokenizer: Any, args: TrainArgs[Any], model_path: str, global_step: int,
+               pissa_init_dir: str | None = None, extra: ExtraFiles | None = None) -> Path:
     """Write the result into output_dir; `extra(tmp)` adds a method's own files (e.g. a value head)."""
     out = Path(args.training.output_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -127,7 +92,7 @@ def save_final(model: Any, tokenizer: Any, args: TrainArgs, model_path: str, glo
         "base_model": args.model.model_name_or_path or "smollm2-135m",
         "resolved_base_path": model_path,
         "format_version": FORMAT_VERSION,
-        "gym_version": _gym_version(),
+        "gym_version": __version__,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "global_step": global_step,
     }
@@ -143,32 +108,24 @@ def save_final(model: Any, tokenizer: Any, args: TrainArgs, model_path: str, glo
     return out
 
 
-def _gym_version() -> str:
-    from gym import __version__
-
-    return __version__
-
-
 # Metrics worth a picture, when a run logs them: the loss, and what alignment stages optimise.
 PLOTS = {"loss": "training_loss.png", "reward": "training_reward.png",
          "rewards/accuracies": "training_rewards_accuracies.png", "accuracy": "training_accuracy.png"}
 
 
-def plot_loss(output_dir: str | Path) -> list[Path]:
-    """training_loss.png (and, for alignment stages, their reward curves) from trainer_log.jsonl."""
-    return [path for key, name in PLOTS.items() if (path := plot_metric(output_dir, key, name)) is not None]
+def plot_loss(output_dir: str | Path, log: list[dict[str, Any]]) -> list[Path]:
+    """training_loss.png (and, for alignment stages, their reward curves) from the run's log entries."""
+    return [path for key, name in PLOTS.items() if (path := plot_metric(output_dir, log, key, name)) is not None]
 
 
-def plot_metric(output_dir: str | Path, key: str, file_name: str) -> Path | None:
+def plot_metric(output_dir: str | Path, log: list[dict[str, Any]], key: str, file_name: str) -> Path | None:
     """A logged metric per step, raw and as a moving average, saved as output_dir/file_name."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from gym.train.callbacks import read_log
-
-    points = [(e["step"], e[key]) for e in read_log(output_dir) if key in e]
+    points = [(e["step"], e[key]) for e in log if key in e]
     if not points:
         return None
     steps, values = zip(*points)

@@ -1,25 +1,23 @@
-"""`run_exp`: the one entry point behind `gym train`, the Python API and the web UI."""
+"""`run_exp`: the one entry point behind `gym train`, the Python API and the web UI.
+
+config -> the stage's method (from the registry) -> its run -> (optionally) the result as a delta.
+"""
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
-from gym.config.parser import TrainArgs, get_train_args
-from gym.errors import ConfigError
-from gym.train.method import RunResult
+from gym.config.args import TrainArgs
+from gym.config.files import ConfigSource
+from gym.config.methods import get_method
+from gym.config.parser import get_train_args
+from gym.core.results import RunResult
+from gym.delta.from_training import compress_output
 
 
-def run_exp(config: dict[str, Any] | str | os.PathLike | TrainArgs | None = None) -> RunResult:
-    args = config if isinstance(config, TrainArgs) else get_train_args(config)
-    from gym.train.methods import METHODS
-
-    if args.finetuning.delta_compression and args.finetuning.stage == "rm":
-        raise ConfigError("delta_compression applies to language models; a reward model (stage: rm) is not one.")
-    result = METHODS[args.finetuning.stage].run(args)
+def run_exp(config: ConfigSource | TrainArgs[Any] = None) -> RunResult:
+    args = get_train_args(config)
+    result = get_method(args.finetuning.stage).run(args)
     if args.finetuning.delta_compression:
-        from gym.delta.from_training import compress_output
-
-        path = compress_output(args, result.output_dir)
-        result.metrics["delta_file"] = str(path)
+        result.metrics["delta_file"] = str(compress_output(args, result.output_dir))
     return result

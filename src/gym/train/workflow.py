@@ -9,29 +9,33 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
-from transformers import PrinterCallback, ProgressCallback
 
-from gym.config.parser import TrainArgs, split_names
+from gym.config.args import TrainArgs
+from gym.core.hardware import cpu_supports_bf16
+from gym.core.kinds import DataKind
+from gym.core.names import split_names
+from gym.core.results import RunResult
 from gym.data.collators import CausalLMCollator
 from gym.data.loader import TokenizedData, get_dataset
 from gym.data.templates import ChatFormat, get_chat_format
 from gym.models.adapters import count_parameters, setup_finetuning
 from gym.models.loader import load_causal_lm, load_tokenizer, resolve_model_path
-from gym.train import outputs, resources
-from gym.train.callbacks import JsonlLogger, ProgressBar
-from gym.train.method import RunResult
+from gym.train import harness, outputs
+from gym.train.checkpoints import resolve_resume
+from gym.train.memory import needs_checkpointing
 from gym.train.trainer import GymTrainer
 
 logger = logging.getLogger(__name__)
 
 
-def _warn_about_precision(args: TrainArgs) -> None:
-    if args.training.bf16 and not torch.cuda.is_available() and not resources.cpu_supports_bf16():
+def _warn_about_precision(args: TrainArgs[Any]) -> None:
+    if args.training.bf16 and not torch.cuda.is_available() and not cpu_supports_bf16():
         logger.warning("bf16 is on, but this CPU has no native bf16 instructions: expect it to train ~2x slower "
                        "than float32 (leave bf16 unset to choose automatically).")
 
@@ -49,11 +53,11 @@ class Setup:
     pissa_init_dir: str | None
 
 
-def prepare(args: TrainArgs, data_kind: str, *, packing_by_default: bool = False,
+def prepare(args: TrainArgs[Any], data_kind: DataKind, *, packing_by_default: bool = False,
             model_loader: Callable[[str, Any], Any] = load_causal_lm) -> Setup:
     """resume -> output checks -> tokenizer -> chat format -> data -> model + adapters, for any method."""
     model_args, data_args, training_args, finetuning_args, _ = args
-    resume = outputs.resolve_resume(args)
+    resume = resolve_resume(args)
     outputs.check_output_dir(args, resuming=resume is not None)
     _warn_about_precision(args)
 
@@ -86,13 +90,11 @@ def prepare(args: TrainArgs, data_kind: str, *, packing_by_default: bool = False
     return Setup(model_path, tokenizer, chat, data, model, resume, pissa_init_dir)
 
 
-def choose_checkpointing(args: TrainArgs, model: Any, tokens_per_step: int) -> None:
+def choose_checkpointing(args: TrainArgs[Any], model: Any, tokens_per_step: int) -> None:
     """Gradient checkpointing: on when asked, or (unset) when the activations would not fit in memory."""
     training = args.training
     if training.gradient_checkpointing is None:
-        training.gradient_checkpointing = training.activation_checkpointing = resources.needs_checkpointing(
-            model, tokens_per_step
-        )
+        training.gradient_checkpointing = training.activation_checkpointing = needs_checkpointing(model, tokens_per_step)
         logger.info("Gradient checkpointing: %s (auto, for %d tokens per step).",
                     "on" if training.gradient_checkpointing else "off", tokens_per_step)
     if training.gradient_checkpointing and args.finetuning.finetuning_type != "full":
@@ -101,7 +103,7 @@ def choose_checkpointing(args: TrainArgs, model: Any, tokens_per_step: int) -> N
         model.enable_input_require_grads()
 
 
-def trl_args(config_cls: type, args: TrainArgs, **method_values: Any) -> Any:
+def trl_args(config_cls: type, args: TrainArgs[Any], **method_values: Any) -> Any:
     """A TRL config (a TrainingArguments subclass) holding the user's training keys plus the method's.
 
     TRL configs change some Hugging Face defaults (learning rate, bf16, checkpointing); the user's
@@ -114,7 +116,7 @@ def trl_args(config_cls: type, args: TrainArgs, **method_values: Any) -> Any:
     return config_cls(**values)
 
 
-def drop_fresh_reference_adapter(model: Any, args: TrainArgs) -> None:
+def drop_fresh_reference_adapter(model: Any, args: TrainArgs[Any]) -> None:
     """TRL copies a given LoRA adapter as the reference ("ref"). A fresh adapter starts at zero, so the
     base with the adapter disabled is the same reference, without a second adapter to run and save.
     (PiSSA starts from a non-zero adapter on a changed base: its copy is the true reference.)"""
@@ -124,14 +126,10 @@ def drop_fresh_reference_adapter(model: Any, args: TrainArgs) -> None:
         model.set_adapter("default")
 
 
-def train_and_save(trainer: Any, setup: Setup, args: TrainArgs) -> RunResult:
-    """Progress bar and log file -> train (resuming if asked) -> evaluate -> save -> plot -> report."""
-    if not args.training.disable_tqdm:
-        trainer.remove_callback(ProgressCallback)
-        trainer.remove_callback(PrinterCallback)
-        trainer.add_callback(ProgressBar())
-    trainer.add_callback(JsonlLogger(args.training.output_dir))
-
+def train_and_save(trainer: Any, setup: Setup, args: TrainArgs[Any]) -> RunResult:
+    """The harness around a Trainer: log file and progress -> train (resuming if asked) -> evaluate ->
+    save -> plot -> report."""
+    harness.attach(trainer, args)
     started = time.perf_counter()
     result = trainer.train(resume_from_checkpoint=setup.resume)
     seconds = time.perf_counter() - started
@@ -140,30 +138,19 @@ def train_and_save(trainer: Any, setup: Setup, args: TrainArgs) -> RunResult:
         final_eval = [e for e in trainer.state.log_history
                       if e.get("step") == trainer.state.global_step and any(k.startswith("eval_") for k in e)]
         metrics.update(final_eval[-1] if final_eval else trainer.evaluate())
-
-    out = outputs.save_final(trainer.model, setup.tokenizer, args, setup.model_path, trainer.state.global_step,
-                             setup.pissa_init_dir)
-    if args.finetuning.plot_loss:
-        outputs.plot_loss(out)
     losses = [e["loss"] for e in trainer.state.log_history if "loss" in e]
-    if hasattr(trainer, "tokens_per_second"):  # GymTrainer counts from its first batch
+    if isinstance(trainer, GymTrainer):  # counts from its first batch, so setup is not counted
         tokens_seen, tokens_per_second = trainer.tokens_seen, trainer.tokens_per_second()
     else:  # TRL trainers log the running count of tokens they trained on
         tokens_seen = int(max((e.get("num_tokens", 0) for e in trainer.state.log_history), default=0))
         tokens_per_second = tokens_seen / seconds if seconds else 0.0
-    return RunResult(
-        output_dir=str(out),
-        global_step=trainer.state.global_step,
-        final_loss=losses[-1] if losses else None,
-        tokens_per_second=tokens_per_second,
-        peak_memory_bytes=resources.peak_memory_bytes(),
-        train_seconds=seconds,
-        tokens_seen=tokens_seen,
-        metrics=metrics,
-    )
+    return harness.finish_run(trainer.model, setup.tokenizer, args, model_path=setup.model_path,
+                              global_step=trainer.state.global_step, seconds=seconds, tokens_seen=tokens_seen,
+                              tokens_per_second=tokens_per_second, final_loss=losses[-1] if losses else None,
+                              metrics=metrics, pissa_init_dir=setup.pissa_init_dir)
 
 
-def run_causal_lm(args: TrainArgs, data_kind: str, packing_by_default: bool) -> RunResult:
+def run_causal_lm(args: TrainArgs[Any], data_kind: DataKind, packing_by_default: bool) -> RunResult:
     setup = prepare(args, data_kind, packing_by_default=packing_by_default)
     longest = max(len(row["input_ids"]) for row in setup.data.train)
     choose_checkpointing(args, setup.model, longest * args.training.per_device_train_batch_size)

@@ -1,19 +1,10 @@
-"""The method registry: one line per training method, and the only place stages are listed."""
+"""Gym's training methods. Importing this package registers each one (gym.config.methods.register);
+the parser finds it through the `gym.methods` entry point, never by importing a method by name.
 
-from gym.train.method import Method
+To add a method: write <name>.py here (options dataclass with validate(), run(), register(...)),
+import it below, add tests/train/test_<name>.py and examples/<name>_lora.yaml.
+"""
+
 from gym.train.methods import dpo, grpo, kto, ppo, pt, rloo, rm, sft
 
-METHODS: dict[str, Method] = {
-    "pt": pt.METHOD,
-    "sft": sft.METHOD,
-    "rm": rm.METHOD,
-    "dpo": dpo.METHOD,
-    "orpo": dpo.ORPO,
-    "simpo": dpo.SIMPO,
-    "cpo": dpo.CPO,
-    "kto": kto.METHOD,
-    "ppo": ppo.METHOD,
-    "grpo": grpo.METHOD,
-    "gspo": grpo.GSPO,
-    "rloo": rloo.METHOD,
-}
+__all__ = ["dpo", "grpo", "kto", "ppo", "pt", "rloo", "rm", "sft"]

@@ -19,13 +19,21 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from gym.config.parser import TrainArgs, split_names
-from gym.errors import ConfigError
-from gym.train.method import Method, RunResult
+from peft import PeftModel
+
+from gym.config.args import TrainArgs
+from gym.config.methods import Method, register
+from gym.core.errors import ConfigError
+from gym.core.kinds import DataKind
+from gym.core.names import split_names
+from gym.core.results import RunResult
+from gym.models.loader import load_causal_lm, resolve_model_path
 from gym.train.workflow import (Setup, choose_checkpointing, drop_fresh_reference_adapter, prepare,
                                 train_and_save, trl_args)
 
 REFERENCE_FREE = ("orpo", "simpo")
+# Stages that are dpo with a fixed loss: `stage: orpo` is `stage: dpo` with `pref_loss: orpo`.
+FORCED_LOSS = {"orpo": "orpo", "simpo": "simpo"}
 
 
 @dataclass
@@ -52,11 +60,30 @@ class PreferenceOptions:
         metadata={"help": "Compute the reference log-probs once before training (no reference forward per step)."},
     )
 
+    def validate(self, args: TrainArgs[Any]) -> None:
+        stage = args.finetuning.stage
+        forced = FORCED_LOSS.get(stage)
+        if forced is not None:
+            if self.pref_loss not in ("sigmoid", forced):
+                raise ConfigError(f"stage: {stage} uses pref_loss {forced}; remove pref_loss: {self.pref_loss} "
+                                  "or use stage: dpo.")
+            self.pref_loss = forced  # type: ignore[assignment]
+        if not 0 <= self.dpo_label_smoothing < 0.5:
+            raise ConfigError(f"'dpo_label_smoothing' must be in [0, 0.5), got {self.dpo_label_smoothing}.")
+        if self.pref_beta <= 0:
+            raise ConfigError(f"'pref_beta' must be positive, got {self.pref_beta}.")
+        reference_free = stage == "cpo" or self.pref_loss in REFERENCE_FREE
+        if reference_free and (self.ref_model or self.precompute_ref_log_probs):
+            key = "ref_model" if self.ref_model else "precompute_ref_log_probs"
+            raise ConfigError(f"'{key}' has no effect: {stage if stage == 'cpo' else self.pref_loss} needs no "
+                              "reference model. Remove it.")
+        if self.pref_loss == "orpo" and stage != "cpo" and self.pref_ftx:
+            raise ConfigError("'pref_ftx' does not apply to orpo: its loss already includes the SFT term.")
 
-def run(args: TrainArgs) -> RunResult:
-    options: PreferenceOptions = args.finetuning.method_options
-    _check(options, args.finetuning.stage)
-    setup = prepare(args, "pairwise")
+
+def run(args: TrainArgs[PreferenceOptions]) -> RunResult:
+    options = args.options
+    setup = prepare(args, DataKind.PAIRWISE)
     longest = max(len(r["prompt_ids"]) + max(len(r["chosen_ids"]), len(r["rejected_ids"])) for r in setup.data.train)
     # Chosen and rejected go through the model in one batch of twice the size.
     choose_checkpointing(args, setup.model, 2 * longest * args.training.per_device_train_batch_size)
@@ -65,18 +92,6 @@ def run(args: TrainArgs) -> RunResult:
     else:
         trainer = _dpo_trainer(args, options, setup)
     return train_and_save(trainer, setup, args)
-
-
-def _check(options: PreferenceOptions, stage: str) -> None:
-    if not 0 <= options.dpo_label_smoothing < 0.5:
-        raise ConfigError(f"'dpo_label_smoothing' must be in [0, 0.5), got {options.dpo_label_smoothing}.")
-    if options.pref_beta <= 0:
-        raise ConfigError(f"'pref_beta' must be positive, got {options.pref_beta}.")
-    reference_free = stage == "cpo" or options.pref_loss in REFERENCE_FREE
-    if reference_free and (options.ref_model or options.precompute_ref_log_probs):
-        key = "ref_model" if options.ref_model else "precompute_ref_log_probs"
-        raise ConfigError(f"'{key}' has no effect: {stage if stage == 'cpo' else options.pref_loss} needs no "
-                          "reference model. Remove it.")
 
 
 def _dataset(rows: list[dict[str, Any]] | None) -> Any:
@@ -100,20 +115,16 @@ def _dpo_losses(options: PreferenceOptions) -> tuple[list[str], list[float]]:
     return losses, weights
 
 
-def _reference_model(args: TrainArgs, options: PreferenceOptions) -> Any:
+def _reference_model(args: TrainArgs[PreferenceOptions], options: PreferenceOptions) -> Any:
     if not options.ref_model:
         return None
-    from peft import PeftModel
-
-    from gym.models.loader import load_causal_lm, resolve_model_path
-
     ref = load_causal_lm(resolve_model_path(options.ref_model), args.model)
     for adapter in split_names(options.ref_model_adapters):
         ref = PeftModel.from_pretrained(ref, adapter).merge_and_unload()
     return ref.eval().requires_grad_(False)
 
 
-def _dpo_trainer(args: TrainArgs, options: PreferenceOptions, setup: Setup) -> Any:
+def _dpo_trainer(args: TrainArgs[PreferenceOptions], options: PreferenceOptions, setup: Setup) -> Any:
     from trl import DPOConfig, DPOTrainer
 
     class GymDPOTrainer(DPOTrainer):
@@ -148,7 +159,7 @@ def _to_trl_pairs(row: dict[str, list[int]]) -> dict[str, list[int]]:
     return out
 
 
-def _reference_free_trainer(args: TrainArgs, options: PreferenceOptions, setup: Setup) -> Any:
+def _reference_free_trainer(args: TrainArgs[PreferenceOptions], options: PreferenceOptions, setup: Setup) -> Any:
     if args.finetuning.stage == "cpo" or options.pref_loss == "simpo":
         from trl.experimental.cpo import CPOConfig as Config
         from trl.experimental.cpo import CPOTrainer as Base
@@ -162,8 +173,6 @@ def _reference_free_trainer(args: TrainArgs, options: PreferenceOptions, setup: 
         from trl.experimental.orpo import ORPOTrainer as Base
 
         extra = {}
-        if options.pref_ftx:
-            raise ConfigError("'pref_ftx' does not apply to orpo: its loss already includes the SFT term.")
 
     class GymPairTrainer(Base):
         def tokenize_row(self, feature: dict[str, Any], model: Any = None) -> dict[str, Any]:
@@ -176,20 +185,11 @@ def _reference_free_trainer(args: TrainArgs, options: PreferenceOptions, setup: 
                           processing_class=setup.tokenizer)
 
 
-def _forced(pref_loss: str | None, stage: str):
-    def run_stage(args: TrainArgs) -> RunResult:
-        options: PreferenceOptions = args.finetuning.method_options
-        if pref_loss is not None:
-            if options.pref_loss not in ("sigmoid", pref_loss):
-                raise ConfigError(f"stage: {stage} uses pref_loss {pref_loss}; remove pref_loss: {options.pref_loss} "
-                                  "or use stage: dpo.")
-            options.pref_loss = pref_loss
-        return run(args)
-
-    return run_stage
+def _register(name: str, summary: str) -> None:
+    register(Method(name=name, data_kind=DataKind.PAIRWISE, run=run, options=PreferenceOptions, summary=summary))
 
 
-METHOD = Method(name="dpo", data_kind="pairwise", run=run, options=PreferenceOptions)
-ORPO = Method(name="orpo", data_kind="pairwise", run=_forced("orpo", "orpo"), options=PreferenceOptions)
-SIMPO = Method(name="simpo", data_kind="pairwise", run=_forced("simpo", "simpo"), options=PreferenceOptions)
-CPO = Method(name="cpo", data_kind="pairwise", run=_forced(None, "cpo"), options=PreferenceOptions)
+_register("dpo", "direct preference optimisation on chosen/rejected pairs (pref_loss: sigmoid, ipo, hinge, ...)")
+_register("orpo", "odds-ratio preference optimisation, no reference model")
+_register("simpo", "simple preference optimisation, no reference model")
+_register("cpo", "contrastive preference optimisation, no reference model")

@@ -4,7 +4,7 @@ Reads `prompt` data (a conversation ending with a user turn, optionally an `answ
 verifiable rewards check). For each prompt the policy samples `num_generations` answers; each
 answer's advantage is its reward minus the group's mean (divided by the group's std), and the policy
 is updated with a clipped importance ratio, as in PPO. Rewards come from `reward_funcs`
-(gym.train.rewards) and/or a trained `reward_model`. Wraps TRL's GRPOTrainer.
+(gym.train.reward_funcs) and/or a trained `reward_model`. Wraps TRL's GRPOTrainer.
 
 `loss_type` sets how token losses are averaged: grpo (per sequence, the paper), dr_grpo, dapo
 (TRL's default) or bnpo. `beta` > 0 adds a KL penalty to the reference model (under LoRA: the base
@@ -20,11 +20,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from gym.config.parser import TrainArgs
-from gym.errors import ConfigError
+from gym.config.args import TrainArgs
+from gym.config.methods import Method, register
+from gym.core.errors import ConfigError
+from gym.core.kinds import DataKind
+from gym.core.results import RunResult
 from gym.train.generation import MergedLoraSampling
-from gym.train.method import Method, RunResult
-from gym.train.rewards import RewardChoice, rewards_of
+from gym.train.reward_funcs import RewardChoice, rewards_of
 from gym.train.workflow import (Setup, choose_checkpointing, drop_fresh_reference_adapter, prepare, train_and_save,
                                 trl_args)
 
@@ -38,6 +40,17 @@ class SamplingOptions:
     temperature: float = field(default=1.0, metadata={"help": "Sampling temperature for the answers."})
     top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling mass for the answers."})
     log_completions: bool = field(default=False, metadata={"help": "Print sampled answers and rewards when logging."})
+
+    def validate(self, args: TrainArgs[Any]) -> None:
+        if self.num_generations < 2:
+            raise ConfigError(f"'num_generations' must be at least 2 (advantages compare answers within a group), "
+                              f"got {self.num_generations}.")
+        batch = args.training.per_device_train_batch_size * args.training.gradient_accumulation_steps
+        if batch % self.num_generations:
+            raise ConfigError(f"per_device_train_batch_size x gradient_accumulation_steps ({batch}) counts answers "
+                              f"and must be a multiple of num_generations ({self.num_generations}).")
+        if self.max_completion_length < 1 or self.temperature <= 0 or not 0 < self.top_p <= 1:
+            raise ConfigError("Sampling needs max_completion_length >= 1, temperature > 0 and top_p in (0, 1].")
 
 
 @dataclass
@@ -56,6 +69,10 @@ class GRPOOptions(RewardChoice, SamplingOptions):
     importance_sampling_level: Literal["token", "sequence"] = field(
         default="token", metadata={"help": "token (GRPO) or sequence (GSPO) importance ratios."}
     )
+
+    def validate(self, args: TrainArgs[Any]) -> None:
+        RewardChoice.validate(self, args)
+        SamplingOptions.validate(self, args)
 
 
 @dataclass
@@ -81,16 +98,6 @@ def prompt_dataset(rows: list[dict[str, Any]] | None) -> Any:
     return Dataset.from_list([{k: v for k, v in row.items() if k != "prompt_ids"} for row in rows])
 
 
-def check_sampling(options: SamplingOptions, args: TrainArgs) -> None:
-    if options.num_generations < 2:
-        raise ConfigError(f"'num_generations' must be at least 2 (advantages compare answers within a group), "
-                          f"got {options.num_generations}.")
-    batch = args.training.per_device_train_batch_size * args.training.gradient_accumulation_steps
-    if batch % options.num_generations:
-        raise ConfigError(f"per_device_train_batch_size x gradient_accumulation_steps ({batch}) counts answers and "
-                          f"must be a multiple of num_generations ({options.num_generations}).")
-
-
 def sampling_values(options: SamplingOptions, setup: Setup) -> dict[str, Any]:
     return dict(
         num_generations=options.num_generations, max_completion_length=options.max_completion_length,
@@ -100,13 +107,12 @@ def sampling_values(options: SamplingOptions, setup: Setup) -> dict[str, Any]:
     )
 
 
-def run(args: TrainArgs) -> RunResult:
+def run(args: TrainArgs[GRPOOptions]) -> RunResult:
     from trl import GRPOConfig, GRPOTrainer
 
-    options: GRPOOptions = args.finetuning.method_options
+    options = args.options
     funcs, weights = rewards_of(options)
-    check_sampling(options, args)
-    setup = prepare(args, "prompt")
+    setup = prepare(args, DataKind.PROMPT)
     longest = max(len(r["prompt_ids"]) for r in setup.data.train) + options.max_completion_length
     choose_checkpointing(args, setup.model, longest * args.training.per_device_train_batch_size)
     config = trl_args(
@@ -126,5 +132,7 @@ def run(args: TrainArgs) -> RunResult:
     return train_and_save(trainer, setup, args)
 
 
-METHOD = Method(name="grpo", data_kind="prompt", run=run, options=GRPOOptions)
-GSPO = Method(name="gspo", data_kind="prompt", run=run, options=GSPOOptions)
+register(Method(name="grpo", data_kind=DataKind.PROMPT, run=run, options=GRPOOptions,
+                summary="group relative policy optimisation from reward functions"))
+register(Method(name="gspo", data_kind=DataKind.PROMPT, run=run, options=GSPOOptions,
+                summary="GRPO with sequence-level importance ratios"))

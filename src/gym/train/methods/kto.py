@@ -15,9 +15,11 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-from gym.config.parser import TrainArgs
-from gym.errors import ConfigError
-from gym.train.method import Method, RunResult
+from gym.config.args import TrainArgs
+from gym.config.methods import Method, register
+from gym.core.errors import ConfigError
+from gym.core.kinds import DataKind
+from gym.core.results import RunResult
 from gym.train.workflow import choose_checkpointing, drop_fresh_reference_adapter, prepare, train_and_save, trl_args
 
 logger = logging.getLogger(__name__)
@@ -33,17 +35,19 @@ class KTOOptions:
     pref_ftx: float = field(default=0.0, metadata={"help": "Not supported by kto (kept for LLaMA-Factory configs); "
                                                     "must stay 0."})
 
+    def validate(self, args: TrainArgs[Any]) -> None:
+        if self.pref_ftx:
+            raise ConfigError("'pref_ftx' is not supported by kto; remove it.")
+        if self.pref_beta <= 0:
+            raise ConfigError(f"'pref_beta' must be positive, got {self.pref_beta}.")
 
-def run(args: TrainArgs) -> RunResult:
+
+def run(args: TrainArgs[KTOOptions]) -> RunResult:
     from datasets import Dataset
     from trl import KTOConfig, KTOTrainer
 
-    options: KTOOptions = args.finetuning.method_options
-    if options.pref_ftx:
-        raise ConfigError("'pref_ftx' is not supported by kto; remove it.")
-    if options.pref_beta <= 0:
-        raise ConfigError(f"'pref_beta' must be positive, got {options.pref_beta}.")
-    setup = prepare(args, "feedback")
+    options = args.options
+    setup = prepare(args, DataKind.FEEDBACK)
     rows = setup.data.train
     if len({row["label"] for row in rows}) < 2:
         logger.warning("KTO data has only %s answers; it learns best from both kinds.",
@@ -83,4 +87,5 @@ def _rotate_completions(batch: dict[str, list]) -> dict[str, list]:
     return batch
 
 
-METHOD = Method(name="kto", data_kind="feedback", run=run, options=KTOOptions)
+register(Method(name="kto", data_kind=DataKind.FEEDBACK, run=run, options=KTOOptions,
+                summary="Kahneman-Tversky optimisation on answers tagged good or bad"))

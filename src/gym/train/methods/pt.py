@@ -8,13 +8,17 @@ other; we do not, so a document never conditions on an unrelated one).
 
 from __future__ import annotations
 
-from gym.config.parser import TrainArgs
-from gym.train.method import Method, RunResult
+from typing import Any
+
+from gym.config.args import TrainArgs
+from gym.config.methods import Method, register
+from gym.core.kinds import DataKind
+from gym.core.results import RunResult
 from gym.train.workflow import run_causal_lm
 
 
-def run(args: TrainArgs) -> RunResult:
-    return run_causal_lm(args, data_kind="unsupervised", packing_by_default=True)
+def run(args: TrainArgs[Any]) -> RunResult:
+    return run_causal_lm(args, data_kind=DataKind.UNSUPERVISED, packing_by_default=True)
 
 
-METHOD = Method(name="pt", data_kind="unsupervised", run=run)
+register(Method(name="pt", data_kind=DataKind.UNSUPERVISED, run=run, summary="continued pre-training on plain text"))

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gym.config.parser import TrainArgs
+from gym.config.args import TrainArgs
+from gym.config.methods import Method, register
+from gym.core.kinds import DataKind
+from gym.core.results import RunResult
 from gym.train.generation import MergedLoraSampling
-from gym.train.method import Method, RunResult
-from gym.train.methods.grpo import SamplingOptions, check_sampling, prompt_dataset, sampling_values
-from gym.train.rewards import RewardChoice, rewards_of
+from gym.train.methods.grpo import SamplingOptions, prompt_dataset, sampling_values
+from gym.train.reward_funcs import RewardChoice, rewards_of
 from gym.train.workflow import choose_checkpointing, drop_fresh_reference_adapter, prepare, train_and_save, trl_args
 
 
@@ -28,14 +30,17 @@ class RLOOOptions(RewardChoice, SamplingOptions):
     num_iterations: int = field(default=1, metadata={"help": "Policy updates per batch of samples."})
     normalize_advantages: bool = field(default=False, metadata={"help": "Scale advantages to unit variance."})
 
+    def validate(self, args: TrainArgs[Any]) -> None:
+        RewardChoice.validate(self, args)
+        SamplingOptions.validate(self, args)
 
-def run(args: TrainArgs) -> RunResult:
+
+def run(args: TrainArgs[RLOOOptions]) -> RunResult:
     from trl import RLOOConfig, RLOOTrainer
 
-    options: RLOOOptions = args.finetuning.method_options
+    options = args.options
     funcs, weights = rewards_of(options)
-    check_sampling(options, args)
-    setup = prepare(args, "prompt")
+    setup = prepare(args, DataKind.PROMPT)
     longest = max(len(r["prompt_ids"]) for r in setup.data.train) + options.max_completion_length
     choose_checkpointing(args, setup.model, longest * args.training.per_device_train_batch_size)
     config = trl_args(RLOOConfig, args, **sampling_values(options, setup), reward_weights=weights, beta=options.beta,
@@ -52,4 +57,5 @@ def run(args: TrainArgs) -> RunResult:
     return train_and_save(trainer, setup, args)
 
 
-METHOD = Method(name="rloo", data_kind="prompt", run=run, options=RLOOOptions)
+register(Method(name="rloo", data_kind=DataKind.PROMPT, run=run, options=RLOOOptions,
+                summary="REINFORCE leave-one-out from reward functions"))

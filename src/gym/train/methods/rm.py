@@ -11,9 +11,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gym.config.parser import TrainArgs
+from gym.config.args import TrainArgs
+from gym.config.methods import Method, register
+from gym.core.kinds import DataKind
+from gym.core.results import RunResult
 from gym.models.loader import load_reward_backbone
-from gym.train.method import Method, RunResult
 from gym.train.workflow import choose_checkpointing, prepare, train_and_save, trl_args
 
 
@@ -27,12 +29,12 @@ class RewardOptions:
     )
 
 
-def run(args: TrainArgs) -> RunResult:
+def run(args: TrainArgs[RewardOptions]) -> RunResult:
     from datasets import Dataset
     from trl import RewardConfig, RewardTrainer
 
-    options: RewardOptions = args.finetuning.method_options
-    setup = prepare(args, "pairwise", model_loader=load_reward_backbone)
+    options = args.options
+    setup = prepare(args, DataKind.PAIRWISE, model_loader=load_reward_backbone)
 
     def full_sequences(rows: list[dict[str, list[int]]] | None) -> Dataset | None:
         if not rows:
@@ -50,4 +52,5 @@ def run(args: TrainArgs) -> RunResult:
     return train_and_save(trainer, setup, args)
 
 
-METHOD = Method(name="rm", data_kind="pairwise", run=run, options=RewardOptions)
+register(Method(name="rm", data_kind=DataKind.PAIRWISE, run=run, options=RewardOptions,
+                summary="reward model: a scalar score trained on chosen/rejected pairs"))

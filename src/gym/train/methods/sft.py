@@ -9,13 +9,17 @@ cutoff_len rows whose examples cannot attend to each other.
 
 from __future__ import annotations
 
-from gym.config.parser import TrainArgs
-from gym.train.method import Method, RunResult
+from typing import Any
+
+from gym.config.args import TrainArgs
+from gym.config.methods import Method, register
+from gym.core.kinds import DataKind
+from gym.core.results import RunResult
 from gym.train.workflow import run_causal_lm
 
 
-def run(args: TrainArgs) -> RunResult:
-    return run_causal_lm(args, data_kind="supervised", packing_by_default=False)
+def run(args: TrainArgs[Any]) -> RunResult:
+    return run_causal_lm(args, data_kind=DataKind.SUPERVISED, packing_by_default=False)
 
 
-METHOD = Method(name="sft", data_kind="supervised", run=run)
+register(Method(name="sft", data_kind=DataKind.SUPERVISED, run=run, summary="supervised fine-tuning on conversations"))

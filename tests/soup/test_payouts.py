@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gym.soup import rewards
+from gym.soup import payouts as rewards
 from gym.soup.sources import InMemorySource
 
 
@@ -88,7 +88,7 @@ def test_in_a_soup_attackers_earn_nothing_and_a_sloppy_contributor_earns_less(ma
 
 
 def test_rewards_off_is_an_error_to_ask_about(make_soup, honest):
-    from gym.errors import ConfigError
+    from gym.core.errors import ConfigError
 
     soup = make_soup(method="mean", enable_rewards=False, min_contributors=1)
     soup.contribute("a", honest(0))

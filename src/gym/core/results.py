@@ -1,9 +1,9 @@
-"""What a training method is: a name, the kind of data it reads, its own options, and a run function."""
+"""What a training run returns to its caller (the CLI prints it; the Python API hands it back)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 
 @dataclass
@@ -24,11 +24,3 @@ class RunResult:
             f"{self.tokens_per_second:.0f} tokens/s, peak memory {self.peak_memory_bytes / 2**30:.2f} GiB.\n"
             f"Saved to {self.output_dir}"
         )
-
-
-@dataclass(frozen=True)
-class Method:
-    name: str
-    data_kind: str  # unsupervised | supervised | pairwise | feedback | prompt
-    run: Callable[[Any], RunResult]
-    options: type | None = None  # a dataclass of the options only this method reads

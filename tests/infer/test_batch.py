@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from gym.batch_infer import generate_batch, load_rows, run_infer
-from gym.chat import ChatModel
 from gym.cli import main
+from gym.infer.batch import load_rows, run_infer
+from gym.infer.chat import ChatModel
 
 GREEDY = {"do_sample": False, "max_new_tokens": 6}
 
@@ -18,14 +18,30 @@ def config(tiny_model_dir):
     return {"model_name_or_path": str(tiny_model_dir), **GREEDY}
 
 
-def test_batched_answers_equal_answers_one_at_a_time(config, data_dir):
-    model = ChatModel(config)
+def test_batched_answers_equal_answers_one_at_a_time(config, data_dir, tmp_path):
     rows = load_rows("tiny_alpaca,tiny_chat", str(data_dir), max_samples=3)
     assert rows[0]["reference"] == "0 + 1 = 1." and rows[3]["messages"][-1]["role"] == "user"
-    batched = generate_batch(model, rows)  # prompts of different lengths: left padding must not change anything
-    alone = [generate_batch(model, [row])[0] for row in rows]
-    assert batched == alone
-    assert alone[0] == model.chat(rows[0]["messages"])
+    out = tmp_path / "batched.jsonl"
+    # Prompts of different lengths decoded together: left padding must not change any answer.
+    run_infer(config, "tiny_alpaca,tiny_chat", out, str(data_dir), batch_size=3, max_samples=3, progress=False)
+    batched = [json.loads(line)["prediction"] for line in out.read_text().splitlines()]
+    model = ChatModel(config)
+    try:
+        alone = [model.chat(row["messages"], row["system"]).strip() for row in rows]
+    finally:
+        model.close()
+    assert len(batched) == 6 and batched == alone
+
+
+def test_sampled_rows_do_not_depend_on_their_batch(tiny_model_dir, data_dir, tmp_path):
+    """Row i samples with seed + i: the same answers whether rows run 1 or 4 at a time."""
+    config = {"model_name_or_path": str(tiny_model_dir), "do_sample": True, "temperature": 1.0, "max_new_tokens": 6}
+    answers = []
+    for batch_size in (1, 4):
+        out = tmp_path / f"sampled-{batch_size}.jsonl"
+        run_infer(config, "tiny_alpaca", out, str(data_dir), batch_size=batch_size, max_samples=5, progress=False)
+        answers.append([json.loads(line)["prediction"] for line in out.read_text().splitlines()])
+    assert answers[0] == answers[1] and len(set(answers[0])) > 1
 
 
 def test_output_lines_and_resume(config, data_dir, tmp_path):

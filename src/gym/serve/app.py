@@ -25,8 +25,10 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from transformers import AutoConfig
 
-from gym.serve.engine import EngineBusy, EngineStopped, Finished, Piece, SamplingParams
+from gym.infer.chat import ChatModel
+from gym.infer.requests import EngineBusy, EngineStopped, Finished, Piece, SamplingParams
 from gym.serve.protocol import ApiError, ChatCompletionRequest, CompletionRequest, TokenizeRequest, _Request
 
 _STATUS_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
@@ -34,7 +36,7 @@ _STATUS_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404:
                  503: "service_unavailable"}
 
 
-def create_app(chat_model: Any, model_name: str, api_key: str | None = None) -> FastAPI:
+def create_app(chat_model: ChatModel, model_name: str, api_key: str | None = None) -> FastAPI:
     """The app for one loaded ChatModel; `api_key` (if set) is required as a bearer token on /v1 and /tokenize."""
     server = _Server(chat_model, model_name)
 
@@ -127,7 +129,7 @@ def create_app(chat_model: Any, model_name: str, api_key: str | None = None) -> 
 
 
 class _Server:
-    def __init__(self, chat_model: Any, model_name: str) -> None:
+    def __init__(self, chat_model: ChatModel, model_name: str) -> None:
         self.chat_model = chat_model
         self.model_name = model_name
         self.created = int(time.time())
@@ -170,7 +172,7 @@ class _Server:
                                      "repetition_penalty": body.repetition_penalty}
         if body.temperature is not None:  # OpenAI semantics: temperature 0 is greedy, anything else samples
             overrides.update(temperature=body.temperature, do_sample=body.temperature > 0)
-        max_new = max_tokens or min(self.chat_model.generating_args.max_new_tokens, room)
+        max_new = max_tokens or min(self.chat_model.decoding["max_new_tokens"], room)
         stops = body.stops()
         return [self.chat_model.sampling_params(stop=stops, seed=None if body.seed is None else body.seed + i,
                                                 max_new_tokens=max_new, **overrides) for i in range(body.n)]
@@ -288,11 +290,9 @@ def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
             "total_tokens": prompt_tokens + completion_tokens}
 
 
-def _context_length(chat_model: Any) -> int:
+def _context_length(chat_model: ChatModel) -> int:
     config = getattr(chat_model.model, "config", None)
     if config is None:
-        from transformers import AutoConfig
-
         config = AutoConfig.from_pretrained(chat_model.model_path,
                                             trust_remote_code=chat_model.model_args.trust_remote_code)
     length = getattr(config, "max_position_embeddings", None)

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from gym import Trainer, TrainingConfig
-from gym.errors import ConfigError
+from gym.core.errors import ConfigError
 from gym.hparams import get_train_args
 
 

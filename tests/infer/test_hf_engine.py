@@ -8,7 +8,8 @@ import time
 import pytest
 import torch
 
-from gym.serve.engine import EngineBusy, Finished, HFEngine, Piece, SamplingParams
+from gym.infer.hf_engine import HFEngine
+from gym.infer.requests import EngineBusy, Finished, Piece, SamplingParams
 
 PROMPTS = ["Hello there, how are", "The capital of France is", "1 2 3 4 5 6 7 8 9 10 11 12", "Once"]
 

@@ -17,107 +17,21 @@ a seeded request samples from its own generator whatever else shares its batch.
 
 from __future__ import annotations
 
-import itertools
 import logging
-import queue
-import random
 import threading
-import time
 from collections import deque
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
 import torch
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
+from transformers.generation.logits_process import (RepetitionPenaltyLogitsProcessor, TemperatureLogitsWarper,
+                                                    TopKLogitsWarper, TopPLogitsWarper)
 
-from gym.chat import StopFilter
-from gym.errors import GymError
+from gym.infer.requests import EngineBusy, EngineStopped, Event, Finished, Piece, Request, SamplingParams
 
 logger = logging.getLogger(__name__)
-
-
-class EngineBusy(GymError):
-    """The waiting queue is full: the caller should retry later (HTTP 429)."""
-
-
-class EngineStopped(GymError):
-    """The engine was shut down before the request finished."""
-
-
-@dataclass
-class SamplingParams:
-    max_new_tokens: int = 512
-    do_sample: bool = True
-    temperature: float = 0.7
-    top_p: float = 1.0
-    top_k: int = 0
-    repetition_penalty: float = 1.0
-    stop: list[str] = field(default_factory=list)
-    seed: int | None = None
-
-    @property
-    def greedy(self) -> bool:
-        return not self.do_sample or self.temperature <= 0
-
-
-@dataclass
-class Piece:
-    """Text produced by one step (possibly empty while a stop string or a multi-byte character is held back)."""
-    text: str
-    token_ids: list[int]
-
-
-@dataclass
-class Finished:
-    reason: str  # "stop" (end-of-turn token or stop string), "length", "cancelled"
-    prompt_tokens: int
-    completion_tokens: int
-    text: str
-
-
-Event = Piece | Finished
-
-
-class Request:
-    """One generation: fed by the engine thread, read by the caller through `events` or a callback."""
-
-    _ids = itertools.count()
-
-    def __init__(self, prompt_ids: list[int], params: SamplingParams,
-                 sink: Callable[[Event], None] | None = None) -> None:
-        self.id = next(self._ids)
-        self.prompt_ids = list(prompt_ids)
-        self.params = params
-        self.generated: list[int] = []
-        self.text = ""  # emitted so far
-        self.cancelled = False
-        self.arrived = time.perf_counter()
-        seed = params.seed if params.seed is not None else random.getrandbits(63)
-        self.generator = torch.Generator().manual_seed(seed)
-        self.stop_filter = StopFilter(params.stop)
-        self._decoded = ""  # decoding of `generated`, to find what a new token adds
-        self._events: queue.Queue[Event] | None = None
-        self._sink = sink
-        if sink is None:
-            self._events = queue.Queue()
-
-    def emit(self, event: Event) -> None:
-        if self._sink is not None:
-            self._sink(event)
-        else:
-            assert self._events is not None
-            self._events.put(event)
-
-    def events(self, timeout: float | None = None) -> Iterator[Event]:
-        assert self._events is not None, "this request reports to a callback"
-        while True:
-            event = self._events.get(timeout=timeout)
-            yield event
-            if isinstance(event, Finished):
-                return
-
-    def cancel(self) -> None:
-        self.cancelled = True
 
 
 class HFEngine:
@@ -217,8 +131,6 @@ class HFEngine:
         return out.logits[:, -1, :].float().cpu()
 
     def _prefill(self, joining: list[Request]) -> None:
-        from transformers import DynamicCache
-
         width = max(len(r.prompt_ids) for r in joining)
         ids = torch.full((len(joining), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(joining), width), dtype=torch.long)
@@ -267,15 +179,10 @@ class HFEngine:
         params = request.params
         scores = logits.unsqueeze(0)
         if params.repetition_penalty != 1.0:
-            from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor
-
             seen = torch.tensor([request.prompt_ids + request.generated])
             scores = RepetitionPenaltyLogitsProcessor(params.repetition_penalty)(seen, scores)
         if params.greedy:
             return int(scores.argmax(-1))
-        from transformers.generation.logits_process import (TemperatureLogitsWarper, TopKLogitsWarper,
-                                                            TopPLogitsWarper)
-
         scores = TemperatureLogitsWarper(params.temperature)(None, scores)
         if params.top_k and params.top_k > 0:
             scores = TopKLogitsWarper(params.top_k)(None, scores)
@@ -340,7 +247,4 @@ def _pad_left(tensor: torch.Tensor, width: int, dim: int = -2) -> torch.Tensor:
 
 def _plain_cache(model: Any) -> bool:
     """Whether every layer caches plain keys and values that rows can be padded and stacked in."""
-    from transformers import DynamicCache
-    from transformers.cache_utils import DynamicLayer
-
     return all(type(layer) is DynamicLayer for layer in DynamicCache(config=model.config).layers)

@@ -1,11 +1,12 @@
 """`gym infer`: generate an answer for every row of a dataset, in batches, into a JSON-lines file.
 
 Each row's conversation (without its last answer) is rendered with the model's own chat format, as
-`gym chat` does, and answered; the line holds the row's index, the messages, the prediction and the
-reference answer (the row's last assistant turn, or its `answer` column). Prompts in a batch are
-left-padded so that every prompt ends where generation begins. The run is resumable: rows whose index
-is already in the output file are skipped, and a line cut off by a crash is dropped first. Each batch
-is seeded from its first row's index, so a run is reproducible.
+`gym chat` does, and answered through the same engine as chat and the API (so `infer_backend: vllm`
+works here too): up to `batch_size` rows decode together, the next row joining as soon as one
+finishes. The line holds the row's index, the messages, the prediction and the reference answer (the
+row's last assistant turn, or its `answer` column). The run is resumable: rows whose index is already
+in the output file are skipped, and a line cut off by a crash is dropped first. Row i samples with
+seed + i, so its answer does not depend on which rows shared its batch.
 """
 
 from __future__ import annotations
@@ -13,29 +14,32 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections import deque
 from pathlib import Path
 from typing import Any
 
-import torch
+from tqdm.auto import tqdm
 
-from gym.chat import ChatModel
-from gym.errors import DataError
+from gym.config.files import Config
+from gym.core.errors import DataError
+from gym.core.kinds import DataKind
+from gym.data.loader import load_examples
+from gym.data.registry import get_dataset_attrs
+from gym.infer.chat import ChatModel
+from gym.infer.requests import Finished, Request
 
 logger = logging.getLogger(__name__)
 
 
 def load_rows(dataset: str, dataset_dir: str, max_samples: int | None) -> list[dict[str, Any]]:
     """[{"messages", "system", "reference"}] for every row: the prompt conversation and its reference."""
-    from gym.data.loader import load_examples
-    from gym.data.registry import get_dataset_attrs
-
     rows = []
     for attr in get_dataset_attrs(dataset, dataset_dir):
         try:
-            examples = load_examples(attr, "supervised", max_samples)
+            examples = load_examples(attr, DataKind.SUPERVISED, max_samples)
             split = [(e, e.messages[:-1], e.messages[-1]["content"]) for e in examples]
         except DataError:  # prompt-only data: the conversation ends with the user, the answer is a column
-            examples = load_examples(attr, "prompt", max_samples)
+            examples = load_examples(attr, DataKind.PROMPT, max_samples)
             split = [(e, e.messages, e.answer) for e in examples]
         rows += [{"messages": messages, "system": e.system, "reference": reference} for e, messages, reference in split]
     if not rows:
@@ -62,22 +66,14 @@ def _done_indices(path: Path) -> set[int]:
     return done
 
 
-def generate_batch(model: ChatModel, rows: list[dict[str, Any]], **overrides: Any) -> list[str]:
-    """Answers for several conversations in one generate() call (left padding, one attention mask)."""
-    prompts = [model.render(r["messages"], r["system"]) for r in rows]
-    longest = max(len(p) for p in prompts)
-    pad = model.tokenizer.pad_token_id
-    ids = torch.tensor([[pad] * (longest - len(p)) + p for p in prompts], device=model.model.device)
-    mask = torch.tensor([[0] * (longest - len(p)) + [1] * len(p) for p in prompts], device=model.model.device)
-    with torch.no_grad():
-        out = model.model.generate(input_ids=ids, attention_mask=mask, **model._generate_kwargs(overrides))
-    return model.tokenizer.batch_decode(out[:, longest:], skip_special_tokens=True)
+def _answer(request: Request) -> str:
+    *_, last = request.events()
+    assert isinstance(last, Finished)
+    return last.text
 
 
-def run_infer(config: dict[str, Any], dataset: str, output: str | os.PathLike, dataset_dir: str = "data",
+def run_infer(config: Config, dataset: str, output: str | os.PathLike[str], dataset_dir: str = "data",
               batch_size: int = 8, max_samples: int | None = None, seed: int = 42, progress: bool = True) -> Path:
-    from tqdm.auto import tqdm
-
     if batch_size < 1:
         raise DataError(f"--batch_size must be at least 1, got {batch_size}.")
     rows = load_rows(dataset, dataset_dir, max_samples)  # data errors before the model loads
@@ -89,18 +85,25 @@ def run_infer(config: dict[str, Any], dataset: str, output: str | os.PathLike, d
         logger.info("Resuming: %d of %d rows already answered in %s.", len(rows) - len(todo), len(rows), output)
     if not todo:
         return output
-    model = ChatModel(config)
+    model = ChatModel(config, max_batch_size=batch_size, max_waiting=2 * batch_size)
     bar = tqdm(total=len(rows), initial=len(rows) - len(todo), desc="infer", disable=not progress, dynamic_ncols=True)
-    with output.open("a", encoding="utf-8") as handle:
-        for start in range(0, len(todo), batch_size):
-            batch = todo[start:start + batch_size]
-            torch.manual_seed(seed + batch[0])
-            answers = generate_batch(model, [rows[i] for i in batch])
-            for i, answer in zip(batch, answers):
-                line = {"index": i, "messages": rows[i]["messages"], "prediction": answer.strip(),
-                        "reference": rows[i]["reference"]}
-                handle.write(json.dumps(line, ensure_ascii=False) + "\n")
-            handle.flush()
-            bar.update(len(batch))
-    bar.close()
+    pending: deque[tuple[int, Request]] = deque()
+    try:
+        with output.open("a", encoding="utf-8") as handle:
+            for position in range(len(todo) + 2 * batch_size):
+                # Keep two batches' worth in flight, so a row can join the moment another finishes.
+                if position < len(todo):
+                    i = todo[position]
+                    prompt = model.render(rows[i]["messages"], rows[i]["system"])
+                    pending.append((i, model.engine.submit(prompt, model.sampling_params(seed=seed + i))))
+                if pending and (len(pending) >= 2 * batch_size or position >= len(todo)):
+                    i, request = pending.popleft()
+                    line = {"index": i, "messages": rows[i]["messages"], "prediction": _answer(request).strip(),
+                            "reference": rows[i]["reference"]}
+                    handle.write(json.dumps(line, ensure_ascii=False) + "\n")
+                    handle.flush()
+                    bar.update(1)
+    finally:
+        bar.close()
+        model.close()
     return output

@@ -1,5 +1,6 @@
 """The vLLM backend (`infer_backend: vllm`): vLLM's own continuous batching and paged KV cache behind
-the same submit/events interface as HFEngine. vLLM needs a CUDA GPU; Gym's tests never import it.
+the same submit/events interface as HFEngine. vLLM needs a CUDA GPU; this module is imported only when
+it is installed (gym.infer.engines), and tested against a fake AsyncLLMEngine.
 
 vLLM runs on an asyncio loop that this engine owns in a background thread, so synchronous callers
 (ChatModel) and the API server's loop both reach it through `submit`. One LoRA adapter is served
@@ -14,15 +15,17 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from gym.errors import ConfigError
-from gym.serve.engine import EngineBusy, Event, Finished, Piece, Request, SamplingParams
+from vllm import AsyncEngineArgs, AsyncLLMEngine
+from vllm import SamplingParams as VllmSampling
+from vllm.lora.request import LoRARequest
+
+from gym.core.errors import ConfigError
+from gym.infer.requests import EngineBusy, Event, Finished, Piece, Request, SamplingParams
 
 
 class VllmEngine:
     def __init__(self, model_path: str, adapters: list[str], stop_token_ids: list[int], *, max_batch_size: int,
                  max_waiting: int, trust_remote_code: bool = False) -> None:
-        from vllm import AsyncEngineArgs, AsyncLLMEngine
-
         if len(adapters) > 1:
             raise ConfigError("infer_backend: vllm serves one LoRA adapter at a time; merge the others into the "
                               "model first (gym export).")
@@ -31,8 +34,6 @@ class VllmEngine:
         self._in_flight = 0
         self._lora = None
         if adapters:
-            from vllm.lora.request import LoRARequest
-
             self._lora = LoRARequest("adapter", 1, adapters[0])
         args = AsyncEngineArgs(model=str(model_path), max_num_seqs=max_batch_size, enable_lora=bool(adapters),
                                trust_remote_code=trust_remote_code)
@@ -55,8 +56,6 @@ class VllmEngine:
         return request
 
     async def _run(self, request: Request) -> None:
-        from vllm import SamplingParams as VllmSampling
-
         params = request.params
         sampling = VllmSampling(
             n=1, max_tokens=params.max_new_tokens, temperature=0.0 if params.greedy else params.temperature,

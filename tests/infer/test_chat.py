@@ -2,10 +2,10 @@ from __future__ import annotations
 
 import torch
 
-from gym.chat import ChatModel
 from gym.data.formats import Example
 from gym.data.processors import encode_supervised
 from gym.data.templates import get_chat_format
+from gym.infer.chat import ChatModel
 from gym.train.run import run_exp
 
 
@@ -33,7 +33,7 @@ def test_adapter_is_merged_so_chat_sees_the_trained_weights(train_config):
 
 
 def test_cut_at_stop_holds_back_only_what_could_become_a_stop_string():
-    from gym.chat import cut_at_stop
+    from gym.infer.stops import cut_at_stop
 
     pieces = ["The ans", "wer is 4", "2.\nQ", "uestion: next"]
     assert "".join(cut_at_stop(iter(pieces), ["\nQuestion:"])) == "The answer is 42."

@@ -1,10 +1,12 @@
-"""Checkpoints for Gym's own training loops (stage ppo), which do not run under the Hugging Face Trainer.
+"""Checkpoints: finding the one to resume from (every stage), and writing them for Gym's own loops.
 
-`checkpoint-N/` holds the trainable weights (safetensors), the optimizer, scheduler and random-number
-states, and `trainer_state.json` with the loop's own counters. It is written under a temporary name
-and renamed, so `resume_from_checkpoint: true` (which looks for `trainer_state.json`, as for the
-Trainer's checkpoints) only ever finds complete ones. Only trainable parameters are saved: frozen
-weights come from the base model again on resume.
+`resume_from_checkpoint: true` resumes from the newest *complete* `checkpoint-N/` in output_dir: one
+whose `trainer_state.json` (written last, by the Hugging Face Trainer and by Gym's loops alike) reads.
+
+For Gym's own loops (stage ppo), which do not run under the Hugging Face Trainer, `checkpoint-N/`
+holds the trainable weights (safetensors), the optimizer, scheduler and random-number states, and
+`trainer_state.json` with the loop's own counters, written under a temporary name and renamed. Only
+trainable parameters are saved: frozen weights come from the base model again on resume.
 """
 
 from __future__ import annotations
@@ -17,12 +19,48 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.torch import load_file, save_file
 
-from gym.errors import ConfigError
+from gym.config.args import TrainArgs
+from gym.core.errors import ConfigError
 
 WEIGHTS_FILE = "trainable.safetensors"
 LOOP_STATE_FILE = "loop_state.pt"
 STATE_FILE = "trainer_state.json"
+_CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
+
+
+def last_checkpoint(output_dir: str | Path) -> Path | None:
+    """The newest checkpoint that was completely written (its trainer_state.json is saved last)."""
+    root = Path(output_dir)
+    if not root.is_dir():
+        return None
+    steps = sorted(
+        (int(m.group(1)), p) for p in root.iterdir() if (m := _CHECKPOINT.match(p.name)) and p.is_dir()
+    )
+    for _, path in reversed(steps):
+        try:
+            json.loads((path / STATE_FILE).read_text(encoding="utf-8"))
+            return path
+        except (OSError, json.JSONDecodeError):
+            continue  # interrupted while saving: fall back to the previous one
+    return None
+
+
+def resolve_resume(args: TrainArgs[Any]) -> str | None:
+    """`resume_from_checkpoint`: true -> the last complete checkpoint; a path -> that path."""
+    value = args.training.resume_from_checkpoint
+    if value in (None, False, "", "false", "False"):
+        return None
+    if value is True or value in ("true", "True"):
+        found = last_checkpoint(args.training.output_dir)
+        if found is None:
+            raise ConfigError(f"resume_from_checkpoint: true, but {args.training.output_dir} has no complete "
+                              "checkpoint yet. Remove the key to start from scratch.")
+        return str(found)
+    if not (Path(value) / STATE_FILE).is_file():
+        raise ConfigError(f"resume_from_checkpoint: {value} is not a complete checkpoint folder.")
+    return str(value)
 
 
 def save_every(save_strategy: Any, save_steps: float, max_steps: int) -> int | None:
@@ -41,8 +79,6 @@ def save_checkpoint(output_dir: str | Path, step: int, modules: dict[str, torch.
                     optimizer: torch.optim.Optimizer, scheduler: Any, generator: torch.Generator,
                     state: dict[str, Any], total_limit: int | None = None) -> Path:
     """Write checkpoint-{step}; with total_limit, keep only that many of the newest."""
-    from safetensors.torch import save_file
-
     folder = Path(output_dir) / f"checkpoint-{step}"
     tmp = folder.with_name(f".tmp-{folder.name}-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -58,7 +94,7 @@ def save_checkpoint(output_dir: str | Path, step: int, modules: dict[str, torch.
         shutil.rmtree(folder)
     os.replace(tmp, folder)
     if total_limit:
-        steps = sorted(int(m[1]) for p in Path(output_dir).iterdir() if (m := re.fullmatch(r"checkpoint-(\d+)", p.name)))
+        steps = sorted(int(m[1]) for p in Path(output_dir).iterdir() if (m := _CHECKPOINT.match(p.name)))
         for old in steps[:-total_limit]:
             shutil.rmtree(Path(output_dir) / f"checkpoint-{old}", ignore_errors=True)
     return folder
@@ -67,8 +103,6 @@ def save_checkpoint(output_dir: str | Path, step: int, modules: dict[str, torch.
 def load_checkpoint(folder: str | Path, modules: dict[str, torch.nn.Module], optimizer: torch.optim.Optimizer,
                     scheduler: Any, generator: torch.Generator) -> dict[str, Any]:
     """Restore what save_checkpoint wrote into the freshly built loop; returns the loop's counters."""
-    from safetensors.torch import load_file
-
     folder = Path(folder)
     if not (folder / WEIGHTS_FILE).is_file():
         raise ConfigError(f"{folder} is not a checkpoint of this kind of run (no {WEIGHTS_FILE}); it was written by "

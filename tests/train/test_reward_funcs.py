@@ -9,8 +9,8 @@ import json
 import pytest
 import torch
 
-from gym.errors import ConfigError, GymError, ModelError
-from gym.train.rewards import (
+from gym.core.errors import ConfigError, GymError, ModelError
+from gym.train.reward_funcs import (
     REWARD_FUNCS,
     combined_reward,
     get_reward_funcs,
@@ -316,7 +316,7 @@ def test_not_a_reward_model(tmp_path, tiny_model_dir):
 # ---------------------------------------------------------------- the keys every online stage shares
 
 def test_reward_model_key_joins_the_reward_functions(seq_cls_dir):
-    from gym.train.rewards import RewardChoice, rewards_of
+    from gym.train.reward_funcs import RewardChoice, rewards_of
 
     funcs, weights = rewards_of(RewardChoice(reward_funcs=["format"], reward_model=str(seq_cls_dir)))
     assert [f.__name__ for f in funcs] == ["format", "reward_model"] and weights == [1.0, 1.0]

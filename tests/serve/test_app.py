@@ -174,7 +174,7 @@ def test_sixty_four_concurrent_chats_all_succeed_in_bounded_memory(client, tiny_
 
 
 def test_a_full_queue_answers_429(serve_app, tiny_model_dir):
-    from gym.chat import ChatModel
+    from gym.infer.chat import ChatModel
 
     small = ChatModel({"model_name_or_path": str(tiny_model_dir)}, max_batch_size=1, max_waiting=1)
     client = openai.OpenAI(base_url=f"{serve_app(small, 'tiny')}/v1", api_key="none", max_retries=0)

@@ -1,0 +1,32 @@
+"""The parsed config as one typed bundle: five concerns, plus the options of the chosen stage."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from gym.config.data import DataArguments
+from gym.config.finetuning import FinetuningArguments
+from gym.config.generating import GeneratingArguments
+from gym.config.model import ModelArguments
+from gym.config.training import TrainingArguments
+
+O = TypeVar("O")
+
+
+@dataclass
+class TrainArgs(Generic[O]):
+    """What `get_train_args` returns. It unpacks as the five LLaMA-Factory dataclasses
+    (`model_args, data_args, training_args, finetuning_args, generating_args = get_train_args(...)`);
+    `options` holds the stage's own options (e.g. `pref_beta` for dpo), None for stages without any."""
+
+    model: ModelArguments
+    data: DataArguments
+    training: TrainingArguments
+    finetuning: FinetuningArguments
+    generating: GeneratingArguments
+    options: O
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter((self.model, self.data, self.training, self.finetuning, self.generating))

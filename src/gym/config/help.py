@@ -1,0 +1,47 @@
+"""`gym train --help`, generated from the config dataclasses and the method registry."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from gym.config.coerce import type_name
+from gym.config.methods import registered_methods
+from gym.config.parser import ALIASES, CONCERNS, fields_of
+from gym.core.kinds import DataKind
+
+
+def _default(f: dataclasses.Field[Any]) -> Any:
+    if f.default is not dataclasses.MISSING:
+        default = f.default
+    elif f.default_factory is not dataclasses.MISSING:
+        default = f.default_factory()
+    else:
+        default = None
+    return getattr(default, "value", default)
+
+
+def _section(title: str, cls: type) -> list[str]:
+    lines = [f"{title}:"]
+    for name, (tp, f) in fields_of(cls).items():
+        text = " ".join(str(f.metadata.get("help", "")).split())
+        lines.append(f"  {name} ({type_name(tp)}, default {_default(f)!r})\n      {text}")
+    return lines + [""]
+
+
+def train_help() -> str:
+    kinds = list(DataKind)
+    methods = dict(sorted(registered_methods().items(), key=lambda item: (kinds.index(item[1].data_kind), item[0])))
+    lines = ["usage: gym train CONFIG.yaml [key=value ...] [--key value ...]", "", "stages:"]
+    lines += [f"  {name:<6} {m.summary} (data: {m.data_kind.value})" for name, m in methods.items()]
+    lines.append("")
+    stages_of: dict[type, list[str]] = {}
+    for name, method in methods.items():
+        if method.options is not None:
+            stages_of.setdefault(method.options, []).append(name)
+    for title, cls in CONCERNS.items():
+        lines += _section(title, cls)
+    for cls, stages in stages_of.items():
+        lines += _section(f"{'/'.join(stages)} options", cls)
+    lines.append("aliases: " + ", ".join(f"{k} -> {v}" for k, v in ALIASES.items()))
+    return "\n".join(lines)

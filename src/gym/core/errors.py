@@ -1,0 +1,52 @@
+"""User-facing failures.
+
+Anything a user can cause (a bad config key, a malformed dataset row, a model that is not on disk)
+raises a `GymError`; the CLI prints its message and exits with status 2. Bugs stay ordinary
+exceptions so they keep their tracebacks.
+"""
+
+from __future__ import annotations
+
+
+class GymError(Exception):
+    """An error the user can fix; the message says how."""
+
+
+class ConfigError(GymError):
+    """An unknown key, a value of the wrong type, or an impossible combination of options."""
+
+
+class DataError(GymError):
+    """A dataset that is missing, malformed, or empty after filtering."""
+
+
+class ModelError(GymError):
+    """A model that cannot be found or loaded."""
+
+
+class OutputError(GymError):
+    """An output that cannot be written: no space, no permission, or a path that is in the way."""
+
+
+_NO_SPACE = {28, 122}  # ENOSPC, EDQUOT
+_NO_ACCESS = {1, 13, 30}  # EPERM, EACCES, EROFS
+
+
+def as_gym_error(exc: BaseException) -> GymError | None:
+    """A known failure of the machine or of a library, as the one-line error a user can act on; None for
+    anything else (a bug keeps its traceback). The doors (CLI, HTTP) call this at their boundary."""
+    if isinstance(exc, GymError):
+        return exc
+    if isinstance(exc, OSError) and exc.errno is not None:
+        where = f" ({exc.filename})" if exc.filename else ""
+        if exc.errno in _NO_SPACE:
+            return OutputError(f"No space left on the device{where}. Free some space or write elsewhere.")
+        if exc.errno in _NO_ACCESS:
+            return OutputError(f"Permission denied{where}: {exc.strerror}. Choose a writable location.")
+    name = type(exc).__name__
+    if name == "SafetensorError":  # safetensors' Rust error: a truncated file or a broken header
+        return ModelError(f"A safetensors file could not be read ({exc}): it is truncated or not safetensors.")
+    if name == "OutOfMemoryError" or isinstance(exc, MemoryError):
+        return GymError("Out of memory. Lower per_device_train_batch_size or cutoff_len, or turn on "
+                        "gradient_checkpointing.")
+    return None

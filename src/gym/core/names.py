@@ -1,0 +1,23 @@
+"""Small helpers for the names users type: comma lists and "did you mean" suggestions."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+
+def split_names(value: str | None) -> list[str]:
+    """`"a, b,,c"` -> ["a", "b", "c"]: the comma-separated lists config keys hold (datasets, adapters, modules)."""
+    return [v.strip() for v in (value or "").split(",") if v.strip()]
+
+
+def closest(name: str, candidates: Iterable[str], cutoff: float = 0.6) -> str | None:
+    """The candidate most like `name`, if any is close enough to be a likely typo."""
+    found = difflib.get_close_matches(name, list(candidates), n=1, cutoff=cutoff)
+    return found[0] if found else None
+
+
+def did_you_mean(name: str, candidates: Iterable[str], otherwise: str = "") -> str:
+    """` Did you mean 'x'?` for a likely typo, else `otherwise` (a sentence saying where the valid names are)."""
+    match = closest(name, candidates)
+    return f" Did you mean '{match}'?" if match else otherwise

@@ -1,0 +1,123 @@
+"""`ChatModel`: load what Gym trained and talk to it with the template it was trained with.
+
+Which model and settings: gym.infer.config. Answers come from an inference engine (`infer_backend`:
+hf, with dynamic batching, or vllm), so threads that chat with one ChatModel at once share its
+forward passes, as API users do. Decoding settings resolve once: the user's keys (or those saved by
+training), else the model's generation_config, else Gym's defaults (gym.config.generating).
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from collections.abc import Iterator
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+import torch
+from peft import PeftModel
+
+from gym.config.files import ConfigSource
+from gym.config.parser import get_infer_args
+from gym.core.errors import ModelError
+from gym.core.names import split_names
+from gym.data.templates import get_chat_format
+from gym.infer.config import resolve_inference_config
+from gym.infer.engines import build_engine, require_vllm
+from gym.infer.requests import Engine, Piece, SamplingParams
+from gym.models.loader import generation_defaults, load_causal_lm, load_tokenizer, resolve_model_path
+
+logger = logging.getLogger(__name__)
+
+Message = dict[str, str]
+
+
+class ChatModel:
+    """Python entry point: `ChatModel(config).chat(messages)` / `.stream_chat(messages)`."""
+
+    def __init__(self, config: ConfigSource = None, *, max_batch_size: int = 16, max_waiting: int = 256) -> None:
+        resolved = resolve_inference_config(config)
+        self.model_args, self.data_args, _, generating = get_infer_args(
+            {k: v for k, v in resolved.items() if k != "output_dir"})
+        self.model_path = resolve_model_path(self.model_args.model_name_or_path)
+        self.adapters = split_names(self.model_args.adapter_name_or_path)
+        for adapter in self.adapters:
+            if not (Path(adapter) / "adapter_config.json").is_file():
+                raise ModelError(f"{adapter} is not a LoRA adapter folder (no adapter_config.json).")
+        self.tokenizer = load_tokenizer(self.model_path, self.model_args)
+        self.model: Any = None
+        if self.model_args.infer_backend == "hf":
+            self.model = self._load_hf_model()
+        else:
+            require_vllm()  # before anything slow, so a missing backend is the first thing the user hears
+        self.chat_format = get_chat_format(self.tokenizer, self.data_args.template, self.data_args.default_system,
+                                           self.data_args.enable_thinking)
+        self.decoding: dict[str, Any] = generating.resolve(generation_defaults(self.model_path))
+        self._engine_options = {"max_batch_size": max_batch_size, "max_waiting": max_waiting}
+        self._engine: Engine | None = None
+
+    def _load_hf_model(self) -> Any:
+        model = load_causal_lm(self.model_path, self.model_args, dtype=self._dtype())
+        for adapter in self.adapters:
+            model = PeftModel.from_pretrained(model, adapter).merge_and_unload()
+        return model.eval()
+
+    @property
+    def engine(self) -> Engine:
+        """The inference engine, started on first use (a background thread for hf)."""
+        if self._engine is None:
+            engine = build_engine(self.model_args, model=self.model, tokenizer=self.tokenizer,
+                                  model_path=self.model_path, adapters=self.adapters,
+                                  stop_token_ids=self.chat_format.stop_token_ids(), **self._engine_options)
+            # Stop the engine thread before the interpreter tears torch down under it (a thread still
+            # inside torch at exit aborts the process), without keeping this ChatModel alive.
+            weakref.finalize(self, engine.shutdown)
+            self._engine = engine
+        return self._engine
+
+    def close(self) -> None:
+        if self._engine is not None:
+            self._engine.shutdown()
+            self._engine = None
+
+    def _dtype(self) -> torch.dtype:
+        choice = self.model_args.infer_dtype
+        if choice != "auto":
+            return getattr(torch, choice)  # type: ignore[no-any-return]
+        if torch.cuda.is_available():
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        # On CPU, bf16 matmuls can be fast but the many small ops of decoding are not: keep float32.
+        return torch.float32
+
+    def render(self, messages: list[Message], system: str | None = None) -> list[int]:
+        """Token ids of the prompt exactly as the model sees it."""
+        text = self.chat_format.render_prompt(messages, system)
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def sampling_params(self, *, stop: str | list[str] | None = None, seed: int | None = None,
+                        **overrides: Any) -> SamplingParams:
+        """The engine's per-request settings: the resolved decoding settings with `overrides` (temperature,
+        top_p, top_k, max_new_tokens, do_sample, repetition_penalty) on top."""
+        values = {**self.decoding, **{k: v for k, v in overrides.items() if v is not None}}
+        unknown = set(values) - {f.name for f in fields(SamplingParams)}
+        if unknown:
+            raise TypeError(f"unknown generation setting(s): {', '.join(sorted(unknown))}")
+        stops = [stop] if isinstance(stop, str) else [s for s in stop or [] if s]
+        return SamplingParams(**values, stop=stops, seed=seed)
+
+    def stream_chat(self, messages: list[Message], system: str | None = None, *,
+                    stop: str | list[str] | None = None, seed: int | None = None, **overrides: Any) -> Iterator[str]:
+        """The answer, piece by piece. `stop`: strings that end the answer (not included, as in OpenAI's API);
+        `seed`: sample reproducibly."""
+        params = self.sampling_params(stop=stop, seed=seed, **overrides)
+        request = self.engine.submit(self.render(messages, system), params)
+        try:
+            for event in request.events():
+                if isinstance(event, Piece) and event.text:
+                    yield event.text
+        finally:
+            request.cancel()
+
+    def chat(self, messages: list[Message], system: str | None = None, **overrides: Any) -> str:
+        return "".join(self.stream_chat(messages, system, **overrides))

@@ -1,0 +1,57 @@
+"""Which model to serve, and how: a user's config completed from what training saved.
+
+The model comes from `model_name_or_path` plus `adapter_name_or_path`; a training config whose
+`output_dir` holds a finished run is also enough (its adapter or model is picked up). The chat
+template and decoding keys are read from the `gym_config.yaml` saved with the output, so a model
+never answers in a format it was not trained on. Keys given explicitly always win.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gym.config.files import Config, ConfigSource, as_config_dict
+from gym.core.files import CONFIG_FILE, MANIFEST_FILE
+from gym.core.names import split_names
+
+logger = logging.getLogger(__name__)
+
+# Keys a saved training config passes on to inference, unless the user sets them.
+_INHERITED = ("template", "default_system", "enable_thinking", "do_sample", "temperature", "top_p", "top_k",
+              "max_new_tokens", "repetition_penalty")
+
+
+def _finished_output(config: dict[str, Any]) -> Path | None:
+    out = config.get("output_dir")
+    if out and not config.get("adapter_name_or_path") and (Path(out) / MANIFEST_FILE).is_file():
+        return Path(out)
+    return None
+
+
+def resolve_inference_config(config: ConfigSource) -> Config:
+    """A user config -> the complete inference config: which model, adapters, template and decoding."""
+    config = as_config_dict(config)
+    trained = _finished_output(config)
+    if trained is not None:
+        manifest = yaml.safe_load((trained / MANIFEST_FILE).read_text())
+        if manifest.get("what") == "lora-adapter":
+            config["adapter_name_or_path"] = str(trained)
+        else:
+            config["model_name_or_path"] = str(trained)
+        logger.info("Using the trained model in %s", trained)
+    # Settings saved by training (with the first adapter) fill in what the user left unset.
+    first_adapter = next(iter(split_names(config.get("adapter_name_or_path"))), "")
+    saved_dir = Path(first_adapter) if first_adapter else Path(str(config.get("model_name_or_path") or ""))
+    saved = saved_dir / CONFIG_FILE if str(saved_dir) else None
+    if saved is not None and saved.is_file():
+        saved_config = yaml.safe_load(saved.read_text()) or {}
+        for key in _INHERITED:
+            if key not in config and key in saved_config:
+                config[key] = saved_config[key]
+        if first_adapter and "model_name_or_path" not in config:
+            config["model_name_or_path"] = saved_config.get("model_name_or_path")
+    return config

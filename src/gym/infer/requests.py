@@ -1,0 +1,120 @@
+"""What every engine shares: a request's sampling settings, the events it reports, and its handle.
+
+An engine takes prompt token ids and `SamplingParams` (`submit`) and reports `Piece` events (text as
+it is produced) and one `Finished` event, either to a callback or to the request's own queue.
+"""
+
+from __future__ import annotations
+
+import itertools
+import queue
+import random
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+
+from gym.config.generating import DECODING_DEFAULTS
+from gym.core.errors import GymError
+from gym.infer.stops import StopFilter
+
+
+class EngineBusy(GymError):
+    """The waiting queue is full: the caller should retry later (HTTP 429)."""
+
+
+class EngineStopped(GymError):
+    """The engine was shut down before the request finished."""
+
+
+@dataclass
+class SamplingParams:
+    """One request's decoding settings; the defaults are Gym's (gym.config.generating), which a ChatModel
+    replaces with the model's generation_config and the user's keys."""
+
+    max_new_tokens: int = DECODING_DEFAULTS["max_new_tokens"]
+    do_sample: bool = DECODING_DEFAULTS["do_sample"]
+    temperature: float = DECODING_DEFAULTS["temperature"]
+    top_p: float = DECODING_DEFAULTS["top_p"]
+    top_k: int = DECODING_DEFAULTS["top_k"]
+    repetition_penalty: float = DECODING_DEFAULTS["repetition_penalty"]
+    stop: list[str] = field(default_factory=list)
+    seed: int | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return not self.do_sample or self.temperature <= 0
+
+
+@dataclass
+class Piece:
+    """Text produced by one step (possibly empty while a stop string or a multi-byte character is held back)."""
+    text: str
+    token_ids: list[int]
+
+
+@dataclass
+class Finished:
+    reason: str  # "stop" (end-of-turn token or stop string), "length", "cancelled"
+    prompt_tokens: int
+    completion_tokens: int
+    text: str
+
+
+Event = Piece | Finished
+
+
+class Request:
+    """One generation: fed by the engine thread, read by the caller through `events` or a callback."""
+
+    _ids = itertools.count()
+
+    def __init__(self, prompt_ids: list[int], params: SamplingParams,
+                 sink: Callable[[Event], None] | None = None) -> None:
+        self.id = next(self._ids)
+        self.prompt_ids = list(prompt_ids)
+        self.params = params
+        self.generated: list[int] = []
+        self.text = ""  # emitted so far
+        self.cancelled = False
+        self.arrived = time.perf_counter()
+        seed = params.seed if params.seed is not None else random.getrandbits(63)
+        self.generator = torch.Generator().manual_seed(seed)
+        self.stop_filter = StopFilter(params.stop)
+        self._decoded = ""  # decoding of `generated`, to find what a new token adds
+        self._events: queue.Queue[Event] | None = None
+        self._sink = sink
+        if sink is None:
+            self._events = queue.Queue()
+
+    def emit(self, event: Event) -> None:
+        if self._sink is not None:
+            self._sink(event)
+        else:
+            assert self._events is not None
+            self._events.put(event)
+
+    def events(self, timeout: float | None = None) -> Iterator[Event]:
+        assert self._events is not None, "this request reports to a callback"
+        while True:
+            event = self._events.get(timeout=timeout)
+            yield event
+            if isinstance(event, Finished):
+                return
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class Engine(Protocol):
+    """The interface of every inference engine (gym.infer.hf_engine, gym.infer.vllm_engine)."""
+
+    def submit(self, prompt_ids: list[int], params: SamplingParams,
+               sink: Callable[[Event], None] | None = None) -> Request: ...
+
+    @property
+    def load(self) -> dict[str, int]: ...
+
+    def shutdown(self, timeout: float = 30.0) -> None: ...

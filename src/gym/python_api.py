@@ -1,0 +1,42 @@
+"""The Python door: the same config and the same run as `gym train`, built from keyword arguments.
+
+    from gym import Trainer, TrainingConfig
+    result = Trainer(TrainingConfig(model="smollm2-135m", algorithm="sft", dataset="identity")).train()
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gym.config.args import TrainArgs
+from gym.config.files import ConfigSource, as_config_dict
+from gym.config.parser import get_train_args
+from gym.core.results import RunResult
+from gym.train.run import run_exp
+
+
+class TrainingConfig:
+    """Any `gym train` key as a keyword (`model=` and `algorithm=` are accepted too). Parsed and validated
+    at construction, with the same errors as the CLI."""
+
+    def __init__(self, config: ConfigSource = None, **keys: Any) -> None:
+        self.values: dict[str, Any] = {**as_config_dict(config), **keys}
+        self.args: TrainArgs[Any] = get_train_args(self.values)
+
+    def replace(self, **keys: Any) -> TrainingConfig:
+        return TrainingConfig({**self.values, **keys})
+
+    def __repr__(self) -> str:
+        return f"TrainingConfig({self.values!r})"
+
+
+class Trainer:
+    def __init__(self, config: TrainingConfig | ConfigSource) -> None:
+        self.config = config if isinstance(config, TrainingConfig) else TrainingConfig(config)
+
+    def train(self, dataset: str | None = None, **overrides: Any) -> RunResult:
+        """Run the configured job; `dataset=` and other keys override the config for this run."""
+        if dataset is not None:
+            overrides["dataset"] = dataset
+        config = self.config.replace(**overrides) if overrides else self.config
+        return run_exp(config.args)
