@@ -62,7 +62,7 @@ def _step_timer():
         def __init__(self) -> None:
             self.times: list[float] = []
 
-        def on_step_end(self, args, state, control, **kwargs):  # noqa: ANN001
+        def on_step_end(self, args, state, control, **kwargs):
             self.times.append(time.perf_counter())
 
     return StepTimer()

@@ -42,8 +42,8 @@ from gym.soup.aggregators import (
     AggregateResult,
     aggregate,
     default_byzantine,
-    krum_scores,
     gram_matrix,
+    krum_scores,
     norms,
     scaled_gram,
 )

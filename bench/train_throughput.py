@@ -70,7 +70,8 @@ def run_trl(data: Path, steps: int, batch: int, out: str, bf16: bool = False) ->
 
     def counting(features):
         batch_ = collate(features)
-        seen["tokens"] += int(batch_["attention_mask"].sum()) if "attention_mask" in batch_ else batch_["input_ids"].numel()
+        mask = batch_.get("attention_mask")
+        seen["tokens"] += int(mask.sum()) if mask is not None else batch_["input_ids"].numel()
         return batch_
 
     trainer.data_collator = counting
@@ -131,7 +132,7 @@ def main() -> None:
         for name in CONFIGS:
             proc = subprocess.run([sys.executable, __file__, "--only", name, "--data", str(data), "--steps",
                                    str(args.steps), "--batch", str(args.batch)], capture_output=True, text=True)
-            line = next((l for l in proc.stdout.splitlines() if l.startswith("RESULT ")), None)
+            line = next((out for out in proc.stdout.splitlines() if out.startswith("RESULT ")), None)
             if line is None:
                 print(f"{name} failed:\n{proc.stderr[-3000:]}")
                 continue

@@ -175,7 +175,8 @@ def cmd_infer(argv: list[str]) -> int:
     try:
         sizes = int(batch_size), int(max_samples) if max_samples else None
     except ValueError:
-        raise GymError(f"--batch_size and --max_samples take whole numbers, got {batch_size!r}, {max_samples!r}.") from None
+        raise GymError(f"--batch_size and --max_samples take whole numbers, got {batch_size!r}, "
+                       f"{max_samples!r}.") from None
     path = run_infer(parse_cli_args(argv), dataset, output, dataset_dir, batch_size=sizes[0], max_samples=sizes[1])
     print(f"Wrote {path}")
     return 0

@@ -12,11 +12,11 @@ from gym.config.generating import GeneratingArguments
 from gym.config.model import ModelArguments
 from gym.config.training import TrainingArguments
 
-O = TypeVar("O")
+OptionsT = TypeVar("OptionsT")
 
 
 @dataclass
-class TrainArgs(Generic[O]):
+class TrainArgs(Generic[OptionsT]):
     """What `get_train_args` returns. It unpacks as the five LLaMA-Factory dataclasses
     (`model_args, data_args, training_args, finetuning_args, generating_args = get_train_args(...)`);
     `options` holds the stage's own options (e.g. `pref_beta` for dpo), None for stages without any."""
@@ -26,7 +26,7 @@ class TrainArgs(Generic[O]):
     training: TrainingArguments
     finetuning: FinetuningArguments
     generating: GeneratingArguments
-    options: O
+    options: OptionsT
 
     def __iter__(self) -> Iterator[Any]:
         return iter((self.model, self.data, self.training, self.finetuning, self.generating))

@@ -29,7 +29,8 @@ DECODING_DEFAULTS: dict[str, Any] = {
 
 def _unset(key: str, help_text: str) -> Any:
     default = DECODING_DEFAULTS[key]
-    return field(default=None, metadata={"help": f"{help_text} (unset: the model's generation_config, else {default})."})
+    help_text = f"{help_text} (unset: the model's generation_config, else {default})."
+    return field(default=None, metadata={"help": help_text})
 
 
 @dataclass

@@ -23,7 +23,7 @@ from gym.core.names import did_you_mean
 from gym.core.results import RunResult
 
 ENTRY_POINT_GROUP = "gym.methods"
-O = TypeVar("O")
+OptionsT = TypeVar("OptionsT")
 
 
 class Validates(Protocol):
@@ -33,20 +33,20 @@ class Validates(Protocol):
 
 
 @dataclass(frozen=True)
-class Method(Generic[O]):
+class Method(Generic[OptionsT]):
     """A training method: `gym train` with `stage: <name>` runs `run(args)` on `data_kind` rows."""
 
     name: str
     data_kind: DataKind
-    run: Callable[[TrainArgs[O]], RunResult]
-    options: type[O] | None = None
+    run: Callable[[TrainArgs[OptionsT]], RunResult]
+    options: type[OptionsT] | None = None
     summary: str = ""  # one line for `gym train --help`
 
 
 _REGISTRY: dict[str, Method[Any]] = {}
 
 
-def register(method: Method[O]) -> Method[O]:
+def register(method: Method[OptionsT]) -> Method[OptionsT]:
     """Add a method under its stage name (a second, different method with the same name is a bug)."""
     existing = _REGISTRY.get(method.name)
     if existing is not None and existing is not method:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import typing
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +47,7 @@ CONCERNS: dict[str, type] = {
 FieldInfo = tuple[Any, "dataclasses.Field[Any]"]
 
 
-@lru_cache(maxsize=None)
+@cache
 def fields_of(cls: type) -> dict[str, FieldInfo]:
     """A dataclass's settable fields: name -> (resolved type, field)."""
     hints = typing.get_type_hints(cls)

@@ -23,7 +23,8 @@ class TrainingArguments(HFTrainingArguments):
     """
 
     output_dir: str | None = field(
-        default=None, metadata={"help": "Where checkpoints and the final model go (default: saves/<model>/<type>/<stage>)."}
+        default=None,
+        metadata={"help": "Where checkpoints and the final model go (default: saves/<model>/<type>/<stage>)."},
     )
     logging_steps: float = field(default=1, metadata={"help": "Log (loss, lr, tokens/s) every n steps."})
     gradient_checkpointing: bool | None = field(

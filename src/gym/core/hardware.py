@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import resource
 import sys
-from functools import lru_cache
+from functools import cache
 
 
-@lru_cache(maxsize=None)
+@cache
 def cpu_supports_bf16() -> bool:
     """True when the CPU has native bf16 matrix instructions (without them bf16 is emulated and slow)."""
     try:

@@ -10,12 +10,13 @@ optionally a reference answer for verifiable rewards.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from gym.core.errors import DataError
 from gym.data.readers import RowSource
 from gym.data.registry import DatasetAttr
-from gym.core.errors import DataError
 
 USER, ASSISTANT, OBSERVATION, FUNCTION = "user", "assistant", "observation", "function"
 
@@ -196,7 +197,5 @@ def _convert_sharegpt(attr: DatasetAttr, source: RowSource, row: dict, kind: str
     tools_col = attr.column("tools")
     tools = row.get(tools_col) if tools_col else None
     if tools is not None and not isinstance(tools, str):
-        import json
-
         tools = json.dumps(tools, ensure_ascii=False)
     return Example(source=str(source), messages=messages, system=system, tools=tools)

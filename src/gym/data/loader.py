@@ -10,14 +10,13 @@ from functools import partial
 from typing import Any
 
 from gym.config.data import DataArguments
+from gym.core.errors import DataError
 from gym.data.formats import Example, convert_row
 from gym.data.packing import pack
-from gym.data.processors import (encode_feedback, encode_pairwise, encode_prompt, encode_supervised,
-                                  encode_unsupervised)
+from gym.data.processors import encode_feedback, encode_pairwise, encode_prompt, encode_supervised, encode_unsupervised
 from gym.data.readers import RowSource, read_rows
 from gym.data.registry import DatasetAttr, get_dataset_attrs
 from gym.data.templates import ChatFormat
-from gym.core.errors import DataError
 
 logger = logging.getLogger(__name__)
 

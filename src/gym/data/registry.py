@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from gym.core.names import split_names
 from gym.core.errors import DataError
+from gym.core.names import split_names
+from gym.data.readers import first_row
 
 DATA_EXTENSIONS = (".json", ".jsonl", ".csv", ".parquet")
 
@@ -64,7 +65,8 @@ def _attr_from_info(name: str, info: dict[str, Any], dataset_dir: Path) -> Datas
         raise DataError(f"dataset_info.json: entry '{name}' must be an object.")
     formatting = info.get("formatting", "alpaca")
     if formatting not in ("alpaca", "sharegpt", "openai"):
-        raise DataError(f"dataset_info.json: '{name}'.formatting must be alpaca, sharegpt or openai, got {formatting!r}.")
+        raise DataError(f"dataset_info.json: '{name}'.formatting must be alpaca, sharegpt or openai, "
+                        f"got {formatting!r}.")
     if "file_name" in info:
         load_from, path = "file", str(dataset_dir / info["file_name"])
     elif "hf_hub_url" in info:
@@ -117,7 +119,8 @@ def get_dataset_attrs(names: str | list[str] | None, dataset_dir: str | Path) ->
                 attrs.append(_attr_from_file(name, candidate))
                 break
         else:
-            if name.count("/") == 1 and not name.startswith((".", "/", "~")) and Path(name).suffix not in DATA_EXTENSIONS:
+            looks_like_hub_id = name.count("/") == 1 and not name.startswith((".", "/", "~"))
+            if looks_like_hub_id and Path(name).suffix not in DATA_EXTENSIONS:
                 attrs.append(_attr_from_info(name, {"hf_hub_url": name}, dataset_dir))
                 continue
             close = difflib.get_close_matches(name, list(info), n=1)
@@ -130,8 +133,6 @@ def get_dataset_attrs(names: str | list[str] | None, dataset_dir: str | Path) ->
 
 def _attr_from_file(name: str, path: Path) -> DatasetAttr:
     """A bare file: sniff its first row to tell alpaca from sharegpt/openai."""
-    from gym.data.readers import first_row
-
     row = first_row(path) or {}
     info: dict[str, Any] = {"file_name": str(path.resolve())}
     columns: dict[str, str] = {}

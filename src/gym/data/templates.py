@@ -8,6 +8,7 @@ tokenizer's own. Every response piece ends with the model's end-of-turn token, s
 
 from __future__ import annotations
 
+import difflib
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -49,7 +50,8 @@ TEMPLATES: dict[str, Template] = {
     t.name: t
     for t in [
         Template("chatml", **_CHATML),
-        Template("qwen", **_CHATML, default_system="You are Qwen, created by Alibaba Cloud. You are a helpful assistant."),
+        Template("qwen", **_CHATML,
+                 default_system="You are Qwen, created by Alibaba Cloud. You are a helpful assistant."),
         Template("qwen3", **_CHATML, thinking=True),
         Template(
             "llama3",
@@ -68,7 +70,8 @@ TEMPLATES: dict[str, Template] = {
             user="<start_of_turn>user\n{content}<end_of_turn>\n<start_of_turn>model\n",
             assistant="{content}<end_of_turn>\n",
         ),
-        Template("default", system="System: {content}\n", user="Human: {content}\nAssistant: ", assistant="{content}{eos}\n"),
+        Template("default", system="System: {content}\n", user="Human: {content}\nAssistant: ",
+                 assistant="{content}{eos}\n"),
         Template(
             "alpaca",
             user="### Instruction:\n{content}\n\n### Response:\n",
@@ -195,8 +198,6 @@ def get_chat_format(tokenizer: Any, template: str | None = None, default_system:
     if template is None:
         return ChatFormat(tokenizer, None, default_system, enable_thinking)
     if template not in TEMPLATES:
-        import difflib
-
         close = difflib.get_close_matches(template, list(TEMPLATES), n=1)
         hint = f" Did you mean '{close[0]}'?" if close else ""
         raise ConfigError(f"Unknown template '{template}'.{hint} Known: {', '.join(sorted(TEMPLATES))}.")

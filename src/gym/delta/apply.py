@@ -11,11 +11,12 @@ from typing import Any
 
 import torch
 
+from gym.core.errors import ConfigError
 from gym.delta.compress import reconstruct
 from gym.delta.format import fingerprint, load_delta
 from gym.delta.tensor_quant import Encoded
-from gym.delta.weights import parameters
-from gym.core.errors import ConfigError
+from gym.delta.weights import load_model, parameters
+from gym.models.loader import load_tokenizer, resolve_model_path
 
 
 def check_base(base: Any, header: dict[str, Any], delta_path: str | os.PathLike) -> None:
@@ -47,11 +48,9 @@ def apply_delta(base: Any, entries: dict[str, Encoded | torch.Tensor], header: d
     return base
 
 
-def write_applied(base_ref: str, delta_path: str | os.PathLike, out: str | os.PathLike, overwrite: bool = False) -> Path:
+def write_applied(base_ref: str, delta_path: str | os.PathLike[str], out: str | os.PathLike[str],
+                  overwrite: bool = False) -> Path:
     """`gym delta apply`: a model folder (safetensors + tokenizer) that transformers loads as it is."""
-    from gym.models.loader import resolve_model_path
-    from gym.delta.weights import load_model
-
     out = Path(out)
     if out.exists() and any(out.iterdir()) and not overwrite:
         raise ConfigError(f"{out} exists and is not empty; choose another output folder or pass --overwrite.")
@@ -65,8 +64,6 @@ def write_applied(base_ref: str, delta_path: str | os.PathLike, out: str | os.Pa
 def save_model_folder(model: Any, tokenizer_path: str, out: str | os.PathLike, manifest: dict[str, Any]) -> Path:
     """A model folder (weights, the tokenizer from tokenizer_path, gym_manifest.json) written under a temporary
     name and renamed into place, so a crash never leaves a half-written folder where a model was."""
-    from gym.models.loader import load_tokenizer
-
     out = Path(out)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)

@@ -19,11 +19,12 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from gym.core.errors import ConfigError
+from gym.core.hardware import native_bf16
 from gym.delta.compress import CompressedDelta, dense_entry, finish
 from gym.delta.distill import DISTINCT_BATCHES, calibration_batches, distill_scales
 from gym.delta.tensor_quant import Encoded, QuantMethod, quantize, relative_error
 from gym.delta.weights import EMBEDDING, LINEAR, Delta, extract_deltas, parameters
-from gym.core.errors import ConfigError
 
 
 @dataclass
@@ -64,7 +65,7 @@ class BitDeltaConfig:
                               "use DeltaQuantConfig(method=QuantMethod.INT2/INT4/INT8).")
         if self.group_size is not None and self.group_size < 1:
             raise ConfigError(f"group_size must be a positive number of weights or None, got {self.group_size}.")
-        if self.safety_threshold is not None and not 0 < self.safety_threshold:
+        if self.safety_threshold is not None and not self.safety_threshold > 0:
             raise ConfigError(f"safety_threshold must be positive (a relative error, e.g. 0.8), got "
                               f"{self.safety_threshold}.")
         for name in ("distill_steps", "distill_seq_len", "distill_batch_size"):
@@ -112,8 +113,6 @@ class BitDeltaQuantizer:
         if config.distill_steps:
             if tokenizer is None:
                 raise ConfigError("Scale distillation needs the base model's tokenizer for its calibration data.")
-            from gym.core.hardware import native_bf16
-
             batches = calibration_batches(tokenizer, config.calibration, config.calibration_dir, config.distill_seq_len,
                                           config.distill_batch_size, min(config.distill_steps, DISTINCT_BATCHES),
                                           config.seed)

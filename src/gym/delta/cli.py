@@ -7,6 +7,13 @@ from pathlib import Path
 from typing import Any
 
 from gym.core.errors import ConfigError
+from gym.delta.apply import apply_delta, write_applied
+from gym.delta.bitdelta import BitDeltaConfig, BitDeltaQuantizer
+from gym.delta.deltaquant import DeltaQuantConfig, DeltaQuantizer
+from gym.delta.evaluate import GainKept, eval_loss, eval_rows
+from gym.delta.format import human_bytes, load_delta, read_header
+from gym.delta.weights import load_model
+from gym.models.loader import load_tokenizer, resolve_model_path
 
 METHODS = ("bitdelta", "int8", "int4", "int2", "ternary", "binary")
 
@@ -61,20 +68,17 @@ def _parser() -> argparse.ArgumentParser:
 
 def quantizer_for(args: argparse.Namespace) -> Any:
     if args.method == "bitdelta":
-        from gym.delta.bitdelta import BitDeltaConfig, BitDeltaQuantizer
-
         return BitDeltaQuantizer(BitDeltaConfig(
             group_size=args.group_size, safety_threshold=args.safety_threshold,
             enable_deltasoup=args.enable_deltasoup, compress_embeddings=not args.no_compress_embeddings,
             distill_steps=args.distill_steps, distill_lr=args.distill_lr, distill_seq_len=args.seq_len,
             distill_batch_size=args.distill_batch_size, calibration=args.calibration, calibration_dir=args.dataset_dir))
-    from gym.delta.deltaquant import DeltaQuantConfig, DeltaQuantizer
-
     layer_bits = None
     if args.layer_bits:
         pairs = [p.split("=", 1) for p in args.layer_bits.split(",") if p.strip()]
         if any(len(p) != 2 for p in pairs):
-            raise ConfigError(f'--layer-bits takes "pattern=method,...", e.g. "down_proj=int8", got {args.layer_bits!r}.')
+            raise ConfigError(f'--layer-bits takes "pattern=method,...", e.g. "down_proj=int8", '
+                              f'got {args.layer_bits!r}.')
         layer_bits = {k.strip(): v.strip() for k, v in pairs}
     return DeltaQuantizer(DeltaQuantConfig(
         method=args.method, per_channel=not args.per_tensor, calibration_samples=args.calibration_samples,
@@ -85,10 +89,6 @@ def quantizer_for(args: argparse.Namespace) -> Any:
 
 
 def compress(args: argparse.Namespace) -> int:
-    from gym.delta.format import human_bytes
-    from gym.delta.weights import load_model
-    from gym.models.loader import load_tokenizer, resolve_model_path
-
     quantizer = quantizer_for(args)  # option errors before any model is loaded
     base, finetuned = load_model(args.base), load_model(args.finetuned, args.base)
     result = quantizer.compress(base, finetuned, tokenizer=load_tokenizer(resolve_model_path(args.base)),
@@ -104,16 +104,12 @@ def compress(args: argparse.Namespace) -> int:
 
 
 def apply(args: argparse.Namespace) -> int:
-    from gym.delta.apply import write_applied
-
     out = write_applied(args.base, args.delta, args.output, overwrite=args.overwrite)
     print(f"Wrote {out} (load it with transformers, or `gym chat model_name_or_path={out}`).")
     return 0
 
 
 def inspect_delta(args: argparse.Namespace) -> int:
-    from gym.delta.format import human_bytes, read_header
-
     header = read_header(args.delta)
     size = Path(args.delta).stat().st_size
     fp16 = 2 * header["base"]["parameters"]
@@ -137,12 +133,6 @@ def inspect_delta(args: argparse.Namespace) -> int:
 
 
 def evaluate(args: argparse.Namespace) -> int:
-    from gym.delta.apply import apply_delta
-    from gym.delta.evaluate import GainKept, eval_loss, eval_rows
-    from gym.delta.format import load_delta
-    from gym.delta.weights import load_model
-    from gym.models.loader import load_tokenizer, resolve_model_path
-
     entries, header = load_delta(args.delta)
     rows = eval_rows(load_tokenizer(resolve_model_path(args.base)), args.dataset, args.dataset_dir,
                      args.cutoff_len, args.max_samples)

@@ -20,11 +20,12 @@ from typing import Any
 
 import torch
 
-from gym.delta.compress import CompressedDelta, dense_entry, finish
-from gym.delta.tensor_quant import BITS, Encoded, QuantMethod, dequantize, quantize
-from gym.delta.sensitivity import input_grams, weighted_error
-from gym.delta.weights import EMBEDDING, LINEAR, Delta, extract_deltas, parameters
 from gym.core.errors import ConfigError
+from gym.delta.compress import CompressedDelta, dense_entry, finish
+from gym.delta.distill import calibration_batches
+from gym.delta.sensitivity import input_grams, weighted_error
+from gym.delta.tensor_quant import BITS, Encoded, QuantMethod, dequantize, quantize
+from gym.delta.weights import EMBEDDING, LINEAR, Delta, extract_deltas, parameters
 
 CLIP_CANDIDATES = (None, 99.99, 99.9, 99.5, 99.0)
 # The best method at each size: ternary beats symmetric int2 (same 2 bits, a better-placed scale).
@@ -66,13 +67,16 @@ class DeltaQuantConfig:
         if self.layer_bits:
             self.layer_bits = {pattern: _method(m).value for pattern, m in self.layer_bits.items()}
         if self.layer_bits and self.bit_budget is not None:
-            raise ConfigError("Give layer_bits or bit_budget, not both: one sets the precisions, the other chooses them.")
+            raise ConfigError("Give layer_bits or bit_budget, not both: one sets the precisions, the other "
+                              "chooses them.")
         if self.bit_budget is not None and not 1 <= self.bit_budget <= 8:
-            raise ConfigError(f"bit_budget is an average number of bits per weight between 1 and 8, got {self.bit_budget}.")
+            raise ConfigError(f"bit_budget is an average number of bits per weight between 1 and 8, "
+                              f"got {self.bit_budget}.")
         if self.calibration_samples < 0:
             raise ConfigError(f"calibration_samples must be >= 0, got {self.calibration_samples}.")
         if self.calibration_samples and self.calibration is None:
-            raise ConfigError("calibration_samples > 0 needs calibration data: set calibration (a dataset name or file).")
+            raise ConfigError("calibration_samples > 0 needs calibration data: set calibration (a dataset name "
+                              "or file).")
 
     def granularity(self) -> str:
         return "group" if self.group_size else "channel" if self.per_channel else "tensor"
@@ -81,7 +85,8 @@ class DeltaQuantConfig:
 def _method(value: QuantMethod | str | int) -> QuantMethod:
     aliases = {8: "int8", 4: "int4", 2: "int2", 1: "binary"}
     try:
-        return QuantMethod(aliases.get(value, value) if isinstance(value, int) else str(getattr(value, "value", value)).lower())
+        name = aliases.get(value, value) if isinstance(value, int) else str(getattr(value, "value", value)).lower()
+        return QuantMethod(name)
     except ValueError:
         raise ConfigError(f"Unknown DeltaQuant method {value!r}; choose one of "
                           f"{', '.join(m.value for m in QuantMethod)}.") from None
@@ -119,7 +124,8 @@ class DeltaQuantizer:
             return self._allocate(deltas, grams)
         chosen = {}
         for delta in deltas:
-            match = [m for p, m in (config.layer_bits or {}).items() if fnmatch.fnmatch(delta.name, p) or p in delta.name]
+            match = [m for p, m in (config.layer_bits or {}).items()
+                     if fnmatch.fnmatch(delta.name, p) or p in delta.name]
             chosen[delta.name] = _method(match[-1]) if match else config.method
         return chosen
 
@@ -155,8 +161,6 @@ class DeltaQuantizer:
         if config.calibration_samples:
             if tokenizer is None:
                 raise ConfigError("Calibration needs the base model's tokenizer.")
-            from gym.delta.distill import calibration_batches
-
             batches = calibration_batches(tokenizer, config.calibration, config.calibration_dir, config.seq_len, 1,
                                           config.calibration_samples, config.seed)
             grams = input_grams(finetuned, batches, [d.name for d in quantized])

@@ -19,7 +19,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.func import functional_call
+from tqdm.auto import tqdm
 
+from gym.config.data import DataArguments
+from gym.core.errors import DataError
+from gym.data.loader import get_dataset
+from gym.data.templates import get_chat_format
+from gym.delta.compress import reconstruct
 from gym.delta.tensor_quant import Encoded, QuantMethod, expand_scale, signs
 
 logger = logging.getLogger(__name__)
@@ -42,11 +49,6 @@ def calibration_batches(tokenizer: Any, dataset: str, dataset_dir: str, seq_len:
 
     Rows are concatenated and cut into seq_len pieces, as the paper's calibration text is.
     """
-    from gym.config.data import DataArguments
-    from gym.data.loader import get_dataset
-    from gym.data.templates import get_chat_format
-    from gym.core.errors import DataError
-
     chat = get_chat_format(tokenizer)
     args = DataArguments(dataset=dataset, dataset_dir=dataset_dir, cutoff_len=seq_len * 4)
     try:
@@ -72,11 +74,6 @@ def distill_scales(base: Any, finetuned: Any, entries: dict[str, Encoded | torch
                    batches: list[torch.Tensor], steps: int, lr: float, bf16: bool = False,
                    progress: bool = True, frozen: frozenset[str] = frozenset()) -> DistillResult:
     """Train the scales of every binary entry not in `frozen`, in place (their float16 `scale` is replaced)."""
-    from torch.func import functional_call
-    from tqdm.auto import tqdm
-
-    from gym.delta.compress import reconstruct
-
     started = time.perf_counter()
     binary = {n: e for n, e in entries.items()
               if isinstance(e, Encoded) and e.method == QuantMethod.BINARY and n not in frozen}

@@ -7,6 +7,10 @@ from typing import Any
 
 import torch
 
+from gym.config.data import DataArguments
+from gym.data.loader import get_dataset
+from gym.data.templates import get_chat_format
+
 
 @dataclass
 class GainKept:
@@ -24,10 +28,6 @@ class GainKept:
 def eval_rows(tokenizer: Any, dataset: str, dataset_dir: str, cutoff_len: int, max_samples: int | None,
               seed: int = 42) -> list[dict[str, list[int]]]:
     """Supervised rows (loss on the answers, as sft trains) from a Gym dataset name or file."""
-    from gym.config.data import DataArguments
-    from gym.data.loader import get_dataset
-    from gym.data.templates import get_chat_format
-
     args = DataArguments(dataset=dataset, dataset_dir=dataset_dir, cutoff_len=cutoff_len, max_samples=max_samples)
     return get_dataset(args, get_chat_format(tokenizer), "supervised", seed=seed).train
 

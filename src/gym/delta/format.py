@@ -25,9 +25,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
 
-from gym.delta.tensor_quant import Encoded, QuantMethod
 from gym.core.errors import ConfigError
+from gym.delta.tensor_quant import Encoded, QuantMethod
 
 FORMAT = "gym-delta"
 VERSION = 1
@@ -59,8 +61,6 @@ def _key(name: str, part: str) -> str:
 
 def save_delta(path: str | os.PathLike, entries: dict[str, Encoded | torch.Tensor], header: dict[str, Any]) -> Path:
     """Write `entries` (an Encoded per quantized parameter, a tensor per dense one) with `header`."""
-    from safetensors.torch import save_file
-
     tensors: dict[str, torch.Tensor] = {}
     described: dict[str, Any] = {}
     for name, entry in entries.items():
@@ -84,8 +84,6 @@ def save_delta(path: str | os.PathLike, entries: dict[str, Encoded | torch.Tenso
 
 def read_header(path: str | os.PathLike) -> dict[str, Any]:
     """The JSON header alone (no tensor is read), checked for format and version."""
-    from safetensors import safe_open
-
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"Delta file not found: {path}")
@@ -112,8 +110,6 @@ def read_header(path: str | os.PathLike) -> dict[str, Any]:
 
 def load_delta(path: str | os.PathLike) -> tuple[dict[str, Encoded | torch.Tensor], dict[str, Any]]:
     """-> (entries as save_delta took them, header), after checking the file is whole and finite."""
-    from safetensors.torch import load_file
-
     header = read_header(path)
     try:
         tensors = load_file(str(path))

@@ -27,8 +27,8 @@ from typing import Any
 
 import torch
 
-from gym.delta.bitpack import pack, unpack
 from gym.core.errors import ConfigError
+from gym.delta.bitpack import pack, unpack
 
 GRANULARITIES = ("tensor", "channel", "group")
 TERNARY_THRESHOLD = 0.7  # Li & Liu 2016: t = 0.7 * mean|x| approximates the optimal ternary threshold.

@@ -13,8 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from peft import PeftModel
 
 from gym.core.errors import ConfigError
+from gym.models.loader import load_causal_lm, resolve_model_path
 
 logger = logging.getLogger(__name__)
 
@@ -23,14 +25,10 @@ LINEAR, EMBEDDING, OTHER = "linear", "embedding", "other"
 
 def load_model(ref: str, base_ref: str | None = None) -> Any:
     """A causal LM in float32 on the CPU: a model reference, or a LoRA adapter folder merged onto `base_ref`."""
-    from gym.models.loader import load_causal_lm, resolve_model_path
-
     folder = Path(ref).expanduser()
     if (folder / "adapter_config.json").is_file():
         if base_ref is None:
             raise ConfigError(f"{folder} is a LoRA adapter: give the base it was trained on (--base).")
-        from peft import PeftModel
-
         model = load_causal_lm(resolve_model_path(base_ref))
         try:
             model = PeftModel.from_pretrained(model, str(folder)).merge_and_unload()

@@ -26,8 +26,12 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
-from transformers.generation.logits_process import (RepetitionPenaltyLogitsProcessor, TemperatureLogitsWarper,
-                                                    TopKLogitsWarper, TopPLogitsWarper)
+from transformers.generation.logits_process import (
+    RepetitionPenaltyLogitsProcessor,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
 
 from gym.infer.requests import EngineBusy, EngineStopped, Event, Finished, Piece, Request, SamplingParams
 

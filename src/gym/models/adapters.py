@@ -7,10 +7,11 @@ import re
 from typing import Any
 
 import torch
+from peft import LoraConfig, PeftModel, TaskType, get_peft_model
 
 from gym.config.finetuning import FinetuningArguments
-from gym.core.names import split_names as _split
 from gym.core.errors import ConfigError
+from gym.core.names import split_names as _split
 
 logger = logging.getLogger(__name__)
 
@@ -53,8 +54,6 @@ def is_sequence_classifier(model: Any) -> bool:
 
 
 def lora_config(args: FinetuningArguments, tied_embeddings: bool = False, task_type: str = "CAUSAL_LM") -> Any:
-    from peft import LoraConfig, TaskType
-
     if args.pissa_init:
         init: Any = "pissa" if args.pissa_iter == -1 else f"pissa_niter_{args.pissa_iter}"
     else:
@@ -80,8 +79,6 @@ def lora_config(args: FinetuningArguments, tied_embeddings: bool = False, task_t
 def setup_lora(model: Any, args: FinetuningArguments, adapters: list[str] | None = None) -> Any:
     """Add a trainable LoRA adapter. Given existing adapters, all but the last are merged into the
     model and training continues on the last one."""
-    from peft import PeftModel, get_peft_model
-
     adapters = adapters or []
     for path in adapters[:-1]:
         model = PeftModel.from_pretrained(model, path).merge_and_unload()

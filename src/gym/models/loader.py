@@ -20,8 +20,7 @@ from typing import Any
 import torch
 from filelock import FileLock
 from huggingface_hub import try_to_load_from_cache
-from transformers import (AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer,
-                          GenerationConfig)
+from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer, GenerationConfig
 
 from gym.config.model import ModelArguments
 from gym.core.errors import ModelError

@@ -278,7 +278,8 @@ class _Server:
                 yield chunk([choice(index, None, event.reason)])
             else:
                 if include_usage:
-                    yield f"data: {json.dumps({**base, 'choices': [], 'usage': _usage(prompt_tokens, completion_tokens)})}\n\n"
+                    usage = _usage(prompt_tokens, completion_tokens)
+                    yield f"data: {json.dumps({**base, 'choices': [], 'usage': usage})}\n\n"
             yield "data: [DONE]\n\n"
         finally:  # the client may have gone away: free the rows it held
             for handle in handles:

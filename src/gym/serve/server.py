@@ -46,7 +46,7 @@ def serve(config: dict[str, Any], *, host: str = "127.0.0.1", port: int = 8000, 
           graceful_seconds: float = 30.0) -> None:
     api_key = api_key or os.environ.get("GYM_API_KEY") or None
     chat_model = ChatModel(config, max_batch_size=max_batch_size, max_waiting=max_waiting)
-    chat_model.engine  # start the engine now: a backend that cannot start fails before the port opens
+    _ = chat_model.engine  # start the engine now: a backend that cannot start fails before the port opens
     name = served_model_name(chat_model, model_name)
     app = create_app(chat_model, name, api_key)
     logger.info("Serving '%s' on http://%s:%d/v1 (auth: %s, batch up to %d, queue %d)", name, host, port,

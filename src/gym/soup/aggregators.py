@@ -26,7 +26,8 @@ pass for G and one pass for the final combination, however many iterations they 
 
 Precision: each product is float32 (float64 matmul is several times slower on CPU) over at most
 GRAM_CHUNK columns, accumulated into a float64 G. The error of an entry is then about 2e-7 of
-|x_i| |x_j| (measured by tests/soup/test_aggregators.py and bench/soup_scale.py); a squared distance between two contributions
+|x_i| |x_j| (measured by tests/soup/test_aggregators.py and bench/soup_scale.py); a squared distance between two
+contributions
 much closer to each other than to the origin (|x_i - x_j| < ~1e-3 |x_i|) is correspondingly noisy.
 Only the lower block triangle is multiplied (G is symmetric), which saves up to half the flops.
 

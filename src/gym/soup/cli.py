@@ -16,7 +16,12 @@ import json
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from gym.core.errors import ConfigError
+from gym.soup.config import DeltaSoupConfig
+from gym.soup.soup import DeltaSoup
+from gym.soup.store import LEDGER
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -57,10 +62,6 @@ def _parser() -> argparse.ArgumentParser:
 
 def config_from(config_file: str | None, options: list[str]) -> Any:
     """DeltaSoupConfig from an optional YAML/JSON file, then key=value overrides (values parsed as YAML)."""
-    import yaml
-
-    from gym.soup.config import DeltaSoupConfig
-
     values: dict[str, Any] = {}
     if config_file:
         path = Path(config_file)
@@ -79,9 +80,6 @@ def config_from(config_file: str | None, options: list[str]) -> Any:
 
 
 def init(args: argparse.Namespace) -> int:
-    from gym.soup.soup import DeltaSoup
-    from gym.soup.store import LEDGER
-
     if (Path(args.path) / LEDGER).exists():
         raise ConfigError(f"{args.path} is already a soup; contribute to it, or choose another folder.")
     config = config_from(args.config, args.options)
@@ -92,8 +90,6 @@ def init(args: argparse.Namespace) -> int:
 
 
 def contribute(args: argparse.Namespace) -> int:
-    from gym.soup.soup import DeltaSoup
-
     record = DeltaSoup(path=_existing(args.path)).contribute(args.user, args.model, num_samples=args.samples)
     if record.accepted:
         print(f"Accepted {args.user}'s contribution #{record.id} into round {record.round} (norm {record.norm:.4g}).")
@@ -103,8 +99,6 @@ def contribute(args: argparse.Namespace) -> int:
 
 
 def status(args: argparse.Namespace) -> int:
-    from gym.soup.soup import DeltaSoup
-
     info = DeltaSoup(path=_existing(args.path)).status()
     if args.json:
         print(json.dumps(info, indent=2))
@@ -124,8 +118,6 @@ def status(args: argparse.Namespace) -> int:
 
 
 def aggregate(args: argparse.Namespace) -> int:
-    from gym.soup.soup import DeltaSoup
-
     soup = DeltaSoup(path=_existing(args.path))
     soup.aggregate(min_contributors=args.min_contributors, output_dir=args.output)
     record = soup.store.rounds()[-1]
@@ -139,8 +131,6 @@ def aggregate(args: argparse.Namespace) -> int:
 
 
 def rewards(args: argparse.Namespace) -> int:
-    from gym.soup.soup import DeltaSoup
-
     amounts = DeltaSoup(path=_existing(args.path)).calculate_rewards(args.round, cumulative=args.cumulative)
     if args.json:
         print(json.dumps(amounts, indent=2))
@@ -152,8 +142,6 @@ def rewards(args: argparse.Namespace) -> int:
 
 
 def _existing(path: str) -> str:
-    from gym.soup.store import LEDGER
-
     if not (Path(path) / LEDGER).is_file():
         raise ConfigError(f"{path} is not a soup; create it with `gym soup init {path} --base MODEL`.")
     return path

@@ -127,7 +127,7 @@ class DeltaSoupConfig:
         return values
 
     @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> "DeltaSoupConfig":
+    def from_dict(cls, values: dict[str, Any]) -> DeltaSoupConfig:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(values) - known)
         if unknown:

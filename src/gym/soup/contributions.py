@@ -27,6 +27,9 @@ from typing import Any
 import torch
 
 from gym.core.errors import ConfigError, GymError
+from gym.delta.compress import reconstruct
+from gym.delta.format import fingerprint, load_delta, read_header
+from gym.delta.weights import load_model, parameters
 
 
 class Rejected(Exception):
@@ -41,20 +44,14 @@ class Base:
 
     @cached_property
     def model(self) -> Any:
-        from gym.delta.weights import load_model
-
         return load_model(self.ref)
 
     @cached_property
     def params(self) -> dict[str, torch.Tensor]:
-        from gym.delta.weights import parameters
-
         return parameters(self.model)
 
     @cached_property
     def fingerprint(self) -> str:
-        from gym.delta.format import fingerprint
-
         return fingerprint(self.params)
 
 
@@ -99,8 +96,6 @@ def _from_path(path: Path, base: Base) -> Converted:
 
 
 def _load_params(ref: str, base: Base) -> dict[str, torch.Tensor]:
-    from gym.delta.weights import load_model, parameters
-
     try:
         return parameters(load_model(ref, base.ref))
     except ConfigError as exc:  # the adapter does not fit the base: readable, but not for this soup
@@ -112,9 +107,6 @@ def _load_params(ref: str, base: Base) -> dict[str, torch.Tensor]:
 
 
 def _from_delta_file(path: Path, base: Base) -> Converted:
-    from gym.delta.compress import reconstruct
-    from gym.delta.format import load_delta, read_header
-
     header = read_header(path)  # not a Gym delta at all: ConfigError
     info = {"delta_method": header.get("method"),
             "deltasoup_eligible": bool(header.get("deltasoup", {}).get("eligible"))}

@@ -26,10 +26,28 @@ from typing import Any
 import torch
 
 from gym.core.errors import ConfigError
+from gym.delta.apply import save_model_folder
+from gym.delta.bitdelta import BitDeltaQuantizer
+from gym.delta.compress import reconstruct
+from gym.delta.format import save_delta
+from gym.delta.weights import Delta, kind_of, load_model
+from gym.models.loader import resolve_model_path
+from gym.soup import aggregators as agg
 from gym.soup import payouts as pay
 from gym.soup.config import KRUM_FAMILY, DeltaSoupConfig
 from gym.soup.contributions import Base, Rejected, l2_norm, to_delta
+from gym.soup.privacy import (
+    PrivacyReport,
+    add_gaussian_noise,
+    clip_scales,
+    gaussian_sigma,
+    sensitivity,
+    total_privacy,
+    zcdp_rho,
+)
+from gym.soup.sources import ScaledSource
 from gym.soup.store import ACCEPTED, LEDGER, REJECTED, ContributionRecord, RoundRecord, Store, source_for
+from gym.soup.validate import Validator
 
 logger = logging.getLogger(__name__)
 
@@ -121,8 +139,6 @@ class DeltaSoup:
             raise Rejected(f"norm {norm:.4g} is above max_norm {config.max_norm:.4g}")
         if config.validation_dataset:
             if self._validator is None:
-                from gym.soup.validate import Validator
-
                 self._validator = Validator(self.base, config)
             losses, reason = self._validator.check(delta)
             info.update(losses)
@@ -130,8 +146,6 @@ class DeltaSoup:
                 raise Rejected(reason)
 
     def _write_encoded(self, entries: dict[str, Any], metadata: dict[str, Any]) -> str:
-        from gym.delta.format import save_delta
-
         header = {"method": "bitdelta", "options": {"storage": "deltasoup"},
                   "base": {"fingerprint": self.base.fingerprint, "name": self.base.ref}, "gym_soup": metadata}
         return self.store.write_blob(lambda tmp: save_delta(tmp, entries, header))
@@ -187,19 +201,14 @@ class DeltaSoup:
                               f"aggregating needs at least {need} (min_contributors).")
         return round_id, everyone, rows
 
-    def _merge(self, rows: list[ContributionRecord]) -> "_Merged":
+    def _merge(self, rows: list[ContributionRecord]) -> _Merged:
         """The accepted deltas as one stream, clipped under DP, merged by config.method (before noise)."""
-        from gym.soup import aggregators as agg
-        from gym.soup.sources import ScaledSource
-
         config, n = self.config, len(rows)
         source: Any = source_for([self.store.blob_path(str(r.blob)) for r in rows])
         gram = agg.gram_matrix(source)
         norms = [float(v) for v in agg.norms(gram)]
         scales = [1.0] * n
         if config.differential_privacy:
-            from gym.soup.privacy import clip_scales
-
             scales = list(clip_scales(norms, config.clip_norm))
             source, gram = ScaledSource(source, scales), agg.scaled_gram(gram, scales)
         weights = None
@@ -215,9 +224,8 @@ class DeltaSoup:
         return _Merged(result, source, gram, norms, scales, weights, num_byzantine)
 
     def _add_noise(self, delta: dict[str, torch.Tensor], n: int, weights: list[float] | None,
-                   num_byzantine: int | None, round_id: int, weights_fixed: bool = True) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-        from gym.soup.privacy import PrivacyReport, add_gaussian_noise, gaussian_sigma, sensitivity, zcdp_rho
-
+                   num_byzantine: int | None, round_id: int,
+                   weights_fixed: bool = True) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         config = self.config
         if config.method.value == "weighted_mean" and not weights_fixed:
             # Self-reported num_samples travel with the contribution, so replacing one contributor moves every
@@ -255,10 +263,6 @@ class DeltaSoup:
 
     def write_model(self, output_dir: str | os.PathLike, round_id: int | None = None) -> Path:
         """base + a round's released aggregate (default: the last round) as a model folder with the tokenizer."""
-        from gym.delta.weights import load_model
-        from gym.delta.apply import save_model_folder
-        from gym.models.loader import resolve_model_path
-
         record = self._round(round_id)
         delta = self.store.read_tensors(record.aggregate_blob)
         out = Path(output_dir).expanduser()
@@ -300,8 +304,6 @@ class DeltaSoup:
 
     def status(self) -> dict[str, Any]:
         """Rounds, contributions by status (all and in the open round), and the privacy spent so far."""
-        from gym.soup.privacy import PrivacyReport, total_privacy
-
         rounds, everyone = self.store.rounds(), self.store.contributions()
         open_round = self.store.open_round()
 
@@ -340,9 +342,6 @@ def _normalised(ref: str | os.PathLike) -> str:
 
 def _bitdelta_entries(delta: dict[str, torch.Tensor], base: Base) -> dict[str, Any]:
     """1-bit BitDelta codes for block matrices and embeddings (no scale distillation); others stay dense."""
-    from gym.delta.bitdelta import BitDeltaQuantizer
-    from gym.delta.weights import Delta, kind_of
-
     quantizer = BitDeltaQuantizer()
     entries: dict[str, Any] = {}
     for name, value in delta.items():
@@ -352,8 +351,6 @@ def _bitdelta_entries(delta: dict[str, torch.Tensor], base: Base) -> dict[str, A
 
 
 def _decoded(entries: dict[str, Any]) -> dict[str, torch.Tensor]:
-    from gym.delta.compress import reconstruct
-
     return {name: reconstruct(entry) for name, entry in entries.items()}
 
 

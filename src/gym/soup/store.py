@@ -25,8 +25,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
 
 from gym.core.errors import ConfigError
+from gym.delta.compress import reconstruct
+from gym.delta.format import HEADER_KEY
+from gym.delta.tensor_quant import Encoded, QuantMethod
+from gym.soup.sources import SafetensorsSource
 
 SCHEMA_VERSION = 1
 LEDGER = "soup.sqlite"
@@ -105,7 +111,7 @@ class Store:
                               f"(it reads up to {SCHEMA_VERSION}); upgrade Gym.")
 
     @classmethod
-    def create(cls, path: str | os.PathLike, meta: dict[str, str]) -> "Store":
+    def create(cls, path: str | os.PathLike, meta: dict[str, str]) -> Store:
         """A new soup folder with `meta` recorded; an existing soup is opened as it is (meta untouched)."""
         path = Path(path)
         (path / BLOBS).mkdir(parents=True, exist_ok=True)
@@ -162,14 +168,10 @@ class Store:
         return name
 
     def write_tensors(self, tensors: dict[str, torch.Tensor], metadata: dict[str, Any]) -> str:
-        from safetensors.torch import save_file
-
         clean = {name: t.detach().to(torch.float32).cpu().contiguous() for name, t in tensors.items()}
         return self.write_blob(lambda tmp: save_file(clean, str(tmp), metadata={BLOB_KEY: json.dumps(metadata)}))
 
     def read_tensors(self, name: str) -> dict[str, torch.Tensor]:
-        from safetensors.torch import load_file
-
         return load_file(str(self.blob_path(name)))
 
     # contributions
@@ -293,10 +295,6 @@ class BlobSource:
     n deltas at most."""
 
     def __init__(self, paths: list[Path]) -> None:
-        from safetensors import safe_open
-
-        from gym.delta.format import HEADER_KEY
-
         self.paths = [Path(p) for p in paths]
         self._headers: list[dict[str, Any] | None] = []
         self._shapes: dict[str, tuple[int, ...]] = {}
@@ -309,7 +307,7 @@ class BlobSource:
                     shapes = {name: tuple(spec["shape"]) for name, spec in header["entries"].items()}
                 else:
                     self._headers.append(None)
-                    shapes = {name: tuple(handle.get_slice(name).get_shape()) for name in handle.keys()}
+                    shapes = {name: tuple(handle.get_slice(name).get_shape()) for name in handle.keys()}  # noqa: SIM118 (a safe_open handle, not a dict)
             for name, shape in shapes.items():
                 self._shapes.setdefault(name, shape)
         self.names = sorted(self._shapes)
@@ -321,22 +319,17 @@ class BlobSource:
         return self._shapes[name]
 
     def stacked(self, name: str) -> torch.Tensor:
-        from safetensors import safe_open
-
-        from gym.delta.compress import reconstruct
-        from gym.delta.tensor_quant import Encoded, QuantMethod
-
         rows = []
         for path, header in zip(self.paths, self._headers):
             with safe_open(str(path), framework="pt") as handle:
                 if header is None:
-                    value = handle.get_tensor(name) if name in handle.keys() else None
+                    value = handle.get_tensor(name) if name in handle.keys() else None  # noqa: SIM118
                 elif name not in header["entries"]:
                     value = None
                 else:
                     spec = header["entries"][name]
                     prefix = f"{name}::"
-                    parts = {key[len(prefix):]: handle.get_tensor(key) for key in handle.keys()
+                    parts = {key[len(prefix):]: handle.get_tensor(key) for key in handle.keys()  # noqa: SIM118
                              if key.startswith(prefix)}
                     value = parts["delta"] if spec["encoding"] == "dense" else reconstruct(Encoded(
                         QuantMethod(spec["encoding"]), tuple(spec["shape"]), parts, spec.get("params", {})))
@@ -346,10 +339,6 @@ class BlobSource:
 
 def source_for(paths: list[Path]) -> Any:
     """helper-2's SafetensorsSource when every blob is dense, else a BlobSource that decodes compressed ones."""
-    from safetensors import safe_open
-
-    from gym.soup.sources import SafetensorsSource
-
     def dense(path: Path) -> bool:
         with safe_open(str(path), framework="pt") as handle:
             return BLOB_KEY in (handle.metadata() or {})

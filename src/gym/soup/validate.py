@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from gym.delta.evaluate import eval_loss, eval_rows
+from gym.models.loader import load_tokenizer, resolve_model_path
 from gym.soup.config import DeltaSoupConfig
 from gym.soup.contributions import Base
 
@@ -27,23 +29,16 @@ class Validator:
 
     @cached_property
     def rows(self) -> list[dict[str, list[int]]]:
-        from gym.delta.evaluate import eval_rows
-        from gym.models.loader import load_tokenizer, resolve_model_path
-
         config = self.config
         return eval_rows(load_tokenizer(resolve_model_path(self.base.ref)), str(config.validation_dataset),
                          config.validation_dataset_dir, config.validation_cutoff_len, config.validation_max_samples)
 
     @cached_property
     def base_loss(self) -> float:
-        from gym.delta.evaluate import eval_loss
-
         return eval_loss(self.base.model, self.rows)
 
     def loss_with(self, delta: dict[str, torch.Tensor]) -> float:
         """Validation loss of base + delta. The base model is changed in place and restored bit for bit."""
-        from gym.delta.evaluate import eval_loss
-
         params = dict(self.base.model.named_parameters())
         saved = {name: params[name].detach().clone() for name in delta}
         try:

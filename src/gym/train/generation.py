@@ -13,11 +13,10 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
+from peft import PeftModel, PeftType
 
 
 def _lora_model(model: Any) -> Any | None:
-    from peft import PeftModel, PeftType
-
     return model if isinstance(model, PeftModel) and model.peft_type == PeftType.LORA else None
 
 

@@ -16,8 +16,16 @@ from transformers import GenerationConfig, get_scheduler
 
 from gym.config.args import TrainArgs
 from gym.train.generation import merged_lora
-from gym.train.ppo_math import (AdaptiveKLController, RunningMoments, completion_mask, compute_gae, masked_mean,
-                                policy_loss, value_loss, whiten)
+from gym.train.ppo_math import (
+    AdaptiveKLController,
+    RunningMoments,
+    completion_mask,
+    compute_gae,
+    masked_mean,
+    policy_loss,
+    value_loss,
+    whiten,
+)
 from gym.train.reward_funcs import RewardFunc, combined_reward, rewards_of
 from gym.train.workflow import Setup
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from peft.optimizers import create_loraplus_optimizer
 from transformers import Trainer
 
 from gym.data.processors import IGNORE_INDEX
@@ -59,8 +60,6 @@ class GymTrainer(Trainer):
 
     def create_optimizer(self, model: Any = None) -> Any:
         if self.optimizer is None and self.loraplus_lr_ratio is not None:
-            from peft.optimizers import create_loraplus_optimizer
-
             optimizer_cls, optimizer_kwargs = self.get_optimizer_cls_and_kwargs(self.args, self.model)
             optimizer_kwargs.pop("lr", None)
             self.optimizer = create_loraplus_optimizer(

@@ -94,7 +94,8 @@ def choose_checkpointing(args: TrainArgs[Any], model: Any, tokens_per_step: int)
     """Gradient checkpointing: on when asked, or (unset) when the activations would not fit in memory."""
     training = args.training
     if training.gradient_checkpointing is None:
-        training.gradient_checkpointing = training.activation_checkpointing = needs_checkpointing(model, tokens_per_step)
+        needed = needs_checkpointing(model, tokens_per_step)
+        training.gradient_checkpointing = training.activation_checkpointing = needed
         logger.info("Gradient checkpointing: %s (auto, for %d tokens per step).",
                     "on" if training.gradient_checkpointing else "off", tokens_per_step)
     if training.gradient_checkpointing and args.finetuning.finetuning_type != "full":

@@ -28,8 +28,14 @@ from gym.core.kinds import DataKind
 from gym.core.names import split_names
 from gym.core.results import RunResult
 from gym.models.loader import load_causal_lm, resolve_model_path
-from gym.train.workflow import (Setup, choose_checkpointing, drop_fresh_reference_adapter, prepare,
-                                train_and_save, trl_args)
+from gym.train.workflow import (
+    Setup,
+    choose_checkpointing,
+    drop_fresh_reference_adapter,
+    prepare,
+    train_and_save,
+    trl_args,
+)
 
 REFERENCE_FREE = ("orpo", "simpo")
 # Stages that are dpo with a fixed loss: `stage: orpo` is `stage: dpo` with `pref_loss: orpo`.

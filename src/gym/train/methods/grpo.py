@@ -27,8 +27,14 @@ from gym.core.kinds import DataKind
 from gym.core.results import RunResult
 from gym.train.generation import MergedLoraSampling
 from gym.train.reward_funcs import RewardChoice, rewards_of
-from gym.train.workflow import (Setup, choose_checkpointing, drop_fresh_reference_adapter, prepare, train_and_save,
-                                trl_args)
+from gym.train.workflow import (
+    Setup,
+    choose_checkpointing,
+    drop_fresh_reference_adapter,
+    prepare,
+    train_and_save,
+    trl_args,
+)
 
 
 @dataclass
@@ -117,7 +123,8 @@ def run(args: TrainArgs[GRPOOptions]) -> RunResult:
     choose_checkpointing(args, setup.model, longest * args.training.per_device_train_batch_size)
     config = trl_args(
         GRPOConfig, args, **sampling_values(options, setup), reward_weights=weights, beta=options.beta,
-        epsilon=options.epsilon, epsilon_high=options.epsilon_high if options.epsilon_high is not None else options.epsilon,
+        epsilon=options.epsilon,
+        epsilon_high=options.epsilon_high if options.epsilon_high is not None else options.epsilon,
         loss_type=options.loss_type, num_iterations=options.num_iterations,
         importance_sampling_level=options.importance_sampling_level,
     )

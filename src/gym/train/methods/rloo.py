@@ -10,6 +10,7 @@ unbiased baseline that needs no value model. The reward includes a KL penalty to
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from gym.config.args import TrainArgs
 from gym.config.methods import Method, register

@@ -1,0 +1,214 @@
+"""The import rules of docs/architecture.md, checked on the source: every module imports only from its
+own layer or below, and no import cycle exists anywhere in src/gym. Also: `import gym` stays light.
+
+Each failure prints the offending edge (importer -> imported, with the line), so the fix is obvious.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parent.parent / "src"
+
+# Bottom to top. A module belongs to the layer of its longest matching prefix.
+LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    ("core", ("gym.core",)),
+    ("config", ("gym.config",)),
+    ("building blocks", ("gym.data", "gym.models")),
+    ("infer", ("gym.infer",)),
+    ("jobs", ("gym.train", "gym.delta", "gym.soup")),
+    ("doors", ("gym", "gym.cli", "gym.python_api", "gym.hparams", "gym.quantization", "gym.serve")),
+]
+
+
+def layer_of(module: str) -> int:
+    best, level = -1, -1
+    for index, (_, prefixes) in enumerate(LAYERS):
+        for prefix in prefixes:
+            if (module == prefix or module.startswith(prefix + ".")) and len(prefix) > best:
+                best, level = len(prefix), index
+    if level < 0:
+        raise AssertionError(f"{module} is in no layer: add its package to LAYERS and to docs/architecture.md")
+    return level
+
+
+@dataclass(frozen=True)
+class Edge:
+    importer: str
+    imported: str
+    line: int
+    type_only: bool  # under `if TYPE_CHECKING:`: checked for layering, not for cycles (it never runs)
+
+    def __str__(self) -> str:
+        kind = " (type-only)" if self.type_only else ""
+        return (f"{self.importer} ({LAYERS[layer_of(self.importer)][0]}) -> {self.imported} "
+                f"({LAYERS[layer_of(self.imported)][0]}), line {self.line}{kind}")
+
+
+def module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _imports(tree: ast.AST, type_only: bool = False) -> Iterator[tuple[ast.stmt, bool]]:
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node, type_only
+        elif isinstance(node, ast.If) and _is_type_checking(node):
+            for child in node.body:
+                yield from _imports(ast.Module(body=[child], type_ignores=[]), True)
+            for child in node.orelse:
+                yield from _imports(ast.Module(body=[child], type_ignores=[]), type_only)
+        else:
+            yield from _imports(node, type_only)  # imports inside functions and classes run too
+
+
+def edges_of(module: str, source: str, known: set[str]) -> list[Edge]:
+    """Every import of a gym module in `source`, resolved to the module it loads."""
+    package = module if f"{module}.__init__" in known else module.rsplit(".", 1)[0]
+    found = []
+    for node, type_only in _imports(ast.parse(source)):
+        targets: list[str] = []
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative import
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            # `from gym.x import y` loads gym.x.y when y is a module, else gym.x.
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
+        for target in targets:
+            if target == "gym" or target.startswith("gym."):
+                found.append(Edge(module, target, node.lineno, type_only))
+    return found
+
+
+def source_modules(root: Path = SRC) -> dict[str, str]:
+    return {module_name(p, root): p.read_text(encoding="utf-8") for p in sorted((root / "gym").rglob("*.py"))}
+
+
+def all_edges(modules: dict[str, str]) -> list[Edge]:
+    known = set(modules) | {f"{m}.__init__" for m in modules if (SRC / Path(*m.split("."), "__init__.py")).is_file()}
+    return [edge for module, source in modules.items() for edge in edges_of(module, source, known)
+            if edge.imported != module]
+
+
+def upward(edges: list[Edge]) -> list[Edge]:
+    return [e for e in edges if layer_of(e.imported) > layer_of(e.importer)]
+
+
+def cycles(edges: list[Edge]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan), each a cycle to break."""
+    graph: dict[str, set[str]] = {}
+    for e in edges:
+        if not e.type_only:
+            graph.setdefault(e.importer, set()).add(e.imported)
+            graph.setdefault(e.imported, set())
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for succ in sorted(graph[node]):
+            if succ not in index:
+                visit(succ)
+                low[node] = min(low[node], low[succ])
+            elif succ in on_stack:
+                low[node] = min(low[node], index[succ])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                components.append(sorted(component))
+
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 10_000))
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return components
+
+
+def test_no_module_imports_from_a_higher_layer():
+    bad = upward(all_edges(source_modules()))
+    assert not bad, "Upward imports (a layer may import only from itself and below):\n" + "\n".join(map(str, bad))
+
+
+def test_no_import_cycles():
+    edges = all_edges(source_modules())
+    found = cycles(edges)
+    detail = []
+    for component in found:
+        members = set(component)
+        detail += [f"  {e}" for e in edges if e.importer in members and e.imported in members and not e.type_only]
+    assert not found, "Import cycles:\n" + "\n".join(detail)
+
+
+@pytest.mark.parametrize(("importer", "line", "expected"), [
+    ("gym.core.errors", "from gym.train.run import run_exp", "gym.core.errors (core) -> gym.train.run (jobs)"),
+    ("gym.config.parser", "import gym.infer.chat", "gym.config.parser (config) -> gym.infer.chat (infer)"),
+    ("gym.data.loader", "    from gym.serve.app import create_app", "gym.data.loader (building blocks) -> "
+                                                                       "gym.serve.app (doors)"),
+])
+def test_the_checker_catches_a_deliberate_upward_import(importer, line, expected):
+    modules = source_modules()
+    source = modules[importer] + ("\n\ndef _late():\n" + line + "\n" if line.startswith(" ") else "\n" + line + "\n")
+    modules[importer] = source
+    assert any(str(e).startswith(expected) for e in upward(all_edges(modules)))
+
+
+def test_the_checker_catches_a_deliberate_cycle():
+    modules = source_modules()
+    modules["gym.core.names"] += "\nfrom gym.core import kinds\n"
+    modules["gym.core.kinds"] += "\nfrom gym.core.names import split_names\n"
+    assert ["gym.core.kinds", "gym.core.names"] in cycles(all_edges(modules))
+
+
+def test_type_only_imports_do_not_make_cycles_but_still_count_for_layers():
+    modules = source_modules()
+    modules["gym.core.kinds"] += "\nfrom typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from gym.config.args import TrainArgs\n"
+    edges = all_edges(modules)
+    assert any(e.type_only and e.imported == "gym.config.args" for e in upward(edges))
+
+
+def test_import_gym_loads_neither_torch_nor_transformers():
+    code = "import sys, gym; print(sorted(m for m in ('torch', 'transformers', 'datasets', 'peft') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_gym_help_loads_neither_torch_nor_transformers():
+    code = ("import sys; from gym.cli import main; main(['--help']); "
+            "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip().splitlines()[-1] == "[]"
+
+
+def test_no_module_is_over_400_lines():
+    long = {m: n for m, s in source_modules().items() if (n := len(s.splitlines())) > 400}
+    assert not long, f"split these by concern: {long}"
