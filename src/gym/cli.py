@@ -107,11 +107,11 @@ def cmd_api(argv: list[str]) -> int:
 
     options = {"--host": "127.0.0.1", "--port": "8000", "--api-key": None, "--max_batch_size": "16",
                "--max_waiting": "256", "--served_model_name": None}
-    values = {}
+    values: dict[str, str | None] = {}
     for name, default in options.items():
         values[name], argv = _take_option(argv, name, default)
     try:
-        port, batch, waiting = int(values["--port"]), int(values["--max_batch_size"]), int(values["--max_waiting"])
+        port, batch, waiting = (int(values[k] or "") for k in ("--port", "--max_batch_size", "--max_waiting"))
     except ValueError:
         raise ConfigError("--port, --max_batch_size and --max_waiting take whole numbers.") from None
     try:
@@ -121,7 +121,7 @@ def cmd_api(argv: list[str]) -> int:
         raise ConfigError("gym api needs FastAPI and uvicorn: pip install 'zoo-gym[serve]'.") from None
     from gym.serve.server import serve
 
-    serve(parse_cli_args(argv), host=values["--host"], port=port, api_key=values["--api-key"],
+    serve(parse_cli_args(argv), host=values["--host"] or "127.0.0.1", port=port, api_key=values["--api-key"],
           max_batch_size=batch, max_waiting=waiting, model_name=values["--served_model_name"])
     return 0
 
@@ -168,6 +168,7 @@ def cmd_infer(argv: list[str]) -> int:
     output, argv = _take_option(argv, "--output", output)
     dataset_dir, argv = _take_option(argv, "--dataset_dir", "data")
     batch_size, argv = _take_option(argv, "--batch_size", "8")
+    dataset_dir, batch_size = dataset_dir or "data", batch_size or "8"
     max_samples, argv = _take_option(argv, "--max_samples")
     if not dataset or not output:
         raise GymError("gym infer needs --dataset NAME_OR_FILE and -o OUT.jsonl: "

@@ -28,5 +28,12 @@ class TrainArgs(Generic[OptionsT]):
     generating: GeneratingArguments
     options: OptionsT
 
+    @property
+    def output_dir(self) -> str:
+        """Where the run writes (the parser always sets it: the user's, or saves/<model>/<type>/<stage>)."""
+        if self.training.output_dir is None:
+            raise ValueError("TrainArgs built without an output_dir; build it with get_train_args")
+        return self.training.output_dir
+
     def __iter__(self) -> Iterator[Any]:
         return iter((self.model, self.data, self.training, self.finetuning, self.generating))

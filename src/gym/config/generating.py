@@ -43,14 +43,16 @@ class GeneratingArguments:
     repetition_penalty: float | None = _unset("repetition_penalty", "Penalty on repeated tokens (1.0 = none)")
 
     def validate(self, args: TrainArgs[Any]) -> None:
-        checks = {
-            "temperature": lambda v: v >= 0, "top_p": lambda v: 0 < v <= 1, "top_k": lambda v: v >= 0,
-            "max_new_tokens": lambda v: v >= 1, "repetition_penalty": lambda v: v > 0,
-        }
-        for key, ok in checks.items():
-            value = getattr(self, key)
-            if value is not None and not ok(value):
-                raise ConfigError(f"'{key}' is out of range: {value}.")
+        allowed = {"temperature": "0 or more", "top_p": "in (0, 1]", "top_k": "0 or more",
+                   "max_new_tokens": "at least 1", "repetition_penalty": "above 0"}
+        ok = {"temperature": self.temperature is None or self.temperature >= 0,
+              "top_p": self.top_p is None or 0 < self.top_p <= 1,
+              "top_k": self.top_k is None or self.top_k >= 0,
+              "max_new_tokens": self.max_new_tokens is None or self.max_new_tokens >= 1,
+              "repetition_penalty": self.repetition_penalty is None or self.repetition_penalty > 0}
+        for key, good in ok.items():
+            if not good:
+                raise ConfigError(f"'{key}' must be {allowed[key]}, got {getattr(self, key)}.")
 
     def explicit(self) -> dict[str, Any]:
         """The keys the user (or a saved training config) set."""

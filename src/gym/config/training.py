@@ -32,7 +32,8 @@ class TrainingArguments(HFTrainingArguments):
         metadata={"help": "Recompute activations in the backward pass to save memory. Unset = auto: only when "
                   "the activations would not fit."},
     )
-    resume_from_checkpoint: bool | str | None = field(
+    # Wider than Hugging Face's `str | None` on purpose: `true` means "the last complete checkpoint".
+    resume_from_checkpoint: bool | str | None = field(  # type: ignore[assignment]
         default=None,
         metadata={"help": "true = resume from the last complete checkpoint in output_dir; or a checkpoint path."},
     )
@@ -42,7 +43,7 @@ class TrainingArguments(HFTrainingArguments):
     disable_tqdm: bool = field(
         default=False, metadata={"help": "Turn off the progress bar (then each log is printed as a line)."}
     )
-    bf16: bool | None = field(
+    bf16: bool | None = field(  # type: ignore[assignment]  # None = auto, resolved by the parser
         default=None,
         metadata={"help": "bf16 mixed precision. Unset = auto: on where the hardware has native bf16 "
                   "(recent GPUs, CPUs with AVX512-BF16/AMX), off elsewhere."},

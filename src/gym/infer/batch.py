@@ -23,6 +23,7 @@ from tqdm.auto import tqdm
 from gym.config.files import Config
 from gym.core.errors import DataError
 from gym.core.kinds import DataKind
+from gym.data.formats import Example
 from gym.data.loader import load_examples
 from gym.data.registry import get_dataset_attrs
 from gym.infer.chat import ChatModel
@@ -35,6 +36,7 @@ def load_rows(dataset: str, dataset_dir: str, max_samples: int | None) -> list[d
     """[{"messages", "system", "reference"}] for every row: the prompt conversation and its reference."""
     rows = []
     for attr in get_dataset_attrs(dataset, dataset_dir):
+        split: list[tuple[Example, list[dict[str, str]], str | None]]
         try:
             examples = load_examples(attr, DataKind.SUPERVISED, max_samples)
             split = [(e, e.messages[:-1], e.messages[-1]["content"]) for e in examples]

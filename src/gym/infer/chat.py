@@ -84,7 +84,7 @@ class ChatModel:
     def _dtype(self) -> torch.dtype:
         choice = self.model_args.infer_dtype
         if choice != "auto":
-            return getattr(torch, choice)  # type: ignore[no-any-return]
+            return getattr(torch, choice)
         if torch.cuda.is_available():
             return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
         # On CPU, bf16 matmuls can be fast but the many small ops of decoding are not: keep float32.

@@ -132,7 +132,8 @@ class HFEngine:
         out = self.model(input_ids=input_ids.to(self.model.device), attention_mask=mask.to(self.model.device),
                          position_ids=positions.to(self.model.device), past_key_values=cache, use_cache=True,
                          logits_to_keep=1)
-        return out.logits[:, -1, :].float().cpu()
+        logits: torch.Tensor = out.logits[:, -1, :].float().cpu()
+        return logits
 
     def _prefill(self, joining: list[Request]) -> None:
         width = max(len(r.prompt_ids) for r in joining)

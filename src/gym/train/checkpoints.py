@@ -53,12 +53,12 @@ def resolve_resume(args: TrainArgs[Any]) -> str | None:
     if value in (None, False, "", "false", "False"):
         return None
     if value is True or value in ("true", "True"):
-        found = last_checkpoint(args.training.output_dir)
+        found = last_checkpoint(args.output_dir)
         if found is None:
-            raise ConfigError(f"resume_from_checkpoint: true, but {args.training.output_dir} has no complete "
+            raise ConfigError(f"resume_from_checkpoint: true, but {args.output_dir} has no complete "
                               "checkpoint yet. Remove the key to start from scratch.")
         return str(found)
-    if not (Path(value) / STATE_FILE).is_file():
+    if not isinstance(value, str) or not (Path(value) / STATE_FILE).is_file():
         raise ConfigError(f"resume_from_checkpoint: {value} is not a complete checkpoint folder.")
     return str(value)
 
@@ -123,4 +123,5 @@ def load_checkpoint(folder: str | Path, modules: dict[str, torch.nn.Module], opt
     generator.set_state(blob["generator"])
     if blob["cuda_rng"] and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(blob["cuda_rng"])
-    return json.loads((folder / STATE_FILE).read_text())
+    state: dict[str, Any] = json.loads((folder / STATE_FILE).read_text())
+    return state

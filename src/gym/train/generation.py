@@ -39,6 +39,9 @@ def merged_lora(model: Any) -> Iterator[None]:
 class MergedLoraSampling:
     """Mixin for TRL's online trainers: their single-turn generation runs with the adapter merged."""
 
+    accelerator: Any  # the trainer's, set by TRL
+    model: Any
+
     def _generate_single_turn(self, *args: Any, **kwargs: Any) -> Any:
         with merged_lora(self.accelerator.unwrap_model(self.model)):
-            return super()._generate_single_turn(*args, **kwargs)
+            return super()._generate_single_turn(*args, **kwargs)  # type: ignore[misc]  # TRL's, after us in the MRO

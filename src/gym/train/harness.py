@@ -134,7 +134,7 @@ def attach(trainer: Any, args: TrainArgs[Any]) -> None:
     """Replace the trainer's own progress printing with the harness (bar or log lines, and the log file)."""
     trainer.remove_callback(ProgressCallback)
     trainer.remove_callback(PrinterCallback)
-    trainer.add_callback(HarnessCallback(args.training.output_dir, show_bar=not args.training.disable_tqdm))
+    trainer.add_callback(HarnessCallback(args.output_dir, show_bar=not args.training.disable_tqdm))
 
 
 def finish_run(model: Any, tokenizer: Any, args: TrainArgs[Any], *, model_path: str, global_step: int,

@@ -34,7 +34,7 @@ def is_finished_output(path: Path) -> bool:
 
 
 def check_output_dir(args: TrainArgs[Any], resuming: bool) -> None:
-    out = Path(args.training.output_dir)
+    out = Path(args.output_dir)
     if is_finished_output(out) and not resuming and not args.finetuning.overwrite_output_dir:
         raise ConfigError(f"{out} already holds a finished model. Set overwrite_output_dir: true to replace it, "
                           "or choose another output_dir.")
@@ -48,7 +48,7 @@ def resolved_config(args: TrainArgs[Any], model_path: str) -> dict[str, Any]:
         for f in dataclasses.fields(part):
             if f.init:
                 config[f.name] = getattr(part, f.name)
-    defaults = TrainingArguments(output_dir=args.training.output_dir)
+    defaults = TrainingArguments(output_dir=args.output_dir)
     for f in dataclasses.fields(args.training):
         value = getattr(args.training, f.name)
         if f.init and not f.name.startswith("_") and value != getattr(defaults, f.name):
@@ -56,7 +56,8 @@ def resolved_config(args: TrainArgs[Any], model_path: str) -> dict[str, Any]:
     if args.options is not None:
         config.update(dataclasses.asdict(args.options))
     config["resolved_model_path"] = model_path
-    return _plain(config)
+    plain: dict[str, Any] = _plain(config)
+    return plain
 
 
 def _plain(value: Any) -> Any:
@@ -74,7 +75,7 @@ def _plain(value: Any) -> Any:
 def save_final(model: Any, tokenizer: Any, args: TrainArgs[Any], model_path: str, global_step: int,
                pissa_init_dir: str | None = None, extra: ExtraFiles | None = None) -> Path:
     """Write the result into output_dir; `extra(tmp)` adds a method's own files (e.g. a value head)."""
-    out = Path(args.training.output_dir)
+    out = Path(args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     tmp = out / f".tmp-final-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)

@@ -4,6 +4,7 @@ and optimise on it (clipped policy and value updates). The maths is in gym.train
 from __future__ import annotations
 
 import copy
+import json
 import random
 from collections import defaultdict
 from collections.abc import Iterator
@@ -140,19 +141,21 @@ def collect_rollout(loop: PPOLoop, rows: list[dict[str, Any]], device: torch.dev
     attention_mask = torch.cat([prompt_mask, mask.long()], dim=1)
     n_prompt = prompt_ids.shape[1]
 
-    logprobs, ref_logprobs, values, entropy = [], [], [], []
+    parts: dict[str, list[torch.Tensor]] = {"logprobs": [], "ref": [], "values": [], "entropy": []}
     for part in loop.chunks(len(rows)):
         args = (input_ids[part], attention_mask[part], n_prompt, opts.temperature, loop.bf16)
         policy_logprobs, policy_values, policy_entropy = forward(loop.model, loop.value_head, *args, with_entropy=True)
-        logprobs.append(policy_logprobs)
-        values.append(policy_values)
-        entropy.append(policy_entropy)
+        assert policy_values is not None and policy_entropy is not None  # asked for with the value head and entropy
+        parts["logprobs"].append(policy_logprobs)
+        parts["values"].append(policy_values)
+        parts["entropy"].append(policy_entropy)
         if loop.ref_model is None:  # LoRA: the reference is the same weights without the adapter
             with loop.model.disable_adapter():
-                ref_logprobs.append(forward(loop.model, None, *args)[0])
+                parts["ref"].append(forward(loop.model, None, *args)[0])
         else:
-            ref_logprobs.append(forward(loop.ref_model, None, *args)[0])
-    logprobs, ref_logprobs, values = torch.cat(logprobs), torch.cat(ref_logprobs), torch.cat(values) * mask
+            parts["ref"].append(forward(loop.ref_model, None, *args)[0])
+    logprobs, ref_logprobs = torch.cat(parts["logprobs"]), torch.cat(parts["ref"])
+    values, entropy = torch.cat(parts["values"]) * mask, torch.cat(parts["entropy"])
 
     texts = loop.tokenizer.batch_decode(completions.masked_fill(mask == 0, loop.tokenizer.pad_token_id),
                                         skip_special_tokens=True)
@@ -172,7 +175,7 @@ def collect_rollout(loop: PPOLoop, rows: list[dict[str, Any]], device: torch.dev
         rewards = whiten(rewards, mask, shift_mean=False)
     advantages, returns = compute_gae(rewards, values, mask, opts.ppo_gamma, opts.ppo_lam)
     stats = {"reward": raw_scores.mean().item(), "kl": kl.sum(1).mean().item(),
-             "entropy": masked_mean(torch.cat(entropy), mask).item(), "response_length": mask.sum(1).mean().item(),
+             "entropy": masked_mean(entropy, mask).item(), "response_length": mask.sum(1).mean().item(),
              "tokens": float(attention_mask.sum().item())}
     return Rollout(input_ids, attention_mask, n_prompt, mask, logprobs, values, whiten(advantages, mask),
                    returns, stats)
@@ -191,6 +194,7 @@ def optimise(loop: PPOLoop, rollout: Rollout, generator: torch.Generator) -> dic
             idx = order[part]
             logprobs, values, _ = forward(loop.model, loop.value_head, rollout.input_ids[idx],
                                           rollout.attention_mask[idx], rollout.n_prompt, opts.temperature, loop.bf16)
+            assert values is not None  # forward with the value head
             mask = rollout.mask[idx]
             pg_loss, clipfrac = policy_loss(logprobs, rollout.logprobs[idx], rollout.advantages[idx], mask,
                                             opts.ppo_cliprange)
@@ -219,8 +223,8 @@ def _disable_dropout(model: torch.nn.Module) -> None:
 
 def _make_optimizer(args: TrainArgs[PPOOptions], model: Any, value_head: torch.nn.Module) -> torch.optim.Optimizer:
     training, finetuning = args.training, args.finetuning
-    kwargs = {"betas": (training.adam_beta1, training.adam_beta2), "eps": training.adam_epsilon,
-              "weight_decay": training.weight_decay}
+    kwargs: dict[str, Any] = {"betas": (training.adam_beta1, training.adam_beta2), "eps": training.adam_epsilon,
+                              "weight_decay": training.weight_decay}
     if finetuning.finetuning_type == "lora" and finetuning.loraplus_lr_ratio is not None:
         optimizer = create_loraplus_optimizer(model=model, optimizer_cls=torch.optim.AdamW, lr=training.learning_rate,
                                               loraplus_lr_ratio=finetuning.loraplus_lr_ratio,
@@ -234,7 +238,7 @@ def _make_optimizer(args: TrainArgs[PPOOptions], model: Any, value_head: torch.n
 
 def prompt_batches(rows: list[dict[str, Any]], n: int, seed: int) -> Iterator[list[dict[str, Any]]]:
     """Endless batches of n prompts: a fresh shuffle of the dataset per epoch."""
-    rng, order = random.Random(seed), []
+    rng, order = random.Random(seed), list[int]()
     while True:
         while len(order) < n:
             epoch = list(range(len(rows)))
@@ -265,10 +269,17 @@ def build_loop(args: TrainArgs[PPOOptions], setup: Setup, device: torch.device, 
     optimizer = _make_optimizer(args, model, value_head)
     scheduler = get_scheduler(training.lr_scheduler_type, optimizer,
                               num_warmup_steps=training.get_warmup_steps(max_steps), num_training_steps=max_steps,
-                              scheduler_specific_kwargs=training.lr_scheduler_kwargs or None)
+                              scheduler_specific_kwargs=_scheduler_kwargs(training.lr_scheduler_kwargs))
     return PPOLoop(model=model, value_head=value_head, ref_model=ref_model, tokenizer=setup.tokenizer,
                    stop_ids=setup.chat.stop_token_ids(), reward_funcs=funcs, reward_weights=weights, options=opts,
                    batch_size=training.per_device_train_batch_size, grad_accum=training.gradient_accumulation_steps,
                    bf16=bool(training.bf16), max_grad_norm=training.max_grad_norm, optimizer=optimizer,
                    scheduler=scheduler,
                    kl_ctl=AdaptiveKLController(opts.ppo_init_kl_coef, opts.ppo_target, opts.ppo_horizon))
+
+
+def _scheduler_kwargs(value: dict[str, Any] | str | None) -> dict[str, Any] | None:
+    """`lr_scheduler_kwargs` as the scheduler takes it (Hugging Face also accepts it as a JSON string)."""
+    if isinstance(value, str):
+        return dict(json.loads(value)) if value.strip() else None
+    return value or None

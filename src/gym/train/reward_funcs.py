@@ -51,6 +51,8 @@ def python_reward(arg: str | None) -> RewardFunc:
             raise ConfigError(f"reward `{spec_text}`: file not found: {file}")
         name = f"gym_user_rewards_{file.stem}"
         spec = importlib.util.spec_from_file_location(name, file)
+        if spec is None or spec.loader is None:
+            raise ConfigError(f"reward `{spec_text}`: {file} cannot be imported as a Python module.")
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module  # dataclasses and pickling look the module up by name
         try:
@@ -72,7 +74,7 @@ def python_reward(arg: str | None) -> RewardFunc:
         raise ConfigError(f"reward `{spec_text}`: '{attr}' is not callable (it is a {type(fn).__name__}).")
 
     @functools.wraps(fn)
-    def checked(prompts: list, completions: list, **kwargs: Any) -> list[float | None]:
+    def checked(prompts: list[Any], completions: list[Any], **kwargs: Any) -> list[float | None]:
         rewards = fn(prompts=prompts, completions=completions, **kwargs)
         expected = f"expected a list of {len(completions)} numbers (or None), one per completion"
         if not isinstance(rewards, (list, tuple)):
@@ -157,7 +159,7 @@ def get_reward_funcs(
 
 
 def combined_reward(
-    funcs: list[RewardFunc], weights: list[float], prompts: list, completions: list, **columns: Any
+    funcs: list[RewardFunc], weights: list[float], prompts: list[Any], completions: list[Any], **columns: Any
 ) -> list[float]:
     """The weighted sum of all rewards per completion; None (and NaN) count as 0."""
     if len(funcs) != len(weights):

@@ -91,7 +91,7 @@ def _rm_text(prompt: Any, completion: Any, chat: Any) -> str:
         return "".join(p + r for p, r in chat.render_pairs(prompt + [answer]))
     # Gym's online stages pass prompts already rendered in the chat format: add the answer's piece.
     (_, answer_piece), = chat.render_pairs([{"role": "user", "content": ""}, answer])
-    return as_text(prompt) + answer_piece
+    return as_text(prompt) + str(answer_piece)
 
 
 def reward_model_reward(arg: str | None) -> RewardFunc:
@@ -99,7 +99,7 @@ def reward_model_reward(arg: str | None) -> RewardFunc:
         raise ConfigError("reward `reward_model` needs a path: reward_model:<output_dir of a `stage: rm` run>.")
     model, tokenizer, chat = load_reward_model(str(Path(arg).expanduser().resolve()))
 
-    def reward_model(prompts: list | None, completions: list, **kwargs: Any) -> list[float | None]:
+    def reward_model(prompts: list[Any] | None, completions: list[Any], **kwargs: Any) -> list[float | None]:
         prompts = prompts if prompts is not None else [""] * len(completions)
         texts = [_rm_text(p, c, chat) for p, c in zip(prompts, completions, strict=True)]
         scores: list[float | None] = []

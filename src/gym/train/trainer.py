@@ -60,10 +60,11 @@ class GymTrainer(Trainer):
 
     def create_optimizer(self, model: Any = None) -> Any:
         if self.optimizer is None and self.loraplus_lr_ratio is not None:
-            optimizer_cls, optimizer_kwargs = self.get_optimizer_cls_and_kwargs(self.args, self.model)
+            peft_model: Any = self.model  # a PeftModel: LoRA+ is only offered with finetuning_type lora
+            optimizer_cls, optimizer_kwargs = self.get_optimizer_cls_and_kwargs(self.args, peft_model)
             optimizer_kwargs.pop("lr", None)
             self.optimizer = create_loraplus_optimizer(
-                model=self.model, optimizer_cls=optimizer_cls, lr=self.args.learning_rate,
+                model=peft_model, optimizer_cls=optimizer_cls, lr=self.args.learning_rate,
                 loraplus_lr_ratio=self.loraplus_lr_ratio, loraplus_lr_embedding=self.loraplus_lr_embedding,
                 **optimizer_kwargs,
             )

@@ -90,14 +90,15 @@ def _is_correct(completion: str, answer: str) -> bool:
         if guess is None and (numbers := _NUMBER.findall(pool)):
             guess = _to_number(numbers[-1])
         return guess is not None and abs(guess - target) <= 1e-6
-    guess = boxed if boxed is not None else completion.rsplit("</think>", 1)[-1]
-    return _normalise(guess) == _normalise(answer)
+    text = boxed if boxed is not None else completion.rsplit("</think>", 1)[-1]
+    return _normalise(text) == _normalise(answer)
 
 
 def accuracy_reward(arg: str | None) -> RewardFunc:
     _no_argument("accuracy", arg)
 
-    def accuracy(prompts: list, completions: list, answer: list | None = None, **kwargs: Any) -> list[float | None]:
+    def accuracy(prompts: list[Any], completions: list[Any], answer: list[Any] | None = None,
+                 **kwargs: Any) -> list[float | None]:
         if answer is None:
             raise ConfigError(
                 "The `accuracy` reward needs an `answer` column in the dataset: map it in dataset_info.json, "
@@ -126,18 +127,18 @@ def _think_format_score(text: str) -> float:
 
 
 def format_reward(arg: str | None) -> RewardFunc:
-    if arg is None:
-        def format(prompts: list, completions: list, **kwargs: Any) -> list[float | None]:
-            return [_think_format_score(as_text(c)) for c in completions]
+    score: Callable[[str], float] = _think_format_score
+    if arg is not None:
+        try:
+            pattern = re.compile(arg, re.DOTALL)
+        except re.error as exc:
+            raise ConfigError(f"reward `format:{arg}`: not a valid regular expression ({exc}).") from None
 
-        return format
-    try:
-        pattern = re.compile(arg, re.DOTALL)
-    except re.error as exc:
-        raise ConfigError(f"reward `format:{arg}`: not a valid regular expression ({exc}).") from None
+        def score(text: str) -> float:
+            return 1.0 if pattern.search(text) else 0.0
 
-    def format(prompts: list, completions: list, **kwargs: Any) -> list[float | None]:
-        return [1.0 if pattern.search(as_text(c)) else 0.0 for c in completions]
+    def format(prompts: list[Any], completions: list[Any], **kwargs: Any) -> list[float | None]:
+        return [score(as_text(c)) for c in completions]
 
     return format
 
@@ -150,7 +151,7 @@ def length_reward(arg: str | None) -> RewardFunc:
     if not target > 0 or math.isinf(target):
         raise ConfigError(f"reward `length:{arg}`: the target must be a positive number of words, e.g. length:50.")
 
-    def length(prompts: list, completions: list, **kwargs: Any) -> list[float | None]:
+    def length(prompts: list[Any], completions: list[Any], **kwargs: Any) -> list[float | None]:
         return [1.0 - min(1.0, abs(len(as_text(c).split()) - target) / target) for c in completions]
 
     return length

@@ -141,5 +141,5 @@ def run(args: TrainArgs[GRPOOptions]) -> RunResult:
 
 register(Method(name="grpo", data_kind=DataKind.PROMPT, run=run, options=GRPOOptions,
                 summary="group relative policy optimisation from reward functions"))
-register(Method(name="gspo", data_kind=DataKind.PROMPT, run=run, options=GSPOOptions,
+register(Method[GRPOOptions](name="gspo", data_kind=DataKind.PROMPT, run=run, options=GSPOOptions,
                 summary="GRPO with sequence-level importance ratios"))

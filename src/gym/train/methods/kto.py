@@ -80,7 +80,7 @@ def run(args: TrainArgs[KTOOptions]) -> RunResult:
     return train_and_save(trainer, setup, args)
 
 
-def _rotate_completions(batch: dict[str, list]) -> dict[str, list]:
+def _rotate_completions(batch: dict[str, list[Any]]) -> dict[str, list[Any]]:
     """(x1, y1) ... (xn, yn) -> KL pairs (x1, yn), (x2, y1), ...: each prompt with another row's answer."""
     completions = batch["completion_ids"]
     batch["KL_completion_ids"] = completions[-1:] + completions[:-1]

@@ -120,7 +120,7 @@ def run(args: TrainArgs[PPOOptions]) -> RunResult:
         for _ in range(state["global_step"]):  # the prompts already trained on, in the same order
             next(prompts)
         logger.info("Resumed from %s at step %d.", setup.resume, first_step)
-    log = RunLog(training.output_dir)
+    log = RunLog(args.output_dir)
     log.start(first_step - 1)
     progress = Progress(max_steps, first_step - 1, desc="ppo", enabled=not training.disable_tqdm)
     save_steps = save_every(training.save_strategy, training.save_steps, max_steps)
@@ -140,7 +140,7 @@ def run(args: TrainArgs[PPOOptions]) -> RunResult:
         progress.show(step, {k: entry[k] for k in ("reward", "kl", "loss")})
         if save_steps and step % save_steps == 0 and step < max_steps:
             moments = loop.score_moments
-            save_checkpoint(training.output_dir, step, modules, loop.optimizer, loop.scheduler, generator,
+            save_checkpoint(args.output_dir, step, modules, loop.optimizer, loop.scheduler, generator,
                             {"tokens": tokens, "kl_coef": loop.kl_ctl.value,
                              "score_moments": [moments.mean, moments.var, moments.count]},
                             training.save_total_limit)

@@ -43,6 +43,7 @@ def run(args: TrainArgs[RewardOptions]) -> RunResult:
                                    "rejected_ids": r["prompt_ids"] + r["rejected_ids"]} for r in rows])
 
     train = full_sequences(setup.data.train)
+    assert train is not None  # get_dataset refuses an empty training set
     longest = max(max(len(c), len(r)) for c, r in zip(train["chosen_ids"], train["rejected_ids"]))
     choose_checkpointing(args, setup.model, 2 * longest * args.training.per_device_train_batch_size)
     config = trl_args(RewardConfig, args, max_length=None,
