@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -45,15 +46,15 @@ def _setup_logging(debug: bool) -> None:
         logging.getLogger(noisy).setLevel(logging.DEBUG if debug else logging.WARNING)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if not debug:
-        import warnings
-
-        import transformers
-
         # Deprecation notices from inside the libraries are for us, not for users.
         warnings.filterwarnings("ignore", category=FutureWarning)
-
-        transformers.utils.logging.set_verbosity_error()
-        transformers.utils.logging.disable_progress_bar()
+        # Through the environment, so that a verb that never loads transformers does not pay for importing it.
+        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+        if "transformers" in sys.modules:  # already imported (Gym called in-process): tell it directly
+            transformers = sys.modules["transformers"]
+            transformers.utils.logging.set_verbosity_error()
+            transformers.utils.logging.disable_progress_bar()
 
 
 def cmd_train(argv: list[str]) -> int:

@@ -1,3 +1,5 @@
+"""DataArguments: which data to train on, and how it becomes token ids."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -1,3 +1,5 @@
+"""FinetuningArguments: the stage (training method) and which parameters move."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

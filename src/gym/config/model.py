@@ -1,3 +1,5 @@
+"""ModelArguments: which model to load, and how (attention kernel, inference dtype and backend)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

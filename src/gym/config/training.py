@@ -1,3 +1,5 @@
+"""TrainingArguments: Hugging Face's, with the defaults Gym changes and Gym's own checks."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -50,8 +52,6 @@ class TrainingArguments(HFTrainingArguments):
     )
 
     def validate(self, args: TrainArgs[Any]) -> None:
-        if self.bf16 and self.fp16:
-            raise ConfigError("Set at most one of 'bf16' and 'fp16'.")
         if self.learning_rate < 0:
             raise ConfigError(f"'learning_rate' must be >= 0, got {self.learning_rate}.")
         for key in ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps"):

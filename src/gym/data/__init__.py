@@ -1,0 +1,1 @@
+"""Data: dataset registry, row formats, chat templates, tokenization per data kind, packing, collators."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, overload
 
 from gym.core.errors import DataError
 from gym.data.readers import RowSource
@@ -39,7 +39,18 @@ def _fail(source: RowSource, field_name: str, problem: str) -> DataError:
     return DataError(f"{source}: field '{field_name}' {problem}")
 
 
-def _string(source: RowSource, row: dict, column: str, *, required: bool) -> str | None:
+def _required_column(attr: DatasetAttr, source: RowSource, key: str) -> str:
+    column = attr.column(key)
+    if column is None:
+        raise DataError(f"{source}: dataset '{attr.name}' maps no '{key}' column.")
+    return column
+
+
+@overload
+def _string(source: RowSource, row: dict[str, Any], column: str, *, required: Literal[True]) -> str: ...
+@overload
+def _string(source: RowSource, row: dict[str, Any], column: str, *, required: bool) -> str | None: ...
+def _string(source: RowSource, row: dict[str, Any], column: str, *, required: bool) -> str | None:
     if column not in row or row[column] is None:
         if required:
             raise _fail(source, column, "is missing.")
@@ -64,9 +75,9 @@ def convert_row(attr: DatasetAttr, source: RowSource, row: Any, kind: str) -> Ex
         example.chosen = _answer_text(attr, source, row, "chosen")
         example.rejected = _answer_text(attr, source, row, "rejected")
     elif kind == "feedback":
-        example.kto_tag = _kto_tag(source, row, attr.column("kto_tag"))
-    elif kind == "prompt" and attr.column("answer"):
-        example.answer = _reference_answer(source, row, attr.column("answer"))
+        example.kto_tag = _kto_tag(source, row, _required_column(attr, source, "kto_tag"))
+    elif kind == "prompt" and (answer_col := attr.column("answer")):
+        example.answer = _reference_answer(source, row, answer_col)
     return example
 
 
@@ -86,9 +97,9 @@ def _check_columns_for(attr: DatasetAttr, kind: str) -> None:
         raise DataError(f"Dataset '{attr.name}' has no {what} (no '{missing[0]}' column): in dataset_info.json, {how}.")
 
 
-def _answer_text(attr: DatasetAttr, source: RowSource, row: dict, key: str) -> str:
+def _answer_text(attr: DatasetAttr, source: RowSource, row: dict[str, Any], key: str) -> str:
     """A chosen/rejected answer: a plain string (alpaca), or one message object (sharegpt/openai)."""
-    column = attr.column(key)
+    column = _required_column(attr, source, key)
     value = row.get(column)
     if isinstance(value, dict) and attr.formatting != "alpaca":
         content = value.get(attr.tag("content_tag"))
@@ -100,7 +111,7 @@ def _answer_text(attr: DatasetAttr, source: RowSource, row: dict, key: str) -> s
     return _string(source, row, column, required=True)
 
 
-def _kto_tag(source: RowSource, row: dict, column: str) -> bool:
+def _kto_tag(source: RowSource, row: dict[str, Any], column: str) -> bool:
     value = row.get(column)
     if isinstance(value, bool):
         return value
@@ -111,7 +122,7 @@ def _kto_tag(source: RowSource, row: dict, column: str) -> bool:
     raise _fail(source, column, f"must be true or false (desirable or not), got {value!r}.")
 
 
-def _reference_answer(source: RowSource, row: dict, column: str) -> str:
+def _reference_answer(source: RowSource, row: dict[str, Any], column: str) -> str:
     value = row.get(column)
     if isinstance(value, bool) or value is None:
         raise _fail(source, column, "is missing." if value is None else f"must be a string or number, got {value!r}.")
@@ -122,7 +133,7 @@ def _reference_answer(source: RowSource, row: dict, column: str) -> str:
     return value
 
 
-def _convert_alpaca(attr: DatasetAttr, source: RowSource, row: dict, kind: str) -> Example:
+def _convert_alpaca(attr: DatasetAttr, source: RowSource, row: dict[str, Any], kind: str) -> Example:
     prompt_col, query_col, response_col = attr.column("prompt"), attr.column("query"), attr.column("response")
     prompt = _string(source, row, prompt_col, required=True) if prompt_col else None
     query = _string(source, row, query_col, required=False) if query_col else None
@@ -151,8 +162,8 @@ def _convert_alpaca(attr: DatasetAttr, source: RowSource, row: dict, kind: str) 
     return Example(source=str(source), messages=messages, system=system)
 
 
-def _convert_sharegpt(attr: DatasetAttr, source: RowSource, row: dict, kind: str) -> Example:
-    column = attr.column("messages")
+def _convert_sharegpt(attr: DatasetAttr, source: RowSource, row: dict[str, Any], kind: str) -> Example:
+    column = _required_column(attr, source, "messages")
     if column not in row:
         raise _fail(source, column, "is missing.")
     raw = row[column]

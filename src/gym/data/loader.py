@@ -45,7 +45,7 @@ def _hub_rows(attr: DatasetAttr) -> Iterator[tuple[RowSource, Any]]:
 def load_examples(attr: DatasetAttr, kind: str, max_samples: int | None = None) -> list[Example]:
     rows = _hub_rows(attr) if attr.load_from == "hub" else read_rows(attr.path)
     limit = min(x for x in (attr.num_samples, max_samples) if x) if (attr.num_samples or max_samples) else None
-    examples = []
+    examples: list[Example] = []
     for source, row in rows:
         if limit is not None and len(examples) >= limit:
             break
@@ -58,9 +58,10 @@ def load_examples(attr: DatasetAttr, kind: str, max_samples: int | None = None) 
 ENCODERS = {"pairwise": encode_pairwise, "feedback": encode_feedback, "prompt": encode_prompt}
 
 
-def _encode_all(examples: list[Example], chat: ChatFormat, data_args: DataArguments, kind: str):
+def _encode_all(examples: list[Example], chat: ChatFormat, data_args: DataArguments,
+                kind: str) -> tuple[list[dict[str, Any]], int]:
     if kind == "unsupervised":
-        encoded = []
+        encoded: list[dict[str, Any]] = []
         for ex in examples:
             encoded += encode_unsupervised(ex, chat, data_args.cutoff_len)
         return encoded, 0

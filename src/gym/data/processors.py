@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from gym.core.errors import DataError
 from gym.data.formats import Example
 from gym.data.templates import ChatFormat
 
@@ -65,7 +66,7 @@ def encode_unsupervised(example: Example, chat: ChatFormat, cutoff_len: int, **_
 
 def _answer_ids(chat: ChatFormat, response: str) -> list[int]:
     tokenizer = chat.tokenizer
-    ids = tokenizer.encode(response, add_special_tokens=False)
+    ids: list[int] = tokenizer.encode(response, add_special_tokens=False)
     if not _ends_turn(ids, set(tokenizer.all_special_ids)) and tokenizer.eos_token_id is not None:
         ids.append(tokenizer.eos_token_id)
     return ids
@@ -83,8 +84,10 @@ def encode_pairwise(example: Example, chat: ChatFormat, cutoff_len: int, **_: An
 
     Answers are cut to fit cutoff_len after the prompt; None when the prompt alone fills it.
     """
+    if example.chosen is None or example.rejected is None:
+        raise DataError(f"{example.source}: a pairwise example needs both a chosen and a rejected answer.")
     prompt_ids, chosen_ids = _prompt_and_answer(example, chat, example.chosen)
-    _, rejected_ids = _prompt_and_answer(example, chat, example.rejected)
+    rejected_ids = _prompt_and_answer(example, chat, example.rejected)[1]
     room = cutoff_len - len(prompt_ids)
     if room < 1:
         return None

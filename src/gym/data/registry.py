@@ -67,6 +67,7 @@ def _attr_from_info(name: str, info: dict[str, Any], dataset_dir: Path) -> Datas
     if formatting not in ("alpaca", "sharegpt", "openai"):
         raise DataError(f"dataset_info.json: '{name}'.formatting must be alpaca, sharegpt or openai, "
                         f"got {formatting!r}.")
+    load_from: Literal["file", "hub"]
     if "file_name" in info:
         load_from, path = "file", str(dataset_dir / info["file_name"])
     elif "hf_hub_url" in info:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import difflib
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict, cast
 
 from gym.core.errors import ConfigError, GymError
 
@@ -39,7 +39,14 @@ class Template:
     thinking: bool = False
 
 
-_CHATML = dict(
+class _TemplateTurns(TypedDict):
+    system: str
+    user: str
+    assistant: str
+    observation: str
+
+
+_CHATML = _TemplateTurns(
     system="<|im_start|>system\n{content}<|im_end|>\n",
     user="<|im_start|>user\n{content}<|im_end|>\n<|im_start|>assistant\n",
     assistant="{content}<|im_end|>\n",
@@ -141,6 +148,7 @@ class ChatFormat:
     # -- named templates ------------------------------------------------------------------------
     def _render_named(self, messages: list[dict[str, str]], system: str | None) -> list[tuple[str, str]]:
         t, eos = self.template, self.tokenizer.eos_token or ""
+        assert t is not None, "only called for a named template"
         system = system or t.default_system
         head = t.prefix + (_fill(t.system, system, eos) if system and t.system else "")
         pairs = []
@@ -170,10 +178,10 @@ class ChatFormat:
         return out + [{"role": roles.get(m["role"], m["role"]), "content": m["content"]} for m in messages]
 
     def _apply(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
-        return self.tokenizer.apply_chat_template(
+        return cast(str, self.tokenizer.apply_chat_template(
             messages, tokenize=False, add_generation_prompt=add_generation_prompt,
             enable_thinking=self.enable_thinking,
-        )
+        ))
 
     def _render_with_tokenizer(self, messages: list[dict[str, str]], system: str | None) -> list[tuple[str, str]]:
         hf = self._hf_messages(messages, system)

@@ -19,7 +19,7 @@ from gym.delta.weights import load_model, parameters
 from gym.models.loader import load_tokenizer, resolve_model_path
 
 
-def check_base(base: Any, header: dict[str, Any], delta_path: str | os.PathLike) -> None:
+def check_base(base: Any, header: dict[str, Any], delta_path: str | os.PathLike[str]) -> None:
     expected = header.get("base", {}).get("fingerprint")
     if expected != fingerprint(parameters(base)):
         made_from = header.get("base", {}).get("name") or "another model"
@@ -28,7 +28,7 @@ def check_base(base: Any, header: dict[str, Any], delta_path: str | os.PathLike)
 
 
 def apply_delta(base: Any, entries: dict[str, Encoded | torch.Tensor], header: dict[str, Any],
-                delta_path: str | os.PathLike = "the delta") -> Any:
+                delta_path: str | os.PathLike[str] = "the delta") -> Any:
     """Add every entry to `base`'s parameters in place (after checking it is the right base); returns base."""
     check_base(base, header, delta_path)
     params = dict(base.named_parameters())
@@ -61,7 +61,8 @@ def write_applied(base_ref: str, delta_path: str | os.PathLike[str], out: str | 
                                                      "delta": str(delta_path), "delta_method": header.get("method")})
 
 
-def save_model_folder(model: Any, tokenizer_path: str, out: str | os.PathLike, manifest: dict[str, Any]) -> Path:
+def save_model_folder(model: Any, tokenizer_path: str, out: str | os.PathLike[str],
+                      manifest: dict[str, Any]) -> Path:
     """A model folder (weights, the tokenizer from tokenizer_path, gym_manifest.json) written under a temporary
     name and renamed into place, so a crash never leaves a half-written folder where a model was."""
     out = Path(out)

@@ -98,6 +98,11 @@ class BitDeltaQuantizer:
             encoded = quantize(delta.value, QuantMethod.INT8, granularity="channel")
         return encoded
 
+    @property
+    def needs_tokenizer(self) -> bool:
+        """Whether compress() reads calibration text, and so needs the base model's tokenizer."""
+        return bool(self.config.distill_steps)
+
     def compress(self, base: Any, finetuned: Any, tokenizer: Any = None, base_name: str | None = None,
                  progress: bool = True) -> CompressedDelta:
         started = time.perf_counter()
@@ -113,6 +118,9 @@ class BitDeltaQuantizer:
         if config.distill_steps:
             if tokenizer is None:
                 raise ConfigError("Scale distillation needs the base model's tokenizer for its calibration data.")
+            if config.calibration is None:
+                raise ConfigError("Scale distillation needs calibration data: set calibration (a dataset name or "
+                                  "file, e.g. alpaca_en_demo), or distill_steps=0 to keep alpha = mean|delta|.")
             batches = calibration_batches(tokenizer, config.calibration, config.calibration_dir, config.distill_seq_len,
                                           config.distill_batch_size, min(config.distill_steps, DISTINCT_BATCHES),
                                           config.seed)

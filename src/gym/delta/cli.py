@@ -15,7 +15,7 @@ from gym.delta.format import human_bytes, load_delta, read_header
 from gym.delta.weights import load_model
 from gym.models.loader import load_tokenizer, resolve_model_path
 
-METHODS = ("bitdelta", "int8", "int4", "int2", "ternary", "binary")
+COMPRESSION_METHODS = ("bitdelta", "int8", "int4", "int2", "ternary", "binary")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -26,7 +26,7 @@ def _parser() -> argparse.ArgumentParser:
     c = sub.add_parser("compress", help="base + fine-tune (model folder or LoRA adapter) -> delta file")
     c.add_argument("--base", required=True, help="base model: short name, hub id or folder")
     c.add_argument("--finetuned", required=True, help="fine-tuned model folder, or a LoRA adapter folder of the base")
-    c.add_argument("--method", choices=METHODS, default="bitdelta")
+    c.add_argument("--method", choices=COMPRESSION_METHODS, default="bitdelta")
     c.add_argument("-o", "--output", required=True, help="the .safetensors file to write")
     c.add_argument("--distill-steps", type=int, default=200, help="bitdelta: scale-distillation steps (0: none)")
     c.add_argument("--distill-lr", type=float, default=1e-4)
@@ -91,8 +91,8 @@ def quantizer_for(args: argparse.Namespace) -> Any:
 def compress(args: argparse.Namespace) -> int:
     quantizer = quantizer_for(args)  # option errors before any model is loaded
     base, finetuned = load_model(args.base), load_model(args.finetuned, args.base)
-    result = quantizer.compress(base, finetuned, tokenizer=load_tokenizer(resolve_model_path(args.base)),
-                                base_name=args.base)
+    tokenizer = load_tokenizer(resolve_model_path(args.base)) if quantizer.needs_tokenizer else None
+    result = quantizer.compress(base, finetuned, tokenizer=tokenizer, base_name=args.base)
     path = result.save(args.output)
     size, fp16 = path.stat().st_size, 2 * result.header["base"]["parameters"]
     print(f"Wrote {path}: {human_bytes(size)}, {fp16 / size:.1f}x smaller than the fine-tune in fp16 "

@@ -116,17 +116,18 @@ class DeltaQuantizer:
             error = weighted_error(dequantize(encoded) - delta.value, gram)
             if best is None or error < best[1]:
                 best = (encoded, error)
+        assert best is not None  # clips is never empty
         return best
 
     def _methods(self, deltas: list[Delta], grams: dict[str, torch.Tensor]) -> dict[str, QuantMethod]:
         config = self.config
         if config.bit_budget is not None:
             return self._allocate(deltas, grams)
-        chosen = {}
+        chosen: dict[str, QuantMethod] = {}
         for delta in deltas:
             match = [m for p, m in (config.layer_bits or {}).items()
                      if fnmatch.fnmatch(delta.name, p) or p in delta.name]
-            chosen[delta.name] = _method(match[-1]) if match else config.method
+            chosen[delta.name] = _method(match[-1] if match else config.method)
         return chosen
 
     def _allocate(self, deltas: list[Delta], grams: dict[str, torch.Tensor]) -> dict[str, QuantMethod]:
@@ -136,6 +137,8 @@ class DeltaQuantizer:
         errors = {d.name: [self._encode(d, m, grams.get(d.name))[1] for m in BUDGET_LADDER] for d in deltas}
         sizes = {d.name: d.value.numel() for d in deltas}
         level = {d.name: 0 for d in deltas}
+        if self.config.bit_budget is None:
+            raise ConfigError("Bit allocation needs a bit_budget.")
         budget = self.config.bit_budget * sum(sizes.values())
         used = sum(sizes[n] * BITS[BUDGET_LADDER[0]] for n in sizes)
         while True:
@@ -151,6 +154,11 @@ class DeltaQuantizer:
             level[best[0]] = best[1]
             used += best_extra
 
+    @property
+    def needs_tokenizer(self) -> bool:
+        """Whether compress() reads calibration text, and so needs the base model's tokenizer."""
+        return bool(self.config.calibration_samples)
+
     def compress(self, base: Any, finetuned: Any, tokenizer: Any = None, base_name: str | None = None,
                  progress: bool = True) -> CompressedDelta:
         started = time.perf_counter()
@@ -161,6 +169,9 @@ class DeltaQuantizer:
         if config.calibration_samples:
             if tokenizer is None:
                 raise ConfigError("Calibration needs the base model's tokenizer.")
+            if config.calibration is None:
+                raise ConfigError("calibration_samples > 0 needs calibration data: set calibration (a dataset name "
+                                  "or file).")
             batches = calibration_batches(tokenizer, config.calibration, config.calibration_dir, config.seq_len, 1,
                                           config.calibration_samples, config.seed)
             grams = input_grams(finetuned, batches, [d.name for d in quantized])
@@ -172,6 +183,6 @@ class DeltaQuantizer:
                 entries[delta.name] = self._encode(delta, methods[delta.name], grams.get(delta.name))[0]
             else:
                 entries[delta.name] = dense_entry(delta, base_params[delta.name], tuned_params[delta.name])
-        options = {**asdict(config), "method": config.method.value}
+        options = {**asdict(config), "method": _method(config.method).value}
         return finish(entries, deltas, base, options["method"] if not (config.layer_bits or config.bit_budget)
                       else "mixed", options, started, base_name, {"deltasoup": {"eligible": config.enable_deltasoup}})

@@ -59,7 +59,8 @@ def _key(name: str, part: str) -> str:
     return f"{name}::{part}"
 
 
-def save_delta(path: str | os.PathLike, entries: dict[str, Encoded | torch.Tensor], header: dict[str, Any]) -> Path:
+def save_delta(path: str | os.PathLike[str], entries: dict[str, Encoded | torch.Tensor],
+               header: dict[str, Any]) -> Path:
     """Write `entries` (an Encoded per quantized parameter, a tensor per dense one) with `header`."""
     tensors: dict[str, torch.Tensor] = {}
     described: dict[str, Any] = {}
@@ -82,7 +83,7 @@ def save_delta(path: str | os.PathLike, entries: dict[str, Encoded | torch.Tenso
     return path
 
 
-def read_header(path: str | os.PathLike) -> dict[str, Any]:
+def read_header(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The JSON header alone (no tensor is read), checked for format and version."""
     path = Path(path)
     if not path.is_file():
@@ -96,7 +97,7 @@ def read_header(path: str | os.PathLike) -> dict[str, Any]:
         raise ConfigError(f"{path} is a safetensors file but not a Gym delta (no '{HEADER_KEY}' header); "
                           "make one with `gym delta compress`.")
     try:
-        header = json.loads(metadata[HEADER_KEY])
+        header: dict[str, Any] = json.loads(metadata[HEADER_KEY])
     except json.JSONDecodeError as exc:
         raise ConfigError(f"{path}: the delta header is not valid JSON ({exc}).") from None
     if header.get("format") != FORMAT:
@@ -108,7 +109,7 @@ def read_header(path: str | os.PathLike) -> dict[str, Any]:
     return header
 
 
-def load_delta(path: str | os.PathLike) -> tuple[dict[str, Encoded | torch.Tensor], dict[str, Any]]:
+def load_delta(path: str | os.PathLike[str]) -> tuple[dict[str, Encoded | torch.Tensor], dict[str, Any]]:
     """-> (entries as save_delta took them, header), after checking the file is whole and finite."""
     header = read_header(path)
     try:
@@ -138,7 +139,7 @@ def load_delta(path: str | os.PathLike) -> tuple[dict[str, Encoded | torch.Tenso
     return entries, header
 
 
-def file_size(path: str | os.PathLike) -> int:
+def file_size(path: str | os.PathLike[str]) -> int:
     return Path(path).stat().st_size
 
 

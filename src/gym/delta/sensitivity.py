@@ -10,6 +10,7 @@ direction counts the same (H = I) and the score is the plain squared error.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -23,7 +24,7 @@ def input_grams(model: Any, batches: list[torch.Tensor], names: list[str]) -> di
     hooks = []
     embedding_name = next((n for n, p in model.named_parameters() if p is model.get_input_embeddings().weight), None)
 
-    def collect(weight_name: str):
+    def collect(weight_name: str) -> Callable[[torch.nn.Module, tuple[torch.Tensor, ...], Any], None]:
         def hook(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...], output: Any) -> None:
             x = inputs[0].detach().reshape(-1, inputs[0].shape[-1]).double()
             grams[weight_name] = grams.get(weight_name, 0) + x.T @ x

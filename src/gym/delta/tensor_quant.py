@@ -1,4 +1,4 @@
-"""DeltaQuant: quantizers for one fine-tune delta tensor (int8/int4/int2, ternary, binary).
+"""Tensor quantizers for one fine-tune delta tensor (int8/int4/int2, ternary, binary), used by DeltaQuant.
 
 A delta (fine-tuned minus base weight) is quantized per *unit*, and every unit gets its own scale:
 
@@ -23,7 +23,7 @@ import enum
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -131,6 +131,8 @@ def _blocks(t2: torch.Tensor, granularity: str, group_size: int | None) -> list[
         return [t2.reshape(1, -1)]
     if granularity == "channel":
         return [t2]
+    if group_size is None:
+        raise ValueError("granularity 'group' needs a group_size")
     full = t2.shape[1] // group_size * group_size
     blocks = [t2[:, :full].reshape(-1, group_size)] if full else []
     if full < t2.shape[1]:
@@ -142,6 +144,8 @@ def _grid_blocks(grid: torch.Tensor, cols: int, granularity: str, group_size: in
     """Split a stored unit grid the way `_blocks` splits the elements: one (units,) vector per block."""
     if granularity != "group":
         return [grid.reshape(-1)]
+    if group_size is None:
+        raise ValueError("granularity 'group' needs a group_size")
     n_full = cols // group_size
     parts = [grid[:, :n_full]] if n_full else []
     if n_full * group_size < cols:
@@ -271,7 +275,7 @@ def quantize(
     results = [kernel(b) for b in _blocks(x32.reshape(rows, cols), granularity, group_size)]
     tensors = {k: _join([stats[k] for _, stats in results], grid_rows) for k in results[0][1]}
     tensors["codes"] = pack(_join([codes for codes, _ in results], grid_rows), BITS[method])
-    params = {"granularity": granularity, "group_size": group_size, "symmetric": bool(symmetric)}
+    params: dict[str, Any] = {"granularity": granularity, "group_size": group_size, "symmetric": bool(symmetric)}
     params["clip_percentile"] = clip
     return Encoded(method=method, shape=shape, tensors=tensors, params=params)
 
@@ -341,7 +345,7 @@ def relative_error(x: torch.Tensor, enc: Encoded) -> float:
     norm = torch.linalg.vector_norm(x32).item()
     if norm == 0.0:
         return 0.0
-    return torch.linalg.vector_norm(dequantize(enc) - x32).item() / norm
+    return cast(float, torch.linalg.vector_norm(dequantize(enc) - x32).item() / norm)
 
 
 def encoded_bytes(enc: Encoded) -> int:

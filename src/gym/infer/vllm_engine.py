@@ -10,7 +10,10 @@ unmerged through vLLM's LoRA support; more than one must be merged first (gym ex
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import logging
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -20,21 +23,27 @@ from vllm import SamplingParams as VllmSampling
 from vllm.lora.request import LoRARequest
 
 from gym.core.errors import ConfigError
-from gym.infer.requests import EngineBusy, Event, Finished, Piece, Request, SamplingParams
+from gym.infer.requests import EngineBusy, EngineStopped, Event, Finished, Piece, Request, SamplingParams
+
+logger = logging.getLogger(__name__)
 
 
 class VllmEngine:
+    """The Engine interface (gym.infer.requests) over vLLM's AsyncLLMEngine, with HFEngine's guarantees:
+    a bounded number of requests in flight (EngineBusy past it), no request after shutdown (EngineStopped),
+    and every request ends with exactly one Finished event, whatever happens to it."""
+
     def __init__(self, model_path: str, adapters: list[str], stop_token_ids: list[int], *, max_batch_size: int,
                  max_waiting: int, trust_remote_code: bool = False) -> None:
         if len(adapters) > 1:
             raise ConfigError("infer_backend: vllm serves one LoRA adapter at a time; merge the others into the "
-                              "model first (gym export).")
+                              "model first, or use infer_backend: hf.")
         self.stop_token_ids = stop_token_ids
         self.max_waiting = max_waiting
-        self._in_flight = 0
-        self._lora = None
-        if adapters:
-            self._lora = LoRARequest("adapter", 1, adapters[0])
+        self._lock = threading.Lock()
+        self._running = True
+        self._tasks: dict[Request, concurrent.futures.Future[None]] = {}
+        self._lora = LoRARequest("adapter", 1, adapters[0]) if adapters else None
         args = AsyncEngineArgs(model=str(model_path), max_num_seqs=max_batch_size, enable_lora=bool(adapters),
                                trust_remote_code=trust_remote_code)
         self._loop = asyncio.new_event_loop()
@@ -48,25 +57,31 @@ class VllmEngine:
 
     def submit(self, prompt_ids: list[int], params: SamplingParams,
                sink: Callable[[Event], None] | None = None) -> Request:
-        if self._in_flight >= self.max_waiting:
-            raise EngineBusy(f"{self._in_flight} requests are in flight; retry later")
+        if not prompt_ids:
+            raise ValueError("the prompt is empty")
         request = Request(prompt_ids, params, sink)
-        self._in_flight += 1
-        asyncio.run_coroutine_threadsafe(self._run(request), self._loop)
+        with self._lock:
+            if not self._running:
+                raise EngineStopped("the engine is shutting down")
+            if len(self._tasks) >= self.max_waiting:
+                raise EngineBusy(f"{len(self._tasks)} requests are in flight; retry later")
+            self._tasks[request] = asyncio.run_coroutine_threadsafe(self._run(request), self._loop)
         return request
 
-    async def _run(self, request: Request) -> None:
-        params = request.params
-        sampling = VllmSampling(
+    def _sampling(self, params: SamplingParams) -> Any:
+        return VllmSampling(
             n=1, max_tokens=params.max_new_tokens, temperature=0.0 if params.greedy else params.temperature,
             top_p=params.top_p, top_k=params.top_k if params.top_k > 0 else -1,
             repetition_penalty=params.repetition_penalty, stop=params.stop or None,
             stop_token_ids=self.stop_token_ids, seed=params.seed, skip_special_tokens=True)
+
+    async def _run(self, request: Request) -> None:
         request_id = uuid.uuid4().hex
         emitted_tokens, reason = 0, "cancelled"
         try:
-            async for output in self._engine.generate({"prompt_token_ids": request.prompt_ids}, sampling,
-                                                      request_id, lora_request=self._lora):
+            async for output in self._engine.generate({"prompt_token_ids": request.prompt_ids},
+                                                      self._sampling(request.params), request_id,
+                                                      lora_request=self._lora):
                 if request.cancelled:
                     await self._engine.abort(request_id)
                     break
@@ -77,18 +92,37 @@ class VllmEngine:
                 request.generated = list(completion.token_ids)
                 request.emit(Piece(new_text, new_ids))
                 if completion.finish_reason is not None:
-                    reason = "length" if completion.finish_reason == "length" else "stop"
+                    reason = {"length": "length", "stop": "stop"}.get(completion.finish_reason, "cancelled")
+        except asyncio.CancelledError:  # shutdown: the Finished below still tells the caller
+            pass
+        except Exception as exc:  # a failure inside vLLM (out of memory, ...) must not leave the caller hanging
+            logger.exception("vLLM failed on request %s: %s", request_id, exc)
         finally:
-            self._in_flight -= 1
+            with self._lock:
+                self._tasks.pop(request, None)
             request.emit(Finished(reason, len(request.prompt_ids), len(request.generated), request.text))
 
     @property
     def load(self) -> dict[str, int]:
-        return {"running": self._in_flight, "waiting": 0}
+        with self._lock:
+            return {"running": len(self._tasks), "waiting": 0}
 
     def shutdown(self, timeout: float = 30.0) -> None:
+        """Refuse new requests, end those in flight (each gets its Finished), stop vLLM and the loop."""
+        with self._lock:
+            if not self._running:
+                return
+            self._running = False
+            in_flight = list(self._tasks.values())
+        for task in in_flight:
+            task.cancel()
+        deadline = time.monotonic() + timeout
+        while self.load["running"] and time.monotonic() < deadline:  # each task removes itself when finished
+            time.sleep(0.01)
         shutdown = getattr(self._engine, "shutdown", None)
         if callable(shutdown):
             shutdown()
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout)
+        if not self._thread.is_alive():
+            self._loop.close()

@@ -1,0 +1,1 @@
+"""Models: short names and the embedded model, loading (GGUF conversion included), adapters."""

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from filelock import FileLock
 from huggingface_hub import try_to_load_from_cache
+from safetensors import SafetensorError
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer, GenerationConfig
 
 from gym.config.model import ModelArguments
@@ -58,7 +59,8 @@ def _is_complete(folder: Path) -> bool:
     return (folder / MANIFEST).is_file() and (folder / "config.json").is_file()
 
 
-def convert_gguf(gguf_path: str | os.PathLike, dest: str | os.PathLike, hub_id: str | None = None) -> Path:
+def convert_gguf(gguf_path: str | os.PathLike[str], dest: str | os.PathLike[str],
+                 hub_id: str | None = None) -> Path:
     """Dequantise a GGUF file into a trainable Hugging Face folder at `dest`, once.
 
     Safe against two processes doing it at once (a file lock), and atomic: the folder is written
@@ -180,7 +182,7 @@ def load_causal_lm(model_path: str, model_args: ModelArguments | None = None,
         return AutoModelForCausalLM.from_pretrained(
             model_path, dtype=dtype, attn_implementation=attn_implementation(flash), **kwargs
         )
-    except (OSError, ValueError) as exc:  # a missing/unreadable config.json or weights file
+    except (OSError, ValueError, SafetensorError) as exc:  # a missing/unreadable config.json or weights file
         raise ModelError(f"Could not load the model {model_path}: {_first_line(exc)}") from None
 
 
@@ -193,7 +195,7 @@ def load_reward_backbone(model_path: str, model_args: ModelArguments | None = No
             model_path, num_labels=1, dtype=dtype, attn_implementation=attn_implementation(flash),
             **_hub_kwargs(model_args),
         )
-    except (OSError, ValueError) as exc:  # a missing/unreadable config.json or weights file
+    except (OSError, ValueError, SafetensorError) as exc:  # a missing/unreadable config.json or weights file
         raise ModelError(f"Could not load the model {model_path}: {_first_line(exc)}") from None
     if model.config.pad_token_id is None:
         # The score is read at the last non-padding token, which the model finds through pad_token_id.

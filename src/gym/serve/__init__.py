@@ -1,0 +1,1 @@
+"""The HTTP door: an OpenAI-compatible API (FastAPI + uvicorn) over gym.infer's engine."""

@@ -17,7 +17,7 @@ import hmac
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -28,7 +28,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from transformers import AutoConfig
 
 from gym.infer.chat import ChatModel
-from gym.infer.requests import EngineBusy, EngineStopped, Finished, Piece, SamplingParams
+from gym.infer.requests import EngineBusy, EngineStopped, Event, Finished, Piece, SamplingParams
 from gym.serve.protocol import ApiError, ChatCompletionRequest, CompletionRequest, TokenizeRequest, _Request
 
 _STATUS_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
@@ -148,12 +148,13 @@ class _Server:
             prompt = [prompt]
         if not prompt:
             raise ApiError(400, "The prompt is empty.", param="prompt")
-        if all(isinstance(p, int) for p in prompt):
+        token_ids = [p for p in prompt if isinstance(p, int)]
+        if len(token_ids) == len(prompt):
             vocab = len(self.chat_model.tokenizer)
-            if any(not 0 <= p < vocab for p in prompt):  # type: ignore[operator]
+            if any(not 0 <= p < vocab for p in token_ids):
                 raise ApiError(400, f"Token ids must lie in [0, {vocab}).", param="prompt")
-            return [list(prompt)]  # type: ignore[arg-type]
-        encoded = [self.chat_model.tokenizer.encode(p) for p in prompt]  # type: ignore[arg-type]
+            return [token_ids]
+        encoded = [self.chat_model.tokenizer.encode(p) for p in prompt]
         if any(not ids for ids in encoded):
             raise ApiError(400, "A prompt encodes to no tokens.", param="prompt")
         return encoded
@@ -220,14 +221,20 @@ class _Server:
                 "created": int(time.time()), "model": self.model_name, "choices": choices,
                 "usage": _usage(prompt_tokens, completion_tokens)}
 
-    def _submit(self, jobs: list[tuple[list[int], SamplingParams]]) -> tuple[asyncio.Queue, list[Any]]:
+    def _submit(self, jobs: list[tuple[list[int], SamplingParams]]
+                ) -> tuple[asyncio.Queue[tuple[int, Event]], list[Any]]:
         loop = asyncio.get_running_loop()
-        events: asyncio.Queue = asyncio.Queue()
+        events: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()
         handles = []
+
+        def sink_for(i: int) -> Callable[[Event], None]:
+            def sink(event: Event) -> None:
+                loop.call_soon_threadsafe(events.put_nowait, (i, event))
+            return sink
+
         try:
             for index, (prompt, params) in enumerate(jobs):
-                sink = (lambda i: lambda event: loop.call_soon_threadsafe(events.put_nowait, (i, event)))(index)
-                handles.append(self.chat_model.engine.submit(prompt, params, sink=sink))
+                handles.append(self.chat_model.engine.submit(prompt, params, sink=sink_for(index)))
         except EngineBusy as exc:
             for handle in handles:
                 handle.cancel()
@@ -239,8 +246,9 @@ class _Server:
             raise ApiError(503, "The server is shutting down.", type="service_unavailable") from None
         return events, handles
 
-    async def _stream(self, events: asyncio.Queue, handles: list[Any], jobs: list[Any], response_id: str, chat: bool,
-                      prompt_tokens: int, include_usage: bool, echo: list[str], n: int) -> AsyncIterator[str]:
+    async def _stream(self, events: asyncio.Queue[tuple[int, Event]], handles: list[Any], jobs: list[Any],
+                      response_id: str, chat: bool, prompt_tokens: int, include_usage: bool, echo: list[str],
+                      n: int) -> AsyncIterator[str]:
         created = int(time.time())
         base = {"id": response_id, "object": "chat.completion.chunk" if chat else "text_completion",
                 "created": created, "model": self.model_name}

@@ -51,6 +51,7 @@ def serve(config: dict[str, Any], *, host: str = "127.0.0.1", port: int = 8000, 
     app = create_app(chat_model, name, api_key)
     logger.info("Serving '%s' on http://%s:%d/v1 (auth: %s, batch up to %d, queue %d)", name, host, port,
                 "bearer key" if api_key else "none", max_batch_size, max_waiting)
+    # uvicorn annotates timeout_graceful_shutdown as int, but only hands it to asyncio.wait_for (any float).
     DrainingServer(uvicorn.Config(app, host=host, port=port, log_level="info", access_log=False,
-                                  timeout_graceful_shutdown=graceful_seconds)).run()
+                                  timeout_graceful_shutdown=graceful_seconds)).run()  # type: ignore[arg-type]
     logger.info("Stopped.")

@@ -60,8 +60,8 @@ class DeltaSoup:
     reopening, it must be the same base (its fingerprint is checked).
     """
 
-    def __init__(self, config: DeltaSoupConfig | None = None, *, path: str | os.PathLike,
-                 base_model: str | os.PathLike | None = None) -> None:
+    def __init__(self, config: DeltaSoupConfig | None = None, *, path: str | os.PathLike[str],
+                 base_model: str | os.PathLike[str] | None = None) -> None:
         self.path = Path(path).expanduser()
         if (self.path / LEDGER).is_file():
             self.store = Store(self.path)
@@ -154,7 +154,7 @@ class DeltaSoup:
         return self.store.contributions(round_id)
 
     # rounds
-    def aggregate(self, min_contributors: int | None = None, output_dir: str | os.PathLike | None = None
+    def aggregate(self, min_contributors: int | None = None, output_dir: str | os.PathLike[str] | None = None
                   ) -> dict[str, torch.Tensor]:
         """Merge the open round's accepted contributions, record the round, open the next one.
 
@@ -162,6 +162,7 @@ class DeltaSoup:
         output_dir: also write base + delta there as a model folder.
         """
         config = self.config
+        method = agg.AggregationMethod(config.method).value
         round_id, everyone, rows = self._open_round(config.min_contributors if min_contributors is None
                                                     else min_contributors)
         merged = self._merge(rows)
@@ -172,9 +173,9 @@ class DeltaSoup:
                                                 weights_fixed=all(r.num_samples is None for r in rows))
         quality = pay.qualities(merged.source, result.delta, result.weights, result.selected, merged.gram)
         blob = self.store.write_tensors(released, {"what": "aggregate", "round": round_id,
-                                                   "method": config.method.value})
+                                                   "method": method})
         record = RoundRecord(
-            round_id, config.method.value, n, [r.id for r in rows], [rows[i].id for i in result.selected],
+            round_id, method, n, [r.id for r in rows], [rows[i].id for i in result.selected],
             [float(w) for w in result.weights], privacy, blob,
             _jsonable({"num_byzantine": merged.num_byzantine, "norms": merged.norms,
                        "clip_scales": merged.clip_scales, "quality": quality, "aggregator": result.info}),
@@ -184,7 +185,7 @@ class DeltaSoup:
         rewards, reputation = self._settle(everyone, rows, quality, chosen)
         self.store.close_round(record, max(r.id for r in everyone), excluded, rewards, reputation)
         logger.info("%s: round %d aggregated %d contributions with %s (%d selected).", self.path, round_id, n,
-                    config.method.value, len(result.selected))
+                    method, len(result.selected))
         if output_dir is not None:
             self.write_model(output_dir, round_id)
         return released
@@ -227,7 +228,7 @@ class DeltaSoup:
                    num_byzantine: int | None, round_id: int,
                    weights_fixed: bool = True) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         config = self.config
-        if config.method.value == "weighted_mean" and not weights_fixed:
+        if config.method == agg.AggregationMethod.WEIGHTED_MEAN and not weights_fixed:
             # Self-reported num_samples travel with the contribution, so replacing one contributor moves every
             # weight: only the bound of a convex combination of clipped inputs (2C) still holds.
             bound = 2 * config.clip_norm
@@ -261,7 +262,7 @@ class DeltaSoup:
                       for user, q in by_user.items()}
         return (rewards if config.enable_rewards else []), reputation
 
-    def write_model(self, output_dir: str | os.PathLike, round_id: int | None = None) -> Path:
+    def write_model(self, output_dir: str | os.PathLike[str], round_id: int | None = None) -> Path:
         """base + a round's released aggregate (default: the last round) as a model folder with the tokenizer."""
         record = self._round(round_id)
         delta = self.store.read_tensors(record.aggregate_blob)
@@ -312,7 +313,8 @@ class DeltaSoup:
 
         reports = [PrivacyReport(**r.privacy) for r in rounds if r.privacy]
         return {
-            "path": str(self.path), "base_model": self.base.ref, "method": self.config.method.value,
+            "path": str(self.path), "base_model": self.base.ref,
+            "method": agg.AggregationMethod(self.config.method).value,
             "open_round": open_round, "rounds": len(rounds),
             "contributions": by_status(everyone),
             "open_round_contributions": by_status([r for r in everyone if r.round == open_round]),
@@ -325,7 +327,7 @@ class DeltaSoup:
 
 @dataclass
 class _Merged:
-    result: Any  # gym.soup.aggregators.AggregateResult
+    result: agg.AggregateResult
     source: Any  # the DeltaSource that was aggregated (clipped under DP)
     gram: torch.Tensor  # its Gram matrix
     norms: list[float]  # each contribution's L2 norm before clipping
@@ -334,7 +336,7 @@ class _Merged:
     num_byzantine: int | None
 
 
-def _normalised(ref: str | os.PathLike) -> str:
+def _normalised(ref: str | os.PathLike[str]) -> str:
     """A folder reference as an absolute path (a soup is reopened from anywhere); names and hub ids as given."""
     path = Path(ref).expanduser()
     return str(path.resolve()) if path.exists() else str(ref)

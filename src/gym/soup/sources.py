@@ -83,7 +83,7 @@ class SafetensorsSource:
     contributions do not hold a thousand open descriptors.
     """
 
-    def __init__(self, paths: list[str | os.PathLike]) -> None:
+    def __init__(self, paths: Sequence[str | os.PathLike[str]]) -> None:
         self._paths = [str(p) for p in paths]
         self._shapes: dict[str, tuple[int, ...]] = {}
         self._has: list[set[str]] = []

@@ -99,7 +99,7 @@ class RoundRecord:
 class Store:
     """The ledger and blobs of one soup folder. `Store.create` makes a new one; `Store(path)` opens one."""
 
-    def __init__(self, path: str | os.PathLike) -> None:
+    def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
         if not (self.path / LEDGER).is_file():
             raise ConfigError(f"{self.path} is not a soup (no {LEDGER}); make one with `gym soup init {self.path} "
@@ -111,7 +111,7 @@ class Store:
                               f"(it reads up to {SCHEMA_VERSION}); upgrade Gym.")
 
     @classmethod
-    def create(cls, path: str | os.PathLike, meta: dict[str, str]) -> Store:
+    def create(cls, path: str | os.PathLike[str], meta: dict[str, str]) -> Store:
         """A new soup folder with `meta` recorded; an existing soup is opened as it is (meta untouched)."""
         path = Path(path)
         (path / BLOBS).mkdir(parents=True, exist_ok=True)
@@ -198,10 +198,12 @@ class Store:
                 "INSERT INTO contributions (user_id, round, blob, status, reason, norm, num_samples, created_at, info) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (user_id, round_id, blob, status, reason, norm, num_samples, now, json.dumps(info)))
+            assert cursor.lastrowid is not None  # set by the INSERT
             row_id = int(cursor.lastrowid)
         return ContributionRecord(row_id, user_id, round_id, status, reason, norm, num_samples, blob, now, info)
 
     def contributions(self, round_id: int | None = None, status: str | None = None) -> list[ContributionRecord]:
+        args: list[int | str]
         query, args = "SELECT * FROM contributions WHERE 1 = 1", []
         if round_id is not None:
             query, args = query + " AND round = ?", [*args, round_id]
@@ -247,6 +249,7 @@ class Store:
 
     # rewards and reputation
     def rewards(self, round_id: int | None = None) -> list[dict[str, Any]]:
+        args: tuple[int, ...]
         query, args = "SELECT * FROM rewards", ()
         if round_id is not None:
             query, args = query + " WHERE round = ?", (round_id,)
@@ -256,7 +259,8 @@ class Store:
         return {row[0]: row[1] for row in self._db.execute("SELECT user_id, value FROM reputation")}
 
     def integrity_ok(self) -> bool:
-        return self._db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        verdict: str = self._db.execute("PRAGMA integrity_check").fetchone()[0]
+        return verdict == "ok"
 
 
 def _connect(path: Path) -> sqlite3.Connection:

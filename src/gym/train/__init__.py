@@ -1,0 +1,1 @@
+"""Training: the methods (methods/), the path they share (workflow), the harness, outputs and checkpoints."""

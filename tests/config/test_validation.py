@@ -1,0 +1,78 @@
+"""Validation happens once, when the config is parsed: every door (CLI, Python API, get_train_args) rejects a
+config that cannot run before any model or data loads, and the message names the key."""
+
+from __future__ import annotations
+
+import pytest
+
+from gym.config.methods import registered_methods
+from gym.config.parser import get_train_args
+from gym.core.errors import ConfigError
+from gym.python_api import TrainingConfig
+
+ONLINE = {"reward_funcs": ["accuracy"], "per_device_train_batch_size": 4}
+
+
+@pytest.mark.parametrize(("config", "match"), [
+    ({"stage": "grpo", "num_generations": 1, **ONLINE}, "'num_generations' must be at least 2"),
+    ({"stage": "rloo", "num_generations": 3, **ONLINE}, r"\(4\) .* multiple of num_generations \(3\)"),
+    ({"stage": "grpo", "per_device_train_batch_size": 4}, "This stage needs rewards"),
+    ({"stage": "gspo", "reward_funcs": ["acuracy"], "per_device_train_batch_size": 4}, "Did you mean 'accuracy'"),
+    ({"stage": "grpo", "reward_funcs": ["accuracy"], "reward_weights": [1, 2], **ONLINE}, "reward_weights has 2"),
+    ({"stage": "ppo", "ppo_epochs": 0, **ONLINE}, "'ppo_epochs' must be at least 1"),
+    ({"stage": "ppo", "pissa_init": True, **ONLINE}, "does not support `pissa_init`"),
+    ({"stage": "dpo", "pref_beta": 0}, "'pref_beta' must be positive"),
+    ({"stage": "dpo", "dpo_label_smoothing": 0.5}, r"'dpo_label_smoothing' must be in \[0, 0.5\)"),
+    ({"stage": "orpo", "pref_loss": "ipo"}, "stage: orpo uses pref_loss orpo"),
+    ({"stage": "orpo", "pref_ftx": 0.5}, "'pref_ftx' does not apply to orpo"),
+    ({"stage": "simpo", "ref_model": "x"}, "'ref_model' has no effect"),
+    ({"stage": "kto", "pref_ftx": 1.0}, "'pref_ftx' is not supported by kto"),
+    ({"stage": "rm", "delta_compression": "bitdelta"}, "delta_compression applies to language models"),
+    ({"finetuning_type": "full", "use_dora": True}, "'use_dora' needs finetuning_type: lora"),
+    ({"finetuning_type": "freeze", "adapter_name_or_path": "a"}, "'adapter_name_or_path' needs finetuning_type"),
+    ({"use_dora": True, "pissa_init": True}, "'use_dora' and 'pissa_init' cannot be combined"),
+    ({"lora_rank": 0}, "'lora_rank' must be positive"),
+    ({"cutoff_len": 0}, "'cutoff_len' must be positive"),
+    ({"val_size": 0.1, "eval_dataset": "x"}, "either 'val_size' or 'eval_dataset'"),
+    ({"bf16": True, "fp16": True}, "At most one of fp16 and bf16"),  # transformers' own check, as a ConfigError
+    ({"learning_rate": -1}, "'learning_rate' must be >= 0"),
+    ({"per_device_train_batch_size": 0}, "'per_device_train_batch_size' must be at least 1"),
+    ({"top_p": 1.5}, r"'top_p' must be in \(0, 1\]"),
+    ({"max_new_tokens": 0}, "'max_new_tokens' must be at least 1"),
+])
+def test_an_impossible_config_is_refused_at_parse_time(config, match):
+    with pytest.raises(ConfigError, match=match):
+        get_train_args(config)
+
+
+def test_every_door_refuses_it_before_anything_loads(monkeypatch):
+    """The Python API fails at construction: no model, tokenizer or dataset is touched."""
+    import gym.train.workflow as workflow
+
+    monkeypatch.setattr(workflow, "prepare", lambda *a, **k: pytest.fail("the run started"))
+    with pytest.raises(ConfigError, match="'num_generations' must be at least 2"):
+        TrainingConfig(stage="grpo", num_generations=1, reward_funcs=["accuracy"])
+
+
+def test_a_valid_config_of_every_stage_parses():
+    """Each registered method's defaults (plus rewards for the online ones) form a runnable config."""
+    for name, method in registered_methods().items():
+        online = method.data_kind.value == "prompt"
+        args = get_train_args({"stage": name, **(ONLINE if online else {})})
+        assert args.finetuning.stage == name
+        assert (args.options is None) == (method.options is None)
+        if method.options is not None:
+            assert isinstance(args.options, method.options)
+
+
+def test_a_forced_loss_stage_resolves_its_loss():
+    assert get_train_args({"stage": "simpo"}).options.pref_loss == "simpo"
+    assert get_train_args({"stage": "dpo", "pref_loss": "ipo"}).options.pref_loss == "ipo"
+
+
+def test_unpacks_as_the_five_llama_factory_dataclasses():
+    from gym.hparams import get_train_args as hparams_get_train_args
+
+    model, data, training, finetuning, generating = hparams_get_train_args({"stage": "dpo", "pref_beta": 0.2})
+    args = hparams_get_train_args({"stage": "dpo", "pref_beta": 0.2})
+    assert finetuning.stage == "dpo" and args.options.pref_beta == 0.2 and data.cutoff_len == 2048

@@ -1,0 +1,110 @@
+"""Known failures of the machine and of the libraries reach the user as one line and exit status 2, from
+every verb: a model folder without a tokenizer, an unreadable config.json, a broken safetensors file, a
+full disk. `--debug` still shows the traceback; a bug (anything not known) keeps its traceback."""
+
+from __future__ import annotations
+
+import errno
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gym.cli import main
+from gym.core.errors import ModelError, OutputError, as_gym_error
+
+
+def _gym(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "gym.cli", *args], capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture()
+def untokenized(tiny_model_dir, tmp_path) -> Path:
+    """The tiny base saved without its tokenizer files (weights and config only)."""
+    folder = tmp_path / "no-tokenizer"
+    folder.mkdir()
+    for name in ("config.json", "generation_config.json", "model.safetensors"):
+        if (tiny_model_dir / name).is_file():
+            shutil.copy(tiny_model_dir / name, folder / name)
+    return folder
+
+
+def _one_line_error(proc: subprocess.CompletedProcess[str], *fragments: str) -> None:
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr.count("gym: error:") == 1
+    for fragment in fragments:
+        assert fragment in proc.stderr
+
+
+def test_compressing_without_calibration_needs_no_tokenizer(untokenized, make_finetune, tmp_path):
+    tuned = make_finetune(lambda name, p: p.add_(0.01) if "mlp" in name else None)
+    out = tmp_path / "d.safetensors"
+    proc = _gym("delta", "compress", "--base", str(untokenized), "--finetuned", str(tuned), "--method", "bitdelta",
+                "--distill-steps", "0", "-o", str(out))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert out.is_file()
+
+
+def test_a_missing_tokenizer_is_one_line(untokenized, make_finetune, tmp_path, data_dir):
+    tuned = make_finetune(lambda name, p: p.add_(0.01) if "mlp" in name else None)
+    proc = _gym("delta", "compress", "--base", str(untokenized), "--finetuned", str(tuned), "--method", "bitdelta",
+                "--distill-steps", "2", "--calibration", "tiny_alpaca", "--dataset-dir", str(data_dir),
+                "-o", str(tmp_path / "d.safetensors"))
+    _one_line_error(proc, "Could not load the tokenizer", str(untokenized))
+    assert not (tmp_path / "d.safetensors").exists()
+
+
+def test_an_unreadable_config_json_is_one_line(untokenized, tmp_path):
+    (untokenized / "config.json").write_text("{not json")
+    proc = _gym("delta", "compress", "--base", str(untokenized), "--finetuned", str(untokenized), "--method", "int8",
+                "-o", str(tmp_path / "d.safetensors"))
+    _one_line_error(proc, str(untokenized))
+
+
+def test_a_truncated_safetensors_file_is_one_line(untokenized, tmp_path):
+    weights = untokenized / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    proc = _gym("delta", "compress", "--base", str(untokenized), "--finetuned", str(untokenized), "--method", "int8",
+                "-o", str(tmp_path / "d.safetensors"))
+    _one_line_error(proc, str(untokenized))
+
+
+def test_a_full_disk_is_one_line_from_any_verb(monkeypatch, capsys, tmp_path):
+    import gym.delta.cli as delta_cli
+
+    def no_space(*args: object, **kwargs: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "out"))
+
+    monkeypatch.setattr(delta_cli, "write_applied", no_space)
+    assert main(["delta", "apply", "--base", "b", "--delta", "d", "-o", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("gym: error:") == 1 and "No space left on the device" in err and str(tmp_path / "out") in err
+    with pytest.raises(OSError):
+        main(["delta", "apply", "--base", "b", "--delta", "d", "-o", str(tmp_path / "out"), "--debug"])
+
+
+def test_a_bug_keeps_its_traceback(monkeypatch):
+    import gym.delta.cli as delta_cli
+
+    monkeypatch.setattr(delta_cli, "write_applied", lambda *a, **k: [][1])
+    with pytest.raises(IndexError):
+        main(["delta", "apply", "--base", "b", "--delta", "d", "-o", "out"])
+
+
+@pytest.mark.parametrize(("exc", "kind", "fragment"), [
+    (OSError(errno.ENOSPC, "No space left on device", "/data/x"), OutputError, "No space left on the device (/data/x)"),
+    (OSError(errno.EROFS, "Read-only file system", "/ro/x"), OutputError, "Permission denied (/ro/x)"),
+    (PermissionError(errno.EACCES, "Permission denied", "/root/x"), OutputError, "Permission denied (/root/x)"),
+    (type("SafetensorError", (Exception,), {})("Error while deserializing header"), ModelError, "safetensors"),
+])
+def test_known_failures_are_translated(exc, kind, fragment):
+    error = as_gym_error(exc)
+    assert isinstance(error, kind) and fragment in str(error)
+
+
+@pytest.mark.parametrize("exc", [ValueError("a bug"), KeyError("x"), OSError(errno.EBADF, "Bad file descriptor")])
+def test_other_failures_are_not_translated(exc):
+    assert as_gym_error(exc) is None
