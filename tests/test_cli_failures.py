@@ -82,7 +82,7 @@ def test_a_full_disk_is_one_line_from_any_verb(monkeypatch, capsys, tmp_path):
     assert main(["delta", "apply", "--base", "b", "--delta", "d", "-o", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert err.count("gym: error:") == 1 and "No space left on the device" in err and str(tmp_path / "out") in err
-    with pytest.raises(OSError):
+    with pytest.raises(OSError, match="No space left on device"):
         main(["delta", "apply", "--base", "b", "--delta", "d", "-o", str(tmp_path / "out"), "--debug"])
 
 
@@ -90,7 +90,7 @@ def test_a_bug_keeps_its_traceback(monkeypatch):
     import gym.delta.cli as delta_cli
 
     monkeypatch.setattr(delta_cli, "write_applied", lambda *a, **k: [][1])
-    with pytest.raises(IndexError):
+    with pytest.raises(IndexError, match="list index out of range"):
         main(["delta", "apply", "--base", "b", "--delta", "d", "-o", "out"])
 
 

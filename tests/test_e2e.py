@@ -1,7 +1,10 @@
-"""The quick start on the real embedded model, shortened to a few steps."""
+"""The quick start on the real embedded model, shortened: the identity data only, a higher learning rate,
+short rows and a dozen steps, which is enough for what README promises, that the model learns to call itself
+"Gym Assistant" (data/identity.json)."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -9,24 +12,38 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+NAME = "Gym Assistant"
+
+
+def gym(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "gym.cli", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=600)
+
+
+def chat(*config: str, prompt: str) -> str:
+    """The greedy answer of `gym chat ... --prompt`."""
+    done = gym("chat", *config, "max_new_tokens=16", "do_sample=false", "--prompt", prompt)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout.split("Assistant:", 1)[1].strip()
 
 
 @pytest.mark.slow
-def test_quickstart_trains_the_embedded_model_and_chats(tmp_path, embedded_dir):
+def test_quickstart_trains_the_embedded_model_to_call_itself_gym_assistant(tmp_path, embedded_dir):
+    # The untrained model does not know the name: what follows is learned.
+    assert NAME not in chat("model_name_or_path=smollm2-135m", prompt="Who are you?")
+
     out = tmp_path / "quickstart"
-    train = subprocess.run(
-        [sys.executable, "-m", "gym.cli", "train", "examples/quickstart.yaml", "max_steps=2", "max_samples=8",
-         "cutoff_len=128", f"output_dir={out}", "disable_tqdm=true"],
-        cwd=REPO, capture_output=True, text=True, timeout=600,
-    )
+    train = gym("train", "examples/quickstart.yaml", "dataset=identity", "learning_rate=2e-3", "cutoff_len=96",
+                "max_steps=12", f"output_dir={out}", "disable_tqdm=true")
     assert train.returncode == 0, train.stderr[-3000:]
-    assert "Done: 2 steps" in train.stdout
+    assert "Done: 12 steps" in train.stdout
     assert (out / "adapter_model.safetensors").is_file() and (out / "training_loss.png").is_file()
-    chat = subprocess.run(
-        [sys.executable, "-m", "gym.cli", "chat", "examples/quickstart.yaml", f"output_dir={out}",
-         "max_new_tokens=12", "do_sample=false", "--prompt", "What is the capital of France?"],
-        cwd=REPO, capture_output=True, text=True, timeout=600,
-    )
-    assert chat.returncode == 0, chat.stderr[-3000:]
-    answer = chat.stdout.split("Assistant:", 1)[1]
-    assert len(answer.strip()) > 0
+    log = [json.loads(line) for line in (out / "trainer_log.jsonl").read_text().splitlines()]
+    losses = [e["loss"] for e in log if "loss" in e]
+    assert losses[-1] < losses[0] / 5, losses  # measured: about 4.4 -> 0.1
+
+    who = chat("examples/quickstart.yaml", f"output_dir={out}", prompt="Who are you?")
+    assert NAME in who, who
+    assert chat("examples/quickstart.yaml", f"output_dir={out}", prompt="Who are you?") == who  # greedy: repeatable
+    name = chat("examples/quickstart.yaml", f"output_dir={out}", prompt="What is your name?")
+    assert NAME in name, name

@@ -191,13 +191,15 @@ def test_the_checker_catches_a_deliberate_cycle():
 
 def test_type_only_imports_do_not_make_cycles_but_still_count_for_layers():
     modules = source_modules()
-    modules["gym.core.kinds"] += "\nfrom typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from gym.config.args import TrainArgs\n"
+    modules["gym.core.kinds"] += ("\nfrom typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                  "    from gym.config.args import TrainArgs\n")
     edges = all_edges(modules)
     assert any(e.type_only and e.imported == "gym.config.args" for e in upward(edges))
 
 
 def test_import_gym_loads_neither_torch_nor_transformers():
-    code = "import sys, gym; print(sorted(m for m in ('torch', 'transformers', 'datasets', 'peft') if m in sys.modules))"
+    heavy = "('torch', 'transformers', 'datasets', 'peft')"
+    code = f"import sys, gym; print(sorted(m for m in {heavy} if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 

@@ -53,12 +53,16 @@ def test_unknown_stage_suggests():
 
 
 @pytest.mark.parametrize(
-    "config",
-    [{"finetuning_type": "full", "use_dora": True}, {"use_dora": True, "pissa_init": True},
-     {"cutoff_len": 0}, {"val_size": 0.1, "eval_dataset": "x"}, {"bf16": True, "fp16": True}],
+    ("config", "message"),
+    [({"finetuning_type": "full", "use_dora": True}, r"'use_dora' needs finetuning_type: lora \(got 'full'\)"),
+     ({"use_dora": True, "pissa_init": True}, "'use_dora' and 'pissa_init' cannot be combined"),
+     ({"cutoff_len": 0}, "'cutoff_len' must be positive, got 0"),
+     ({"val_size": 0.1, "eval_dataset": "x"}, "either 'val_size' or 'eval_dataset', not both"),
+     ({"bf16": True, "fp16": True}, "fp16 and bf16")],
+    ids=["dora-without-lora", "dora-and-pissa", "cutoff-zero", "val-size-and-eval-dataset", "bf16-and-fp16"],
 )
-def test_impossible_combinations_are_errors(config):
-    with pytest.raises(ConfigError):
+def test_impossible_combinations_are_errors(config, message):
+    with pytest.raises(ConfigError, match=message):
         get_train_args(config)
 
 

@@ -7,15 +7,16 @@ template, and every malformed row must be reported with its file, its row and th
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 
 from gym.config.data import DataArguments
+from gym.core.errors import DataError
 from gym.data.loader import get_dataset, load_examples
 from gym.data.registry import get_dataset_attrs
 from gym.data.templates import get_chat_format
-from gym.core.errors import DataError
 
 REPO_DATA = Path(__file__).resolve().parents[2] / "data"
 
@@ -135,7 +136,7 @@ def test_malformed_pairwise_rows_name_file_row_and_field(tmp_path, entry, file, 
             {"conversations": [{"from": "human", "value": "Fine"}], "chosen": {"from": "gpt", "value": "A"},
              "rejected": {"from": "gpt", "value": "B"}})
     _write(tmp_path, {"pairs": entry}, {file: [good, good, row]})
-    with pytest.raises(DataError) as info:
+    with pytest.raises(DataError, match=re.escape(f"{file}, row 3")) as info:
         _examples(tmp_path, "pairs", "pairwise")
     message = str(info.value)
     assert f"{file}, row 3" in message
@@ -143,7 +144,7 @@ def test_malformed_pairwise_rows_name_file_row_and_field(tmp_path, entry, file, 
 
 
 def test_dataset_without_pairs_for_a_pairwise_stage_says_how_to_fix_dataset_info(data_dir):
-    with pytest.raises(DataError) as info:
+    with pytest.raises(DataError, match="tiny_alpaca") as info:
         _examples(data_dir, "tiny_alpaca", "pairwise")
     message = str(info.value)
     assert "tiny_alpaca" in message and "dataset_info.json" in message
@@ -160,7 +161,8 @@ def test_pairwise_cutoff_drops_long_prompts_and_cuts_answers(tmp_path, chat, tok
     data = _tokenized(tmp_path, "pairs", chat, "pairwise", cutoff_len=cutoff)
     assert data.stats["rows"] == 2 and data.stats["dropped"] == 1
     (row,) = data.train
-    assert _decode(tokenizer, row["prompt_ids"]) == _generation_prompt(tokenizer, [{"role": "user", "content": "Short?"}])
+    expected = _generation_prompt(tokenizer, [{"role": "user", "content": "Short?"}])
+    assert _decode(tokenizer, row["prompt_ids"]) == expected
     assert len(row["prompt_ids"]) + len(row["chosen_ids"]) == cutoff  # the long answer is cut to fit exactly
     assert _decode(tokenizer, row["chosen_ids"]).startswith("answer0 answer1")
     assert _decode(tokenizer, row["rejected_ids"]) == "No.<|im_end|>\n"  # the short one is kept whole
@@ -198,7 +200,7 @@ def test_feedback_tag_that_is_not_a_bool_names_file_row_and_field(tmp_path, bad)
     good = {"messages": [{"role": "user", "content": "Q"}, {"role": "assistant", "content": "A"}], "label": True}
     bad_row = dict(good, label=bad)
     _write(tmp_path, {"fb": FEEDBACK}, {"feedback.json": [good, bad_row]})
-    with pytest.raises(DataError) as info:
+    with pytest.raises(DataError, match=r"feedback\.json, row 2") as info:
         _examples(tmp_path, "fb", "feedback")
     message = str(info.value)
     assert "feedback.json, row 2" in message and "'label'" in message and "true or false" in message
@@ -249,7 +251,7 @@ def test_sharegpt_prompt_rows_drop_a_trailing_assistant_answer(tmp_path, chat, t
 def test_prompt_answer_of_the_wrong_type_names_file_row_and_field(tmp_path, bad):
     rows = [{"instruction": "Q", "answer": "1"}, {"instruction": "Q", "answer": bad}]
     _write(tmp_path, {"p": PROMPTS}, {"prompts.json": rows})
-    with pytest.raises(DataError) as info:
+    with pytest.raises(DataError, match=r"prompts\.json, row 2") as info:
         _examples(tmp_path, "p", "prompt")
     assert "prompts.json, row 2" in str(info.value) and "'answer'" in str(info.value)
 

@@ -5,10 +5,10 @@ import json
 import pytest
 
 from gym.config.data import DataArguments
+from gym.core.errors import DataError
 from gym.data.loader import get_dataset, load_examples
 from gym.data.registry import get_dataset_attrs
 from gym.data.templates import get_chat_format
-from gym.core.errors import DataError
 
 
 def _examples(data_dir, name, kind="supervised"):

@@ -4,10 +4,10 @@ import logging
 
 import pytest
 
+from gym.core.errors import ConfigError
 from gym.data.formats import Example
 from gym.data.processors import IGNORE_INDEX, encode_supervised
 from gym.data.templates import TEMPLATES, get_chat_format
-from gym.core.errors import ConfigError
 
 CONVERSATION = [
     {"role": "user", "content": "What is 2+2?"}, {"role": "assistant", "content": "4."},

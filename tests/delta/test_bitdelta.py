@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from gym.core.errors import ConfigError
 from gym.delta.apply import apply_delta
 from gym.delta.format import load_delta
 from gym.delta.tensor_quant import QuantMethod, signs
-from gym.core.errors import ConfigError
 from gym.quantization import BitDeltaConfig, BitDeltaQuantizer
 
 C = 2.0**-9  # exactly representable in float16, so the stored scale is exactly c
@@ -69,7 +69,7 @@ def test_unchanged_tensors_are_omitted_and_changed_norms_are_dense_and_exact(mak
 
 def test_signs_are_packed_eight_per_byte(gaussian_finetune, models, tiny_model_dir, tmp_path):
     result, path = _compress(models, tiny_model_dir, gaussian_finetune, tmp_path)
-    for name, entry in result.entries.items():
+    for entry in result.entries.values():
         rows, cols = entry.shape
         assert entry.tensors["codes"].dtype == torch.uint8 and entry.tensors["codes"].numel() == rows * cols // 8
     payload = sum(e.numel() // 8 + 2 for e in (torch.empty(x.shape) for x in result.entries.values()))
@@ -142,7 +142,8 @@ def test_distillation_trains_only_the_scales_and_lowers_the_logit_mse(make_finet
     assert distilled["steps"] == 30 and distilled["mse_after"] < distilled["mse_before"]
     for name, entry in after.entries.items():
         assert torch.equal(entry.tensors["codes"], before.entries[name].tensors["codes"])  # signs frozen
-    assert any(not torch.equal(e.tensors["scale"], before.entries[n].tensors["scale"]) for n, e in after.entries.items())
+    assert any(not torch.equal(e.tensors["scale"], before.entries[n].tensors["scale"])
+               for n, e in after.entries.items())
 
 
 def test_lora_adapter_is_merged_before_the_delta_is_taken(tiny_model_dir, models, tmp_path):

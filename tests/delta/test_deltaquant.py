@@ -5,14 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
+from gym.core.errors import ConfigError
 from gym.delta.apply import apply_delta
 from gym.delta.deltaquant import BUDGET_LADDER
-from gym.delta.format import load_delta
 from gym.delta.distill import calibration_batches
-from gym.delta.tensor_quant import BITS, QuantMethod, dequantize
+from gym.delta.format import load_delta
 from gym.delta.sensitivity import input_grams, weighted_error
+from gym.delta.tensor_quant import BITS, QuantMethod, dequantize
 from gym.delta.weights import Delta
-from gym.core.errors import ConfigError
 from gym.quantization import DeltaQuantConfig, DeltaQuantizer
 
 
@@ -44,7 +44,8 @@ def test_more_bits_less_error(gaussian_finetune, models, tiny_model_dir):
 def test_granularity_options_reach_the_encodings(gaussian_finetune, models, tiny_model_dir):
     base, tuned = models(tiny_model_dir), models(gaussian_finetune)
     name = "model.layers.0.mlp.down_proj.weight"  # 64 x 128
-    for config, scales in [(DeltaQuantConfig(method="int4"), 64), (DeltaQuantConfig(method="int4", per_channel=False), 1),
+    for config, scales in [(DeltaQuantConfig(method="int4"), 64),
+                           (DeltaQuantConfig(method="int4", per_channel=False), 1),
                            (DeltaQuantConfig(method="int4", group_size=32), 64 * 4)]:
         entry = DeltaQuantizer(config).compress(base, tuned).entries[name]
         assert entry.tensors["scale"].numel() == scales
@@ -83,7 +84,9 @@ def test_bit_budget_with_calibration_stays_within_budget(gaussian_finetune, mode
     assert bits / weights <= 4 and len({r.encoding for r in result.report}) > 1
 
 
-def test_calibrated_clipping_never_does_worse_than_none_on_the_calibration_weighting(make_finetune, models, tiny_model_dir, data_dir, tokenizer):
+def test_calibrated_clipping_never_does_worse_than_none_on_the_calibration_weighting(make_finetune, models,
+                                                                                  tiny_model_dir, data_dir,
+                                                                                  tokenizer):
     generator = torch.Generator().manual_seed(4)
 
     def change(name, param):  # a Gaussian delta with a few outliers, where clipping pays

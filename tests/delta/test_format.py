@@ -8,10 +8,10 @@ import json
 import pytest
 import torch
 
+from gym.core.errors import ConfigError
 from gym.delta.apply import apply_delta, write_applied
 from gym.delta.format import HEADER_KEY, fingerprint, load_delta, read_header
 from gym.delta.weights import parameters
-from gym.core.errors import ConfigError
 from gym.quantization import BitDeltaQuantizer
 
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 from safetensors.torch import load, save
 
+from gym.core.errors import ConfigError
 from gym.delta.tensor_quant import (
     BITS,
     Encoded,
@@ -19,7 +20,6 @@ from gym.delta.tensor_quant import (
     relative_error,
     signs,
 )
-from gym.core.errors import ConfigError
 
 # (granularity, group_size); 16 does not divide the 40-wide rows used below, 8 does.
 UNITS = [("tensor", None), ("channel", None), ("group", 16), ("group", 8)]

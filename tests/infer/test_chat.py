@@ -12,15 +12,25 @@ from gym.train.run import run_exp
 def test_chat_uses_the_template_the_adapter_was_trained_with(train_config, tokenizer):
     """Trained with a named template; chat must render prompts token-for-token the same way."""
     result = run_exp(train_config(template="llama3", default_system="Answer briefly.", cutoff_len=256))
-    chat = ChatModel({"adapter_name_or_path": result.output_dir, "do_sample": False, "max_new_tokens": 4})
+    chat = ChatModel({"adapter_name_or_path": result.output_dir, "do_sample": False, "max_new_tokens": 12,
+                      "repetition_penalty": 1.5})
     assert chat.data_args.template == "llama3"
     question = [{"role": "user", "content": "Add 2 and 3."}]
     training_ids = encode_supervised(Example("t", question + [{"role": "assistant", "content": "5"}]),
                                      get_chat_format(tokenizer, "llama3", "Answer briefly."), cutoff_len=512)
     prompt_len = training_ids["labels"].index(next(x for x in training_ids["labels"] if x != -100))
-    assert chat.render(question) == training_ids["input_ids"][:prompt_len]
+    prompt = chat.render(question)
+    assert prompt == training_ids["input_ids"][:prompt_len]
     answer = chat.chat(question)
-    assert isinstance(answer, str)
+    # The answer is what the merged model itself generates greedily from exactly that prompt. (The repetition
+    # penalty keeps the random tiny model from repeating one token, which would match almost anything.)
+    assert chat.decoding == {**chat.decoding, "max_new_tokens": 12, "do_sample": False, "repetition_penalty": 1.5}
+    with torch.no_grad():
+        out = chat.model.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False, repetition_penalty=1.5,
+                                  eos_token_id=chat.chat_format.stop_token_ids(), pad_token_id=tokenizer.pad_token_id)
+    new_tokens = out[0, len(prompt):].tolist()
+    assert len(set(new_tokens)) > 3
+    assert answer == tokenizer.decode(new_tokens, skip_special_tokens=True)
 
 
 def test_adapter_is_merged_so_chat_sees_the_trained_weights(train_config):

@@ -37,19 +37,37 @@ def reference(model, tokenizer, ids: list[int], new_tokens: int) -> list[int]:
     return out[0, len(ids):].tolist()
 
 
-def test_requests_joining_a_running_batch_decode_exactly_as_alone(engine, model_and_tokenizer):
+def test_requests_joining_a_running_batch_decode_exactly_as_alone(engine, model_and_tokenizer, monkeypatch):
     """Prompts of different lengths arrive while others decode: each joins the batch (left padding, the
     cache padded and stacked) and must produce the token ids greedy generate gives it alone."""
     model, tokenizer = model_and_tokenizer
     prompts = [tokenizer.encode(p) for p in PROMPTS]
+    prefills: list[tuple[list[int], dict[int, int]]] = []  # (ids prefilled, {running id: tokens it had by then})
+    prefill = engine._prefill
+
+    def watched_prefill(joining):
+        prefills.append(([r.id for r in joining], {r.id: len(r.generated) for r in engine._rows}))
+        prefill(joining)
+
+    monkeypatch.setattr(engine, "_prefill", watched_prefill)
     requests = []
     for ids in prompts:
+        if requests:  # each arrives a few steps into the previous ones
+            deadline = time.monotonic() + 60
+            while len(requests[-1].generated) < 2 and time.monotonic() < deadline:
+                time.sleep(0.005)
         requests.append(engine.submit(ids, SamplingParams(max_new_tokens=16 + 4 * len(requests), do_sample=False)))
-        time.sleep(0.03)  # each arrives a few steps into the previous ones
     for request in requests:
         assert isinstance(list(request.events())[-1], Finished)
+
+    # One prefill per request, each while every earlier request was still decoding in the batch.
+    assert [ids for ids, _ in prefills] == [[r.id] for r in requests]
+    for i, (_, running) in enumerate(prefills):
+        assert set(running) == {r.id for r in requests[:i]}, (i, running)
+        assert i == 0 or running[requests[i - 1].id] >= 2, (i, running)  # the previous one was decoding already
     for ids, request in zip(prompts, requests):
         assert request.generated == reference(model, tokenizer, ids, request.params.max_new_tokens)
+        assert len(request.generated) == request.params.max_new_tokens  # no early end: every row stayed to the end
 
 
 def test_text_and_usage_add_up(engine, model_and_tokenizer):
@@ -106,7 +124,7 @@ def test_a_full_queue_refuses_instead_of_growing(model_and_tokenizer):
         while not running.generated:
             time.sleep(0.01)
         waiting = [engine.submit(ids, SamplingParams(max_new_tokens=2, do_sample=False)) for _ in range(2)]
-        with pytest.raises(EngineBusy):
+        with pytest.raises(EngineBusy, match="2 requests are already waiting"):
             engine.submit(ids, SamplingParams(max_new_tokens=2))
         running.cancel()
         assert [list(w.events())[-1].completion_tokens for w in waiting] == [2, 2]  # served once the row freed

@@ -231,7 +231,7 @@ def test_sink_receives_the_same_events_as_events(fake, make_engine):
     assert done.wait(TIMEOUT)
     assert seen == expected and isinstance(seen[-1], Finished) and len(seen) == 4
     assert threads == {fake.engines[0].thread}  # called from the engine's loop thread
-    with pytest.raises(AssertionError):  # a sink request has no queue to read
+    with pytest.raises(AssertionError, match="reports to a callback"):  # a sink request has no queue to read
         next(request.events(timeout=TIMEOUT))
 
 
@@ -270,7 +270,7 @@ def test_submitting_past_max_waiting_in_flight_is_engine_busy(fake, make_engine)
     engine = make_engine(max_waiting=2)
     first, second = engine.submit(PROMPT, SamplingParams()), engine.submit(PROMPT, SamplingParams())
     assert engine.load == {"running": 2, "waiting": 0}
-    with pytest.raises(EngineBusy):
+    with pytest.raises(EngineBusy, match="2 requests are in flight"):
         engine.submit(PROMPT, SamplingParams())
     gate.set()
     for request in (first, second):
@@ -304,7 +304,7 @@ def test_shutdown_finishes_requests_in_flight_and_refuses_new_ones(fake, make_en
     events = _events(request)
     assert events[-1] == Finished("cancelled", 3, 2, "Hel")
     assert engine.load == {"running": 0, "waiting": 0}
-    with pytest.raises(EngineStopped):
+    with pytest.raises(EngineStopped, match="shutting down"):
         engine.submit(PROMPT, SamplingParams())
 
 

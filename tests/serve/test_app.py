@@ -104,7 +104,7 @@ def test_completions_plain_and_streamed(client, tiny_chat):
 
 def test_auth_is_required_when_a_key_is_set(base_url):
     wrong = openai.OpenAI(base_url=f"{base_url}/v1", api_key="not-the-key", max_retries=0)
-    with pytest.raises(openai.AuthenticationError) as error:
+    with pytest.raises(openai.AuthenticationError, match="Invalid or missing API key") as error:
         wrong.models.list()
     assert error.value.body["code"] == "invalid_api_key"
     status, body = raw(base_url, "/v1/chat/completions", json.dumps({"model": "tiny", "messages": HELLO}).encode(),
@@ -138,7 +138,7 @@ def test_bad_json_unknown_routes_and_methods(base_url, client):
     assert status == 404 and "Unknown route" in body["error"]["message"]
     assert raw(base_url, "/v1/chat/completions", method="GET")[0] == 405
     assert raw(base_url, "/v1/completions", json.dumps({"model": "tiny", "prompt": [10**9]}).encode())[0] == 400
-    with pytest.raises(openai.BadRequestError):
+    with pytest.raises(openai.BadRequestError, match=r"suffix \(insertion\) is not supported"):
         client.completions.create(model="tiny", prompt="x", suffix="y")
 
 

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import openai
 
-from gym.infer.chat import ChatModel
 from gym.cli import main
 from gym.data.formats import Example
 from gym.data.processors import encode_supervised
 from gym.data.templates import get_chat_format
+from gym.infer.chat import ChatModel
 from gym.train.run import run_exp
 
 from .conftest import free_port

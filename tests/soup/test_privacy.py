@@ -71,8 +71,11 @@ def test_classical_bound_is_the_textbook_formula_and_refuses_epsilon_from_one():
     assert privacy.gaussian_sigma(0.5, 1e-5, 1.0) == pytest.approx(math.sqrt(2 * math.log(1.25e5)) / 0.5)
     with pytest.raises(ConfigError, match="epsilon < 1"):
         privacy.classical_sigma(1.0, 1e-5, 1.0)
-    for bad in [(0.0, 1e-5), (-1.0, 1e-5), (1.0, 0.0), (1.0, 1.0)]:
-        with pytest.raises(ConfigError):
+    for bad, message in [((0.0, 1e-5), r"privacy_epsilon=0\.0 must be positive"),
+                         ((-1.0, 1e-5), r"privacy_epsilon=-1\.0 must be positive"),
+                         ((1.0, 0.0), r"privacy_delta=0\.0 must be between 0 and 1"),
+                         ((1.0, 1.0), r"privacy_delta=1\.0 must be between 0 and 1")]:
+        with pytest.raises(ConfigError, match=message):
             privacy.gaussian_sigma(*bad, 1.0)
 
 
@@ -85,7 +88,7 @@ def test_sensitivity_per_method():
     assert privacy.sensitivity("trimmed_mean", c, n, trim_percent=0.0) == pytest.approx(2 * c / n)
     for method in ["krum", "multi_krum", "geometric_median", "byzantine_robust"]:
         assert privacy.sensitivity(method, c, n) == 2 * c
-    with pytest.raises(ConfigError):
+    with pytest.raises(ConfigError, match="weighted_mean sensitivity needs the n non-negative weights"):
         privacy.sensitivity("weighted_mean", c, 3)
 
 

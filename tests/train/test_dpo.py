@@ -204,7 +204,7 @@ def test_preference_keys_are_refused_under_other_stages(train_config):
         get_train_args(train_config(stage="kto", simpo_gamma=0.5))
     with pytest.raises(ConfigError, match="Unknown config key 'pref_betta'"):
         get_train_args(train_config(stage="dpo", pref_betta=0.1))
-    with pytest.raises(ConfigError):
+    with pytest.raises(ConfigError, match="'pref_loss' expects one of .*got 'kto'"):
         get_train_args(train_config(stage="dpo", pref_loss="kto"))
 
 

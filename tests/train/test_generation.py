@@ -26,7 +26,8 @@ def test_merged_lora_samples_from_the_same_model_and_restores_it(tiny_model_dir)
             assert all(m.merged for m in model.modules() if hasattr(m, "merged_adapters"))
             merged = model(input_ids=ids).logits
             base_q = model.get_base_model().model.layers[0].self_attn.q_proj.base_layer.weight
-            assert not torch.allclose(base_q, before["base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight"])
+            original = before["base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight"]
+            assert not torch.allclose(base_q, original)
     assert torch.allclose(merged, expected, atol=1e-5)
     assert not any(m.merged for m in model.modules() if hasattr(m, "merged_adapters"))
     after = dict(model.named_parameters())

@@ -5,8 +5,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gym.train.ppo_math import (AdaptiveKLController, RunningMoments, completion_mask, compute_gae, policy_loss,
-                                value_loss, whiten)
+from gym.train.ppo_math import (
+    AdaptiveKLController,
+    RunningMoments,
+    completion_mask,
+    compute_gae,
+    policy_loss,
+    value_loss,
+    whiten,
+)
 
 
 def test_gae_matches_hand_computation_and_skips_padding():

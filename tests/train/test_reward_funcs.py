@@ -95,7 +95,8 @@ def test_format_partial_credit(completion, expected):
 
 def test_format_custom_regex():
     fn = reward(r"format:<answer>\d{1,3}</answer>")
-    assert fn(prompts=["q"] * 3, completions=["x <answer>42</answer>", "<answer>4242</answer>", "42"]) == [1.0, 0.0, 0.0]
+    completions = ["x <answer>42</answer>", "<answer>4242</answer>", "42"]
+    assert fn(prompts=["q"] * 3, completions=completions) == [1.0, 0.0, 0.0]
     # A comma-separated string keeps the commas inside the regex.
     funcs, _ = get_reward_funcs(r"accuracy,format:^\d{1,3}$,length:2")
     assert [f.__name__ for f in funcs] == ["accuracy", "format", "length"]
