@@ -29,6 +29,7 @@ commands:
   train CONFIG [key=value ...] [--key value ...]   fine-tune (see `gym train --help` for every key)
   chat [CONFIG] [--key value ...] [--prompt TEXT]  talk to a model; --prompt answers once and exits
   api [CONFIG] [--key value ...] [--host H] [--port P] [--api-key KEY] [--max_batch_size N] [--max_waiting N]
+      [--max_body_bytes N]
                                                    OpenAI-compatible server (key also from GYM_API_KEY)
   infer CONFIG --dataset D -o out.jsonl [--batch_size N] [--max_samples N]
                                                    answer every row of a dataset (resumable)
@@ -107,14 +108,15 @@ def cmd_api(argv: list[str]) -> int:
     from gym.config.files import parse_cli_args
 
     options = {"--host": "127.0.0.1", "--port": "8000", "--api-key": None, "--max_batch_size": "16",
-               "--max_waiting": "256", "--served_model_name": None}
+               "--max_waiting": "256", "--served_model_name": None, "--max_body_bytes": str(4 << 20)}
     values: dict[str, str | None] = {}
     for name, default in options.items():
         values[name], argv = _take_option(argv, name, default)
     try:
-        port, batch, waiting = (int(values[k] or "") for k in ("--port", "--max_batch_size", "--max_waiting"))
+        port, batch, waiting, body = (int(values[k] or "") for k in ("--port", "--max_batch_size", "--max_waiting",
+                                                                     "--max_body_bytes"))
     except ValueError:
-        raise ConfigError("--port, --max_batch_size and --max_waiting take whole numbers.") from None
+        raise ConfigError("--port, --max_batch_size, --max_waiting and --max_body_bytes take whole numbers.") from None
     try:
         import fastapi  # noqa: F401
         import uvicorn  # noqa: F401
@@ -123,7 +125,7 @@ def cmd_api(argv: list[str]) -> int:
     from gym.serve.server import serve
 
     serve(parse_cli_args(argv), host=values["--host"] or "127.0.0.1", port=port, api_key=values["--api-key"],
-          max_batch_size=batch, max_waiting=waiting, model_name=values["--served_model_name"])
+          max_batch_size=batch, max_waiting=waiting, model_name=values["--served_model_name"], max_body_bytes=body)
     return 0
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gym.core.errors import ConfigError
+from gym.core.errors import ConfigError, ModelError
 from gym.soup.contributions import Base, Rejected, l2_norm, to_delta
 
 NAME = "model.layers.1.mlp.down_proj.weight"
@@ -59,13 +59,13 @@ def test_pickled_weights_are_never_loaded(base, tmp_path):
     model.mkdir()
     (model / "config.json").write_text("{}")
     (model / "pytorch_model.bin").write_bytes(b"not even a pickle")
-    with pytest.raises(ConfigError, match=r"\.bin"):
+    with pytest.raises(ModelError, match=r"\.bin"):
         to_delta(model, base)
     adapter = tmp_path / "pickled-adapter"
     adapter.mkdir()
     (adapter / "adapter_config.json").write_text("{}")
     (adapter / "adapter_model.bin").write_bytes(b"x")
-    with pytest.raises(ConfigError, match="adapter_model.bin"):
+    with pytest.raises(ModelError, match="adapter_model.bin"):
         to_delta(adapter, base)
     (tmp_path / "weights.pt").write_bytes(b"x")
     with pytest.raises(ConfigError, match="never loaded"):

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from gym.core.errors import ConfigError
+from gym.train import online
 from gym.train.harness import read_log
-from gym.train.methods import grpo
 from gym.train.run import run_exp
 
 
@@ -27,7 +27,7 @@ def grpo_config(prompt_config):
 
 @pytest.mark.parametrize("stage", ["grpo", "gspo"])
 def test_two_steps_train_only_the_adapter(grpo_config, capture_trainer, assert_only_adapter_trained, stage):
-    captured = capture_trainer(grpo)
+    captured = capture_trainer(online)
     result = run_exp(grpo_config(stage=stage))
     assert result.global_step == 2
     assert_only_adapter_trained(Path(result.output_dir))
@@ -50,7 +50,7 @@ def test_two_steps_train_only_the_adapter(grpo_config, capture_trainer, assert_o
 
 
 def test_options_reach_trl(grpo_config, capture_trainer):
-    captured = capture_trainer(grpo)
+    captured = capture_trainer(online)
     run_exp(grpo_config(max_steps=1, loss_type="bnpo", epsilon=0.1, epsilon_high=0.28, temperature=0.7, beta=0.04))
     trainer = captured["trainer"]
     assert trainer.loss_type == "bnpo" and (trainer.epsilon_low, trainer.epsilon_high) == (0.1, 0.28)
@@ -76,7 +76,7 @@ def _loss_with_offsets(trainer, offsets: torch.Tensor, advantages: torch.Tensor)
 
 def test_gspo_uses_one_length_normalised_ratio_per_answer(grpo_config, monkeypatch):
     built = {}
-    monkeypatch.setattr(grpo, "train_and_save", lambda trainer, setup, args: built.setdefault("trainer", trainer))
+    monkeypatch.setattr(online, "train_and_save", lambda trainer, setup, args: built.setdefault("trainer", trainer))
     run_exp(grpo_config(stage="gspo"))  # builds the trainer exactly as a run does, then stops
     trainer = built["trainer"]
     # Token log-ratios (new - old) of +0.2, -0.2, 0 average to 0: the sequence ratio is exactly 1, inside

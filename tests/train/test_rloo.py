@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
+from gym.train import online
 from gym.train.harness import read_log
-from gym.train.methods import rloo
 from gym.train.run import run_exp
 
 
 def test_two_steps_train_only_the_adapter(prompt_config, capture_trainer, assert_only_adapter_trained):
-    captured = capture_trainer(rloo)
+    captured = capture_trainer(online)
     result = run_exp(prompt_config(stage="rloo", per_device_train_batch_size=4, num_generations=2))
     assert result.global_step == 2
     assert_only_adapter_trained(Path(result.output_dir))
@@ -32,7 +32,7 @@ def test_two_steps_train_only_the_adapter(prompt_config, capture_trainer, assert
 
 
 def test_options_reach_trl(prompt_config, capture_trainer):
-    captured = capture_trainer(rloo)
+    captured = capture_trainer(online)
     run_exp(prompt_config(stage="rloo", max_steps=1, per_device_train_batch_size=4, num_generations=4, beta=0.0,
                           epsilon=0.1, normalize_advantages=True))
     trainer = captured["trainer"]

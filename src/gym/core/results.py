@@ -19,6 +19,9 @@ class RunResult:
 
     def summary(self) -> str:
         loss = f"{self.final_loss:.4f}" if self.final_loss is not None else "n/a"
+        if self.metrics.get("already_complete"):
+            return (f"Already complete: {self.output_dir} holds the finished run ({self.global_step} steps, final "
+                    f"loss {loss}); nothing was trained. Raise max_steps to train further.")
         return (
             f"Done: {self.global_step} steps in {self.train_seconds:.0f} s, final loss {loss}, "
             f"{self.tokens_per_second:.0f} tokens/s, peak memory {self.peak_memory_bytes / 2**30:.2f} GiB.\n"

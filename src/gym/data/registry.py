@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from gym.core.errors import DataError
-from gym.core.names import split_names
+from gym.core.names import did_you_mean, split_names
 from gym.data.readers import first_row
 
 DATA_EXTENSIONS = (".json", ".jsonl", ".csv", ".parquet")
@@ -60,9 +60,24 @@ class DatasetAttr:
         return self.tags[key]
 
 
+# What a dataset_info.json entry may say (LLaMA-Factory's keys); anything else is most likely a typo.
+ENTRY_KEYS = ("file_name", "hf_hub_url", "ms_hub_url", "om_hub_url", "script_url", "cloud_file_name", "formatting",
+              "ranking", "subset", "split", "folder", "num_samples", "columns", "tags")
+
+
+def _check_keys(where: str, given: Any, known: Any) -> None:
+    if not isinstance(given, dict):
+        raise DataError(f"dataset_info.json: {where} must be an object, got {type(given).__name__}.")
+    for key in given:
+        if key not in known:
+            hint = f" Known: {', '.join(sorted(known))}."
+            raise DataError(f"dataset_info.json: unknown key '{key}' in {where}.{did_you_mean(key, known, hint)}")
+
+
 def _attr_from_info(name: str, info: dict[str, Any], dataset_dir: Path) -> DatasetAttr:
-    if not isinstance(info, dict):
-        raise DataError(f"dataset_info.json: entry '{name}' must be an object.")
+    _check_keys(f"entry '{name}'", info, ENTRY_KEYS)
+    _check_keys(f"'{name}'.columns", info.get("columns", {}), [*ALPACA_COLUMNS, *SHAREGPT_COLUMNS, "messages"])
+    _check_keys(f"'{name}'.tags", info.get("tags", {}), SHAREGPT_TAGS)
     formatting = info.get("formatting", "alpaca")
     if formatting not in ("alpaca", "sharegpt", "openai"):
         raise DataError(f"dataset_info.json: '{name}'.formatting must be alpaca, sharegpt or openai, "

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from gym.core.errors import ConfigError
+from gym.core.files import MANIFEST_FILE, check_free_space, refuse_overwrite, remove_stale_temps, temp_path
 from gym.delta.compress import reconstruct
 from gym.delta.format import fingerprint, load_delta
 from gym.delta.tensor_quant import Encoded
@@ -51,27 +52,31 @@ def apply_delta(base: Any, entries: dict[str, Encoded | torch.Tensor], header: d
 def write_applied(base_ref: str, delta_path: str | os.PathLike[str], out: str | os.PathLike[str],
                   overwrite: bool = False) -> Path:
     """`gym delta apply`: a model folder (safetensors + tokenizer) that transformers loads as it is."""
-    out = Path(out)
-    if out.exists() and any(out.iterdir()) and not overwrite:
-        raise ConfigError(f"{out} exists and is not empty; choose another output folder or pass --overwrite.")
+    refuse_overwrite(out, overwrite, folder=True)  # before minutes of work, not after
     entries, header = load_delta(delta_path)  # everything is checked before anything is written
     base_path = resolve_model_path(base_ref)
     model = apply_delta(load_model(base_ref), entries, header, delta_path)
     return save_model_folder(model, base_path, out, {"made_by": "gym delta apply", "base_model": base_ref,
-                                                     "delta": str(delta_path), "delta_method": header.get("method")})
+                                                     "delta": str(delta_path), "delta_method": header.get("method")},
+                             overwrite=overwrite)
 
 
 def save_model_folder(model: Any, tokenizer_path: str, out: str | os.PathLike[str],
-                      manifest: dict[str, Any]) -> Path:
+                      manifest: dict[str, Any], overwrite: bool = False) -> Path:
     """A model folder (weights, the tokenizer from tokenizer_path, gym_manifest.json) written under a temporary
-    name and renamed into place, so a crash never leaves a half-written folder where a model was."""
+    name and renamed into place, so a crash never leaves a half-written folder where a model was. An existing
+    model there is replaced only with `overwrite`."""
     out = Path(out)
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    refuse_overwrite(out, overwrite, folder=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temps(out.parent)
+    check_free_space(out, sum(p.numel() * p.element_size() for p in model.parameters()))
+    tmp = temp_path(out)
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         model.save_pretrained(tmp)
         load_tokenizer(tokenizer_path).save_pretrained(tmp)
-        (tmp / "gym_manifest.json").write_text(json.dumps(
+        (tmp / MANIFEST_FILE).write_text(json.dumps(
             {"what": "model", **manifest, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}, indent=2))
         if out.exists():
             shutil.rmtree(out)

@@ -7,11 +7,12 @@ from pathlib import Path
 from typing import Any
 
 from gym.core.errors import ConfigError
+from gym.core.files import refuse_overwrite
 from gym.delta.apply import apply_delta, write_applied
 from gym.delta.bitdelta import BitDeltaConfig, BitDeltaQuantizer
 from gym.delta.deltaquant import DeltaQuantConfig, DeltaQuantizer
 from gym.delta.evaluate import GainKept, eval_loss, eval_rows
-from gym.delta.format import human_bytes, load_delta, read_header
+from gym.delta.format import human_bytes, load_delta
 from gym.delta.weights import load_model
 from gym.models.loader import load_tokenizer, resolve_model_path
 
@@ -28,6 +29,7 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--finetuned", required=True, help="fine-tuned model folder, or a LoRA adapter folder of the base")
     c.add_argument("--method", choices=COMPRESSION_METHODS, default="bitdelta")
     c.add_argument("-o", "--output", required=True, help="the .safetensors file to write")
+    c.add_argument("--overwrite", action="store_true", help="replace an existing file at --output")
     c.add_argument("--distill-steps", type=int, default=200, help="bitdelta: scale-distillation steps (0: none)")
     c.add_argument("--distill-lr", type=float, default=1e-4)
     c.add_argument("--distill-batch-size", type=int, default=1)
@@ -90,10 +92,11 @@ def quantizer_for(args: argparse.Namespace) -> Any:
 
 def compress(args: argparse.Namespace) -> int:
     quantizer = quantizer_for(args)  # option errors before any model is loaded
+    refuse_overwrite(args.output, args.overwrite)  # and before minutes of compression, not after
     base, finetuned = load_model(args.base), load_model(args.finetuned, args.base)
     tokenizer = load_tokenizer(resolve_model_path(args.base)) if quantizer.needs_tokenizer else None
     result = quantizer.compress(base, finetuned, tokenizer=tokenizer, base_name=args.base)
-    path = result.save(args.output)
+    path = result.save(args.output, overwrite=args.overwrite)
     size, fp16 = path.stat().st_size, 2 * result.header["base"]["parameters"]
     print(f"Wrote {path}: {human_bytes(size)}, {fp16 / size:.1f}x smaller than the fine-tune in fp16 "
           f"({human_bytes(fp16)}), {len(result.entries)} changed parameters, {result.seconds:.0f} s.")
@@ -110,13 +113,16 @@ def apply(args: argparse.Namespace) -> int:
 
 
 def inspect_delta(args: argparse.Namespace) -> int:
-    header = read_header(args.delta)
+    _, header = load_delta(args.delta)  # every tensor read and checked (shape, codes, NaN/Inf), not just the header
     size = Path(args.delta).stat().st_size
-    fp16 = 2 * header["base"]["parameters"]
-    entries = header["stats"]["entries"]
+    base, stats = header.get("base") or {}, header.get("stats") or {}
+    if not isinstance(base.get("parameters"), int) or not isinstance(stats.get("entries"), dict):
+        raise ConfigError(f"{args.delta}: the delta header lacks its base or stats section; the file is damaged.")
+    fp16 = 2 * base["parameters"]
+    entries = stats["entries"]
     print(f"{args.delta}: {header['method']} delta (format v{header['version']}), {human_bytes(size)} on disk, "
           f"{fp16 / size:.1f}x smaller than the whole model in fp16 ({human_bytes(fp16)})")
-    print(f"base: {header['base'].get('name')} (fingerprint {header['base']['fingerprint'][:16]}...)")
+    print(f"base: {base.get('name')} (fingerprint {str(base.get('fingerprint'))[:16]}...)")
     print(f"changed parameters: {len(entries)}; DeltaSoup: "
           f"{'eligible' if header.get('deltasoup', {}).get('eligible') else 'not eligible'}")
     if "distillation" in header:

@@ -37,8 +37,9 @@ class CompressedDelta:
     def payload_bytes(self) -> int:
         return sum(r.bytes for r in self.report)
 
-    def save(self, path: str | Path) -> Path:
-        return save_delta(path, self.entries, self.header)
+    def save(self, path: str | Path, overwrite: bool = False) -> Path:
+        """Write the delta file (temp name + rename); an existing file is replaced only with `overwrite`."""
+        return save_delta(path, self.entries, self.header, overwrite=overwrite)
 
 
 def dense_entry(delta: Delta, base_value: torch.Tensor, tuned_value: torch.Tensor) -> torch.Tensor:

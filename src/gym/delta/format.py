@@ -29,7 +29,8 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from gym.core.errors import ConfigError
-from gym.delta.tensor_quant import Encoded, QuantMethod
+from gym.core.files import check_free_space, refuse_overwrite, remove_stale_temps, temp_path
+from gym.delta.tensor_quant import BITS, Encoded, QuantMethod
 
 FORMAT = "gym-delta"
 VERSION = 1
@@ -60,8 +61,9 @@ def _key(name: str, part: str) -> str:
 
 
 def save_delta(path: str | os.PathLike[str], entries: dict[str, Encoded | torch.Tensor],
-               header: dict[str, Any]) -> Path:
-    """Write `entries` (an Encoded per quantized parameter, a tensor per dense one) with `header`."""
+               header: dict[str, Any], overwrite: bool = False) -> Path:
+    """Write `entries` (an Encoded per quantized parameter, a tensor per dense one) with `header`: refused
+    over an existing file unless `overwrite`, and before anything is written when the disk is too small."""
     tensors: dict[str, torch.Tensor] = {}
     described: dict[str, Any] = {}
     for name, entry in entries.items():
@@ -73,8 +75,11 @@ def save_delta(path: str | os.PathLike[str], entries: dict[str, Encoded | torch.
             tensors[_key(name, "delta")] = entry.detach().cpu().contiguous()
     full_header = {"format": FORMAT, "version": VERSION, **header, "entries": described}
     path = Path(path)
+    refuse_overwrite(path, overwrite)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    remove_stale_temps(path.parent)
+    check_free_space(path, sum(t.numel() * t.element_size() for t in tensors.values()))
+    tmp = temp_path(path)
     try:
         save_file(tensors, str(tmp), metadata={HEADER_KEY: json.dumps(full_header)})
         os.replace(tmp, path)
@@ -97,16 +102,30 @@ def read_header(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise ConfigError(f"{path} is a safetensors file but not a Gym delta (no '{HEADER_KEY}' header); "
                           "make one with `gym delta compress`.")
     try:
-        header: dict[str, Any] = json.loads(metadata[HEADER_KEY])
+        header = json.loads(metadata[HEADER_KEY])
     except json.JSONDecodeError as exc:
         raise ConfigError(f"{path}: the delta header is not valid JSON ({exc}).") from None
+    if not isinstance(header, dict):
+        raise ConfigError(f"{path}: the '{HEADER_KEY}' header is a JSON {type(header).__name__}, not an object; "
+                          "the file is damaged or was not written by Gym.")
     if header.get("format") != FORMAT:
         raise ConfigError(f"{path}: unknown delta format {header.get('format')!r} (expected {FORMAT!r}).")
     version = header.get("version")
     if not isinstance(version, int) or version > VERSION or version < 1:
         raise ConfigError(f"{path}: delta format version {version!r} is not supported by this Gym (it reads up to "
                           f"version {VERSION}); upgrade Gym to read it.")
+    _check_entries(path, header.get("entries"))
     return header
+
+
+def _check_entries(path: str | os.PathLike[str], entries: Any) -> None:
+    """Every entry of the header says how its parameter is stored, with a shape of non-negative integers."""
+    if not isinstance(entries, dict):
+        raise ConfigError(f"{path}: the delta header has no 'entries' object; the file is damaged.")
+    for name, spec in entries.items():
+        shape = spec.get("shape") if isinstance(spec, dict) else None
+        if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
+            raise ConfigError(f"{path}: the header entry of {name} has no valid shape; the file is damaged.")
 
 
 def load_delta(path: str | os.PathLike[str]) -> tuple[dict[str, Encoded | torch.Tensor], dict[str, Any]]:
@@ -132,6 +151,10 @@ def load_delta(path: str | os.PathLike[str]) -> tuple[dict[str, Encoded | torch.
                 raise ConfigError(f"{path}: {name} has an unknown encoding {spec.get('encoding')!r}.") from None
             if "codes" not in parts or "scale" not in parts:
                 raise ConfigError(f"{path}: {name} lacks its codes or scales; the file is damaged.")
+            needed = -(-math.prod(shape) * BITS[method] // 8)  # bytes of packed codes the shape needs
+            if parts["codes"].dtype != torch.uint8 or parts["codes"].numel() < needed:
+                raise ConfigError(f"{path}: {name} has {parts['codes'].numel()} bytes of codes; its shape "
+                                  f"{list(shape)} at {BITS[method]} bits needs {needed}. The file is damaged.")
             entries[name] = Encoded(method=method, shape=shape, tensors=parts, params=spec.get("params", {}))
         for part, tensor in parts.items():
             if tensor.is_floating_point() and not torch.isfinite(tensor).all():

@@ -42,6 +42,6 @@ def compress_output(args: TrainArgs[Any], output_dir: str | Path) -> Path:
                                 tokenizer=load_tokenizer(base_path) if quantizer.needs_tokenizer else None,
                                 base_name=args.model.model_name_or_path,
                                 progress=not args.training.disable_tqdm)
-    path = result.save(output_dir / DELTA_FILE)
+    path = result.save(output_dir / DELTA_FILE, overwrite=True)  # part of this run's own output
     logger.info("Delta: %s (%d bytes) in %.0f s.", path, path.stat().st_size, result.seconds)
     return path

@@ -16,7 +16,7 @@ import torch
 from peft import PeftModel
 
 from gym.core.errors import ConfigError
-from gym.models.loader import load_causal_lm, resolve_model_path
+from gym.models.loader import load_causal_lm, require_safetensors, resolve_model_path
 
 logger = logging.getLogger(__name__)
 
@@ -26,6 +26,8 @@ LINEAR, EMBEDDING, OTHER = "linear", "embedding", "other"
 def load_model(ref: str, base_ref: str | None = None) -> Any:
     """A causal LM in float32 on the CPU: a model reference, or a LoRA adapter folder merged onto `base_ref`."""
     folder = Path(ref).expanduser()
+    if folder.is_dir():
+        require_safetensors(folder)
     if (folder / "adapter_config.json").is_file():
         if base_ref is None:
             raise ConfigError(f"{folder} is a LoRA adapter: give the base it was trained on (--base).")

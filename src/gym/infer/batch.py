@@ -22,6 +22,7 @@ from tqdm.auto import tqdm
 
 from gym.config.files import Config
 from gym.core.errors import DataError
+from gym.core.files import OutputLock, remove_stale_temps, temp_path
 from gym.core.kinds import DataKind
 from gym.data.formats import Example
 from gym.data.loader import load_examples
@@ -62,7 +63,7 @@ def _done_indices(path: Path) -> set[int]:
         except (json.JSONDecodeError, KeyError, TypeError, ValueError):
             logger.warning("Dropping an incomplete line from %s (an interrupted run).", path)
     if len(kept) != len(lines) or (lines and not lines[-1].endswith("\n")):
-        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        tmp = temp_path(path)
         tmp.write_text("".join(kept), encoding="utf-8")
         os.replace(tmp, path)
     return done
@@ -81,6 +82,13 @@ def run_infer(config: Config, dataset: str, output: str | os.PathLike[str], data
     rows = load_rows(dataset, dataset_dir, max_samples)  # data errors before the model loads
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
+    with OutputLock(output, what="gym infer", file=True):  # two runs appending to one file would mix lines
+        remove_stale_temps(output.parent)
+        return _answer_rows(config, rows, output, batch_size, seed, progress)
+
+
+def _answer_rows(config: Config, rows: list[dict[str, Any]], output: Path, batch_size: int, seed: int,
+                 progress: bool) -> Path:
     done = _done_indices(output)
     todo = [i for i in range(len(rows)) if i not in done]
     if done:

@@ -25,7 +25,7 @@ from transformers import AutoModelForCausalLM, AutoModelForSequenceClassificatio
 
 from gym.config.model import ModelArguments
 from gym.core.errors import ModelError
-from gym.core.files import FORMAT_VERSION
+from gym.core.files import FORMAT_VERSION, temp_path
 from gym.core.files import MANIFEST_FILE as MANIFEST
 from gym.models.registry import DEFAULT_MODEL, EMBEDDED, HUB_PRESETS, known_names
 
@@ -73,7 +73,7 @@ def convert_gguf(gguf_path: str | os.PathLike[str], dest: str | os.PathLike[str]
             return dest
         started = time.time()
         logger.warning("Converting %s into %s (once; later loads take under a second)...", gguf_path.name, dest)
-        tmp = dest.with_name(f"{dest.name}.tmp-{os.getpid()}")
+        tmp = temp_path(dest)
         shutil.rmtree(tmp, ignore_errors=True)
         folder, filename = str(gguf_path.parent), gguf_path.name
         tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=filename)
@@ -201,6 +201,19 @@ def load_reward_backbone(model_path: str, model_args: ModelArguments | None = No
         # The score is read at the last non-padding token, which the model finds through pad_token_id.
         model.config.pad_token_id = model.config.eos_token_id
     return model
+
+
+def require_safetensors(folder: Path) -> None:
+    """A local model or LoRA adapter folder must hold safetensors weights: pickled weights (.bin, .pt) can run
+    code when loaded, and Gym never unpickles files that others may have made."""
+    if (folder / "adapter_config.json").is_file():
+        if not (folder / "adapter_model.safetensors").is_file():
+            raise ModelError(f"{folder} is a LoRA adapter without adapter_model.safetensors; pickled adapters "
+                             "(adapter_model.bin) are never loaded: re-save it with save_pretrained() "
+                             "(safetensors is the default), or convert it with safetensors' convert script.")
+    elif (folder / "config.json").is_file() and not any(folder.glob("*.safetensors")):
+        raise ModelError(f"{folder} holds no .safetensors weights; pickled weights (.bin) are never loaded: "
+                         "re-save the model with save_pretrained() (safetensors is the default).")
 
 
 def generation_defaults(model_path: str) -> dict[str, Any]:

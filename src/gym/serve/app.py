@@ -29,15 +29,19 @@ from transformers import AutoConfig
 
 from gym.infer.chat import ChatModel
 from gym.infer.requests import EngineBusy, EngineStopped, Event, Finished, Piece, SamplingParams
+from gym.serve.limits import DEFAULT_MAX_BODY_BYTES, BodyLimit, check_text_length
 from gym.serve.protocol import ApiError, ChatCompletionRequest, CompletionRequest, TokenizeRequest, _Request
 
 _STATUS_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-                 405: "invalid_request_error", 422: "invalid_request_error", 429: "rate_limit_error",
+                 405: "invalid_request_error", 413: "invalid_request_error", 422: "invalid_request_error",
+                 429: "rate_limit_error",
                  503: "service_unavailable"}
 
 
-def create_app(chat_model: ChatModel, model_name: str, api_key: str | None = None) -> FastAPI:
-    """The app for one loaded ChatModel; `api_key` (if set) is required as a bearer token on /v1 and /tokenize."""
+def create_app(chat_model: ChatModel, model_name: str, api_key: str | None = None,
+               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
+    """The app for one loaded ChatModel. `api_key` (if set) is required as a bearer token on /v1, /tokenize
+    and /openapi.json (the browser pages /docs and /redoc, which cannot send it, are then off)."""
     server = _Server(chat_model, model_name)
 
     @asynccontextmanager
@@ -45,8 +49,11 @@ def create_app(chat_model: ChatModel, model_name: str, api_key: str | None = Non
         yield
         await asyncio.to_thread(chat_model.close)  # the engine finishes its step and releases waiters
 
-    app = FastAPI(title="Gym", lifespan=lifespan)
+    public_docs = api_key is None
+    app = FastAPI(title="Gym", lifespan=lifespan, openapi_url="/openapi.json" if public_docs else None,
+                  docs_url="/docs" if public_docs else None, redoc_url="/redoc" if public_docs else None)
     app.state.server = server
+    app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
 
     def authorize(request: Request) -> None:
         if api_key is None:
@@ -71,17 +78,23 @@ def create_app(chat_model: ChatModel, model_name: str, api_key: str | None = Non
         problems = exc.errors()
         if any(p.get("type") == "json_invalid" for p in problems):
             error = ApiError(400, "The request body is not valid JSON.")
+        elif any("lone surrogate" in str(p.get("msg")) for p in problems):
+            bad = next(p for p in problems if "lone surrogate" in str(p.get("msg")))
+            error = ApiError(400, f"{_where(bad)}: {bad.get('msg')}", param=_where(bad))
         else:
-            first = problems[0] if problems else {}
-            where = ".".join(str(part) for part in first.get("loc", ()) if part != "body")
-            error = ApiError(422, "; ".join(f"{'.'.join(str(x) for x in p.get('loc', ()) if x != 'body')}: "
-                                            f"{p.get('msg')}" for p in problems), param=where or None)
+            where = _where(problems[0]) if problems else ""
+            error = ApiError(422, "; ".join(f"{_where(p)}: {p.get('msg')}" for p in problems), param=where or None)
         return JSONResponse(error.body(), status_code=error.status)
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
         error = ApiError(500, f"Internal error: {type(exc).__name__}: {exc}", type="server_error")
         return JSONResponse(error.body(), status_code=500)
+
+    if not public_docs:
+        @app.get("/openapi.json", dependencies=[Depends(authorize)], include_in_schema=False)
+        async def openapi() -> dict[str, Any]:
+            return app.openapi()
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
@@ -100,6 +113,8 @@ def create_app(chat_model: ChatModel, model_name: str, api_key: str | None = Non
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
         server.check_model(body.model)
         body.refuse_unsupported()
+        check_text_length([(f"messages.{i}.content", m.text()) for i, m in enumerate(body.messages)],
+                          server.context_length)
         messages, system = body.conversation()
         prompt = chat_model.render(messages, system)
         params = server.params(body, len(prompt), max_tokens=body.max_completion_tokens or body.max_tokens)
@@ -109,6 +124,8 @@ def create_app(chat_model: ChatModel, model_name: str, api_key: str | None = Non
     async def completions(body: CompletionRequest, request: Request) -> Any:
         server.check_model(body.model)
         body.refuse_unsupported()
+        texts = [body.prompt] if isinstance(body.prompt, str) else [p for p in body.prompt if isinstance(p, str)]
+        check_text_length([("prompt", t) for t in texts], server.context_length)
         prompts = server.encode_prompts(body.prompt)
         params = server.params(body, max(len(p) for p in prompts), max_tokens=body.max_tokens)
         return await server.respond(body, prompts, params, request, chat=False)
@@ -119,6 +136,8 @@ def create_app(chat_model: ChatModel, model_name: str, api_key: str | None = Non
             server.check_model(body.model)
         if (body.messages is None) == (body.prompt is None):
             raise ApiError(400, "Give either messages or prompt.", param="messages")
+        texts = [m.text() for m in body.messages or []] + ([body.prompt] if body.prompt else [])
+        check_text_length([("messages" if body.messages else "prompt", t) for t in texts], server.context_length)
         if body.messages is not None:
             tokens = chat_model.render(*ChatCompletionRequest(model=model_name, messages=body.messages).conversation())
         else:
@@ -195,7 +214,8 @@ class _Server:
         try:
             while len(finished) < len(jobs):
                 try:
-                    index, event = await asyncio.wait_for(events.get(), timeout=1.0)
+                    # Poll often: a client that hung up should free its rows within a decoding step.
+                    index, event = await asyncio.wait_for(events.get(), timeout=0.05)
                 except asyncio.TimeoutError:
                     if await request.is_disconnected():
                         return None
@@ -292,6 +312,13 @@ class _Server:
         finally:  # the client may have gone away: free the rows it held
             for handle in handles:
                 handle.cancel()
+
+
+def _where(problem: Any) -> str:
+    """A validation error's location as the client wrote it: `messages.0.content.0.text` (without pydantic's
+    `body` prefix and the union member it tried, such as `list[TextPart]`)."""
+    parts = [str(part) for part in problem.get("loc", ()) if part != "body"]
+    return ".".join(part for part in parts if "[" not in part and part not in ("str", "int", "float", "bool"))
 
 
 def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:

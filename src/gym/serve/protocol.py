@@ -9,7 +9,23 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+# A seed is a signed 64-bit integer (what torch's and vLLM's generators take); choice i of n uses seed + i.
+SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
+
+
+def valid_text(value: Any) -> Any:
+    """Text must be encodable: JSON can carry lone surrogates (\ud800) that no tokenizer can take."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError("contains an invalid Unicode code point (a lone surrogate)") from None
+    elif isinstance(value, list):
+        for item in value:
+            valid_text(item)
+    return value
 
 
 class ApiError(Exception):
@@ -35,13 +51,15 @@ class _Request(BaseModel):
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: dict[str, Any] | None = None
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=SEED_MIN, le=SEED_MAX)
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     logprobs: Any = None
     # Extensions, as vLLM and LLaMA-Factory name them.
     top_k: int | None = Field(default=None, ge=0)
     repetition_penalty: float | None = Field(default=None, gt=0.0)
+
+    _stop_text = field_validator("stop")(valid_text)
 
     def stops(self) -> list[str]:
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -68,12 +86,16 @@ class TextPart(BaseModel):
     type: Literal["text"]
     text: str
 
+    _valid = field_validator("text")(valid_text)
+
 
 class Message(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     role: Literal["system", "developer", "user", "assistant"]
     content: str | list[TextPart] | None = None
+
+    _valid = field_validator("content")(valid_text)
 
     def text(self) -> str:
         if isinstance(self.content, list):
@@ -105,6 +127,7 @@ class ChatCompletionRequest(_Request):
 
 class CompletionRequest(_Request):
     prompt: str | list[str] | list[int]
+    _valid = field_validator("prompt")(valid_text)
     max_tokens: int | None = Field(default=16, ge=1)  # OpenAI's default for completions
     echo: bool = False
     suffix: str | None = None
@@ -125,3 +148,5 @@ class TokenizeRequest(BaseModel):
     model: str | None = None
     messages: list[Message] | None = None
     prompt: str | None = None
+
+    _valid = field_validator("prompt")(valid_text)

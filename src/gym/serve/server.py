@@ -17,6 +17,7 @@ import uvicorn
 
 from gym.infer.chat import ChatModel
 from gym.serve.app import create_app
+from gym.serve.limits import DEFAULT_MAX_BODY_BYTES
 
 logger = logging.getLogger(__name__)
 
@@ -43,12 +44,13 @@ def served_model_name(chat_model: ChatModel, explicit: str | None = None) -> str
 
 def serve(config: dict[str, Any], *, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
           max_batch_size: int = 16, max_waiting: int = 256, model_name: str | None = None,
+          max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
           graceful_seconds: float = 30.0) -> None:
     api_key = api_key or os.environ.get("GYM_API_KEY") or None
     chat_model = ChatModel(config, max_batch_size=max_batch_size, max_waiting=max_waiting)
     _ = chat_model.engine  # start the engine now: a backend that cannot start fails before the port opens
     name = served_model_name(chat_model, model_name)
-    app = create_app(chat_model, name, api_key)
+    app = create_app(chat_model, name, api_key, max_body_bytes=max_body_bytes)
     logger.info("Serving '%s' on http://%s:%d/v1 (auth: %s, batch up to %d, queue %d)", name, host, port,
                 "bearer key" if api_key else "none", max_batch_size, max_waiting)
     # uvicorn annotates timeout_graceful_shutdown as int, but only hands it to asyncio.wait_for (any float).

@@ -51,6 +51,7 @@ def _parser() -> argparse.ArgumentParser:
     a.add_argument("path")
     a.add_argument("--min-contributors", type=int, help="default: the soup's min_contributors")
     a.add_argument("-o", "--output", help="also write base + aggregate as a model folder here")
+    a.add_argument("--overwrite", action="store_true", help="replace an existing model folder at --output")
 
     r = sub.add_parser("rewards", help="what each contributor earned")
     r.add_argument("path")
@@ -119,7 +120,7 @@ def status(args: argparse.Namespace) -> int:
 
 def aggregate(args: argparse.Namespace) -> int:
     soup = DeltaSoup(path=_existing(args.path))
-    soup.aggregate(min_contributors=args.min_contributors, output_dir=args.output)
+    soup.aggregate(min_contributors=args.min_contributors, output_dir=args.output, overwrite=args.overwrite)
     record = soup.store.rounds()[-1]
     print(f"Round {record.id}: {record.method} over {record.n} contribution(s), {len(record.selected)} selected.")
     if record.privacy:

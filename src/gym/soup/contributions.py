@@ -30,6 +30,7 @@ from gym.core.errors import ConfigError, GymError
 from gym.delta.compress import reconstruct
 from gym.delta.format import fingerprint, load_delta, read_header
 from gym.delta.weights import load_model, parameters
+from gym.models.loader import require_safetensors
 
 
 class Rejected(Exception):
@@ -82,15 +83,10 @@ def _from_path(path: Path, base: Base) -> Converted:
         return _from_delta_file(path, base)
     if not path.is_dir():
         raise ConfigError(f"Contribution not found: {path}")
+    require_safetensors(path)
     if (path / "adapter_config.json").is_file():
-        if not (path / "adapter_model.safetensors").is_file():
-            raise ConfigError(f"{path} is a LoRA adapter without adapter_model.safetensors; pickled adapters "
-                              "(adapter_model.bin) are never loaded: re-save it with safe_serialization=True.")
         return Converted(_difference(_load_params(str(path), base), base.params), "lora_adapter")
     if (path / "config.json").is_file():
-        if not any(path.glob("*.safetensors")):
-            raise ConfigError(f"{path} holds no .safetensors weights; pickled weights (.bin) are never loaded: "
-                              "re-save the model with save_pretrained(safe_serialization=True).")
         return Converted(_difference(_load_params(str(path), base), base.params), "model_folder")
     raise ConfigError(f"{path} is neither a model folder (config.json) nor a LoRA adapter (adapter_config.json).")
 

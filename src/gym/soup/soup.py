@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from gym.core.errors import ConfigError
+from gym.core.files import refuse_overwrite
 from gym.delta.apply import save_model_folder
 from gym.delta.bitdelta import BitDeltaQuantizer
 from gym.delta.compress import reconstruct
@@ -154,13 +155,15 @@ class DeltaSoup:
         return self.store.contributions(round_id)
 
     # rounds
-    def aggregate(self, min_contributors: int | None = None, output_dir: str | os.PathLike[str] | None = None
-                  ) -> dict[str, torch.Tensor]:
+    def aggregate(self, min_contributors: int | None = None, output_dir: str | os.PathLike[str] | None = None,
+                  overwrite: bool = False) -> dict[str, torch.Tensor]:
         """Merge the open round's accepted contributions, record the round, open the next one.
 
         Returns the released delta {parameter name: tensor} (noised when differential_privacy is on).
-        output_dir: also write base + delta there as a model folder.
+        output_dir: also write base + delta there as a model folder (an existing one only with `overwrite`).
         """
+        if output_dir is not None:  # refused before the round closes, not after
+            refuse_overwrite(Path(output_dir).expanduser(), overwrite, folder=True)
         config = self.config
         method = agg.AggregationMethod(config.method).value
         round_id, everyone, rows = self._open_round(config.min_contributors if min_contributors is None
@@ -187,7 +190,7 @@ class DeltaSoup:
         logger.info("%s: round %d aggregated %d contributions with %s (%d selected).", self.path, round_id, n,
                     method, len(result.selected))
         if output_dir is not None:
-            self.write_model(output_dir, round_id)
+            self.write_model(output_dir, round_id, overwrite=overwrite)
         return released
 
     def _open_round(self, need: int) -> tuple[int, list[ContributionRecord], list[ContributionRecord]]:
@@ -262,7 +265,8 @@ class DeltaSoup:
                       for user, q in by_user.items()}
         return (rewards if config.enable_rewards else []), reputation
 
-    def write_model(self, output_dir: str | os.PathLike[str], round_id: int | None = None) -> Path:
+    def write_model(self, output_dir: str | os.PathLike[str], round_id: int | None = None,
+                    overwrite: bool = False) -> Path:
         """base + a round's released aggregate (default: the last round) as a model folder with the tokenizer."""
         record = self._round(round_id)
         delta = self.store.read_tensors(record.aggregate_blob)
@@ -274,7 +278,7 @@ class DeltaSoup:
                 params[name].add_(value.to(params[name].dtype))
         return save_model_folder(model, resolve_model_path(self.base.ref), out, {
             "made_by": "gym soup aggregate", "base_model": self.base.ref, "soup": str(self.path), "round": record.id,
-            "method": record.method, "contributors": record.n, "privacy": record.privacy})
+            "method": record.method, "contributors": record.n, "privacy": record.privacy}, overwrite=overwrite)
 
     def _round(self, round_id: int | None) -> RoundRecord:
         rounds = self.store.rounds()

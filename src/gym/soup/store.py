@@ -29,6 +29,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from gym.core.errors import ConfigError
+from gym.core.files import remove_stale_temps, temp_path
 from gym.delta.compress import reconstruct
 from gym.delta.format import HEADER_KEY
 from gym.delta.tensor_quant import Encoded, QuantMethod
@@ -151,8 +152,10 @@ class Store:
         return self.path / BLOBS / name
 
     def write_blob(self, write: Any) -> str:
-        """write(tmp_path) writes a safetensors file; it is renamed to <sha256>.safetensors. Returns the name."""
-        tmp = self.path / BLOBS / f".tmp-{os.getpid()}-{uuid.uuid4().hex}.safetensors"
+        """write(tmp_path) writes a safetensors file; it is renamed to <sha256>.safetensors. Returns the name.
+        The temporary name carries this process's pid, so what a killed contributor left is removed later."""
+        remove_stale_temps(self.path / BLOBS)
+        tmp = temp_path(self.path / BLOBS / f"{uuid.uuid4().hex}.safetensors")
         try:
             write(tmp)
             digest = hashlib.sha256()

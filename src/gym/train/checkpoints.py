@@ -23,6 +23,7 @@ from safetensors.torch import load_file, save_file
 
 from gym.config.args import TrainArgs
 from gym.core.errors import ConfigError
+from gym.core.files import temp_path
 
 WEIGHTS_FILE = "trainable.safetensors"
 LOOP_STATE_FILE = "loop_state.pt"
@@ -45,6 +46,23 @@ def last_checkpoint(output_dir: str | Path) -> Path | None:
         except (OSError, json.JSONDecodeError):
             continue  # interrupted while saving: fall back to the previous one
     return None
+
+
+def remove_incomplete_checkpoints(output_dir: str | Path) -> list[Path]:
+    """Delete checkpoint folders whose trainer_state.json (written last) is missing or unreadable: what a run
+    killed or out of disk while saving left. Call it only while owning output_dir (gym.core.files.OutputLock)."""
+    root = Path(output_dir)
+    removed: list[Path] = []
+    if not root.is_dir():
+        return removed
+    for path in root.iterdir():
+        if _CHECKPOINT.match(path.name) and path.is_dir():
+            try:
+                json.loads((path / STATE_FILE).read_text(encoding="utf-8"))
+            except (OSError, json.JSONDecodeError):
+                shutil.rmtree(path, ignore_errors=True)
+                removed.append(path)
+    return removed
 
 
 def resolve_resume(args: TrainArgs[Any]) -> str | None:
@@ -80,7 +98,7 @@ def save_checkpoint(output_dir: str | Path, step: int, modules: dict[str, torch.
                     state: dict[str, Any], total_limit: int | None = None) -> Path:
     """Write checkpoint-{step}; with total_limit, keep only that many of the newest."""
     folder = Path(output_dir) / f"checkpoint-{step}"
-    tmp = folder.with_name(f".tmp-{folder.name}-{os.getpid()}")
+    tmp = temp_path(folder)
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     save_file({name: p.detach().cpu().contiguous() for name, p in _trainable(modules).items()},

@@ -22,6 +22,7 @@ from gym.core.files import LOG_FILE
 from gym.core.hardware import peak_memory_bytes
 from gym.core.results import RunResult
 from gym.train import outputs
+from gym.train.outputs import read_log
 
 logger = logging.getLogger(__name__)
 
@@ -52,13 +53,6 @@ class RunLog:
         with self.path.open("a", encoding="utf-8") as handle:
             handle.write(json.dumps(entry) + "\n")
         return entry
-
-
-def read_log(output_dir: str | Path) -> list[dict[str, Any]]:
-    path = Path(output_dir) / LOG_FILE
-    if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
 class Progress:

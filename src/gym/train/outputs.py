@@ -22,8 +22,9 @@ import yaml
 
 from gym.config.args import TrainArgs
 from gym.config.training import TrainingArguments
-from gym.core.errors import ConfigError
-from gym.core.files import CONFIG_FILE, FORMAT_VERSION, MANIFEST_FILE
+from gym.core.errors import ConfigError, OutputError
+from gym.core.files import CONFIG_FILE, FORMAT_VERSION, LOG_FILE, MANIFEST_FILE, check_free_space, temp_path
+from gym.core.results import RunResult
 from gym.core.version import __version__
 
 ExtraFiles = Callable[[Path], None]  # writes a method's own files (e.g. a value head) into the output
@@ -33,8 +34,43 @@ def is_finished_output(path: Path) -> bool:
     return (path / MANIFEST_FILE).is_file()
 
 
+def read_log(output_dir: str | Path) -> list[dict[str, Any]]:
+    """The run's log entries (trainer_log.jsonl); a line cut short by a crash is left out."""
+    path = Path(output_dir) / LOG_FILE
+    if not path.is_file():
+        return []
+    entries = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            entries.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return entries
+
+
+def completed_run(args: TrainArgs[Any], resuming: bool) -> RunResult | None:
+    """Asked to resume a run whose output is already finished: the result as it stands, so nothing trains
+    again (unless the config now asks for more steps than were trained, which resumes as usual)."""
+    out = Path(args.output_dir)
+    if not resuming or not is_finished_output(out):
+        return None
+    manifest = json.loads((out / MANIFEST_FILE).read_text(encoding="utf-8"))
+    done = int(manifest.get("global_step", 0))
+    log = read_log(out)
+    target = args.training.max_steps if args.training.max_steps > 0 else max(
+        (int(e.get("max_steps", 0)) for e in log), default=done)
+    if done < target:
+        return None
+    losses = [e["loss"] for e in log if "loss" in e]
+    return RunResult(output_dir=str(out), global_step=done, final_loss=losses[-1] if losses else None,
+                     tokens_per_second=0.0, peak_memory_bytes=0, train_seconds=0.0,
+                     metrics={"already_complete": True})
+
+
 def check_output_dir(args: TrainArgs[Any], resuming: bool) -> None:
     out = Path(args.output_dir)
+    if out.exists() and not out.is_dir():
+        raise OutputError(f"output_dir {out} is a file; a training output is a folder. Choose another output_dir.")
     if is_finished_output(out) and not resuming and not args.finetuning.overwrite_output_dir:
         raise ConfigError(f"{out} already holds a finished model. Set overwrite_output_dir: true to replace it, "
                           "or choose another output_dir.")
@@ -77,7 +113,10 @@ def save_final(model: Any, tokenizer: Any, args: TrainArgs[Any], model_path: str
     """Write the result into output_dir; `extra(tmp)` adds a method's own files (e.g. a value head)."""
     out = Path(args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tmp = out / f".tmp-final-{os.getpid()}"
+    check_free_space(out, sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+                     if args.finetuning.finetuning_type == "lora"
+                     else sum(p.numel() * p.element_size() for p in model.parameters()))
+    tmp = temp_path(out / "final")
     shutil.rmtree(tmp, ignore_errors=True)
     if pissa_init_dir is not None:
         # Convert PiSSA back to a plain LoRA delta, so the adapter applies to the original base model.
@@ -140,8 +179,8 @@ def plot_metric(output_dir: str | Path, log: list[dict[str, Any]], key: str, fil
     ax.set_ylabel(key if key != "loss" else "training loss")
     ax.legend()
     path = Path(output_dir) / file_name
-    tmp = path.with_name(f".{path.stem}.tmp.png")
-    fig.savefig(tmp, dpi=100, bbox_inches="tight")
+    tmp = temp_path(path)
+    fig.savefig(tmp, dpi=100, bbox_inches="tight", format="png")
     plt.close(fig)
     os.replace(tmp, path)
     return path

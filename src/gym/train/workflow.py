@@ -26,7 +26,7 @@ from gym.data.loader import TokenizedData, get_dataset
 from gym.data.templates import ChatFormat, get_chat_format
 from gym.models.adapters import count_parameters, setup_finetuning
 from gym.models.loader import load_causal_lm, load_tokenizer, resolve_model_path
-from gym.train import harness, outputs
+from gym.train import harness
 from gym.train.checkpoints import resolve_resume
 from gym.train.memory import needs_checkpointing
 from gym.train.trainer import GymTrainer
@@ -58,7 +58,6 @@ def prepare(args: TrainArgs[Any], data_kind: DataKind, *, packing_by_default: bo
     """resume -> output checks -> tokenizer -> chat format -> data -> model + adapters, for any method."""
     model_args, data_args, training_args, finetuning_args, _ = args
     resume = resolve_resume(args)
-    outputs.check_output_dir(args, resuming=resume is not None)
     _warn_about_precision(args)
 
     model_path = resolve_model_path(model_args.model_name_or_path)

@@ -1,0 +1,134 @@
+"""What `gym train` promises about its output folder: one live run owns it, a finished run is never
+trained again by a resume, a full disk leaves no half-written checkpoint, and what a killed run left is
+cleaned up by the next run."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gym.core.errors import OutputError
+from gym.core.files import LOCK_FILE, OutputLock
+from gym.train.run import run_exp
+
+
+def test_a_second_run_on_a_live_runs_output_fails_at_once_naming_the_owner(train_config, tmp_path):
+    config = train_config()
+    with OutputLock(config["output_dir"], what="gym train"):
+        started = time.perf_counter()
+        with pytest.raises(OutputError, match=rf"in use by another Gym gym train \(pid {os.getpid()} on "):
+            run_exp(config)
+        assert time.perf_counter() - started < 30  # refused before any model loads
+    result = run_exp(config)  # released: the folder is free again
+    assert result.global_step == 3 and not (Path(config["output_dir"]) / LOCK_FILE).exists()
+
+
+def test_two_processes_training_into_one_folder_cannot_mix(train_config, tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump(train_config(max_steps=40)))
+    gym = [sys.executable, "-m", "gym.cli", "train", str(config)]
+    first = subprocess.Popen(gym, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lock = Path(train_config()["output_dir"]) / LOCK_FILE
+    deadline = time.time() + 120
+    while not lock.exists() and first.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    second = subprocess.run(gym, capture_output=True, text=True, timeout=300)
+    first.communicate(timeout=600)
+    assert first.returncode == 0
+    assert second.returncode == 2 and "Traceback" not in second.stderr
+    assert f"pid {first.pid}" in second.stderr and second.stderr.count("gym: error:") == 1
+    steps = [json.loads(line)["step"] for line in (lock.parent / "trainer_log.jsonl").read_text().splitlines()]
+    assert steps == sorted(steps) and steps[-1] == 40  # one run's log, not two interleaved
+
+
+def test_a_stale_lock_of_a_dead_process_is_replaced(train_config):
+    config = train_config()
+    out = Path(config["output_dir"])
+    out.mkdir(parents=True)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True).stdout.strip()
+    import socket
+
+    (out / LOCK_FILE).write_text(json.dumps({"pid": int(dead), "host": socket.gethostname(), "since": "then"}))
+    assert run_exp(config).global_step == 3
+
+
+def test_resuming_a_finished_run_trains_nothing(train_config, capsys):
+    from gym.cli import main
+
+    config = train_config(save_strategy="steps", save_steps=1)
+    first = run_exp(config)
+    log = (Path(first.output_dir) / "trainer_log.jsonl").read_text()
+    weights = (Path(first.output_dir) / "adapter_model.safetensors").read_bytes()
+    again = run_exp({**config, "resume_from_checkpoint": True})
+    assert again.global_step == 3 and again.metrics["already_complete"]
+    assert (Path(first.output_dir) / "trainer_log.jsonl").read_text() == log
+    assert (Path(first.output_dir) / "adapter_model.safetensors").read_bytes() == weights
+    cfg = Path(first.output_dir).parent / "resume.yaml"
+    cfg.write_text(yaml.safe_dump({**config, "resume_from_checkpoint": True}))
+    assert main(["train", str(cfg)]) == 0
+    assert "Already complete" in capsys.readouterr().out
+    more = run_exp({**config, "resume_from_checkpoint": True, "max_steps": 5})  # asked for more: it continues
+    assert more.global_step == 5 and not more.metrics.get("already_complete")
+
+
+def test_a_full_disk_while_checkpointing_leaves_no_partial_checkpoint(train_config, monkeypatch):
+    import transformers
+
+    real_save = transformers.Trainer._save_checkpoint
+
+    def full_disk_at_step_two(self, model, trial):
+        if self.state.global_step < 2:
+            return real_save(self, model, trial)
+        partial = Path(self.args.output_dir) / f"checkpoint-{self.state.global_step}"
+        partial.mkdir(parents=True)
+        (partial / "optimizer.pt").write_bytes(b"\0" * 1000)  # cut short: no trainer_state.json
+        raise OSError(errno.ENOSPC, "No space left on device", str(partial / "optimizer.pt"))
+
+    monkeypatch.setattr(transformers.Trainer, "_save_checkpoint", full_disk_at_step_two)
+    config = train_config(save_strategy="steps", save_steps=1)
+    with pytest.raises(OutputError, match=r"No space left on the device of .* free after removing the partial"):
+        run_exp(config)
+    out = Path(config["output_dir"])
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-1"]
+    assert not list(out.glob(".*.tmp-*")) and not (out / LOCK_FILE).exists()
+    monkeypatch.setattr(transformers.Trainer, "_save_checkpoint", real_save)
+    resumed = run_exp({**config, "resume_from_checkpoint": True})  # space is back: it resumes from step 1
+    assert resumed.global_step == 3
+
+
+def test_what_a_killed_run_left_is_removed_by_the_next(train_config):
+    config = train_config()
+    out = Path(config["output_dir"])
+    dead = int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                              text=True).stdout)
+    (out / f".final.tmp-{dead}").mkdir(parents=True)
+    (out / f".final.tmp-{dead}" / "model.safetensors").write_bytes(b"\0" * 100)
+    half = out / "checkpoint-7"
+    half.mkdir()
+    (half / "optimizer.pt").write_bytes(b"\0")
+    run_exp(config)
+    assert not (out / f".final.tmp-{dead}").exists() and not half.exists()
+
+
+@pytest.mark.parametrize("problem", ["file", "unwritable"])
+def test_an_output_dir_that_cannot_be_written_is_one_line(train_config, tmp_path, problem):
+    target = tmp_path / "target"
+    if problem == "file":
+        target.write_text("not a folder")
+        out, fragment = target, "is a file"
+    else:  # sysfs refuses new folders even to root (EPERM), as a read-only mount would (EROFS)
+        out, fragment = Path("/sys/gym-cannot-write-here"), "Permission denied (/sys/gym-cannot-write-here)"
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump(train_config(output_dir=str(out))))
+    proc = subprocess.run([sys.executable, "-m", "gym.cli", "train", str(config)], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 2 and fragment in proc.stderr and "Traceback" not in proc.stderr
