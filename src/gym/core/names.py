@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import difflib
+import enum
 from collections.abc import Iterable
+from typing import TypeVar
+
+from gym.core.errors import ConfigError
 
 
 def split_names(value: str | None) -> list[str]:
@@ -21,3 +25,15 @@ def did_you_mean(name: str, candidates: Iterable[str], otherwise: str = "") -> s
     """` Did you mean 'x'?` for a likely typo, else `otherwise` (a sentence saying where the valid names are)."""
     match = closest(name, candidates)
     return f" Did you mean '{match}'?" if match else otherwise
+
+
+E = TypeVar("E", bound=enum.Enum)
+
+
+def enum_choice(kind: type[E], value: object, what: str) -> E:
+    """`value` as a member of `kind`, or a ConfigError listing the choices (`what` names the setting)."""
+    try:
+        return kind(value)
+    except ValueError:
+        choices = ", ".join(str(m.value) for m in kind)
+        raise ConfigError(f"Unknown {what} {value!r}; choose one of: {choices}.") from None

@@ -28,6 +28,7 @@ from typing import Any, cast
 import torch
 
 from gym.core.errors import ConfigError
+from gym.core.names import enum_choice
 from gym.delta.bitpack import pack, unpack
 
 GRANULARITIES = ("tensor", "channel", "group")
@@ -71,11 +72,7 @@ class Encoded:
 
 
 def _parse_method(method: QuantMethod | str) -> QuantMethod:
-    try:
-        return QuantMethod(method)
-    except ValueError:
-        valid = ", ".join(m.value for m in QuantMethod)
-        raise ConfigError(f"Unknown quantization method {method!r}; choose one of: {valid}.") from None
+    return enum_choice(QuantMethod, method, "quantization method")
 
 
 def _check_options(

@@ -33,7 +33,7 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
-from gym.infer.requests import EngineBusy, EngineStopped, Event, Finished, Piece, Request, SamplingParams
+from gym.infer.requests import Event, Finished, Piece, Request, SamplingParams, admit
 
 logger = logging.getLogger(__name__)
 
@@ -65,14 +65,9 @@ class HFEngine:
     # -- the caller's side ----------------------------------------------------------------------
     def submit(self, prompt_ids: list[int], params: SamplingParams,
                sink: Callable[[Event], None] | None = None) -> Request:
-        if not prompt_ids:
-            raise ValueError("the prompt is empty")
-        request = Request(prompt_ids, params, sink)
         with self._lock:
-            if not self._running:
-                raise EngineStopped("the engine is shutting down")
-            if len(self._waiting) >= self.max_waiting:
-                raise EngineBusy(f"{len(self._waiting)} requests are already waiting; retry later")
+            request = admit(prompt_ids, params, sink, running=self._running, queued=len(self._waiting),
+                            limit=self.max_waiting, queued_as="already waiting")
             self._waiting.append(request)
             self._lock.notify()
         return request

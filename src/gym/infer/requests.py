@@ -108,6 +108,19 @@ class Request:
         self.cancelled = True
 
 
+def admit(prompt_ids: list[int], params: SamplingParams, sink: Callable[[Event], None] | None, *, running: bool,
+          queued: int, limit: int, queued_as: str) -> Request:
+    """A new Request, if the engine takes it: not after shutdown (EngineStopped), not past `limit` requests
+    already `queued_as` (EngineBusy, HTTP 429). Call it under the engine's lock."""
+    if not prompt_ids:
+        raise ValueError("the prompt is empty")
+    if not running:
+        raise EngineStopped("the engine is shutting down")
+    if queued >= limit:
+        raise EngineBusy(f"{queued} requests are {queued_as}; retry later")
+    return Request(prompt_ids, params, sink)
+
+
 class Engine(Protocol):
     """The interface of every inference engine (gym.infer.hf_engine, gym.infer.vllm_engine)."""
 

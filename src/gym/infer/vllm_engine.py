@@ -23,7 +23,7 @@ from vllm import SamplingParams as VllmSampling
 from vllm.lora.request import LoRARequest
 
 from gym.core.errors import ConfigError
-from gym.infer.requests import EngineBusy, EngineStopped, Event, Finished, Piece, Request, SamplingParams
+from gym.infer.requests import Event, Finished, Piece, Request, SamplingParams, admit
 
 logger = logging.getLogger(__name__)
 
@@ -57,14 +57,9 @@ class VllmEngine:
 
     def submit(self, prompt_ids: list[int], params: SamplingParams,
                sink: Callable[[Event], None] | None = None) -> Request:
-        if not prompt_ids:
-            raise ValueError("the prompt is empty")
-        request = Request(prompt_ids, params, sink)
         with self._lock:
-            if not self._running:
-                raise EngineStopped("the engine is shutting down")
-            if len(self._tasks) >= self.max_waiting:
-                raise EngineBusy(f"{len(self._tasks)} requests are in flight; retry later")
+            request = admit(prompt_ids, params, sink, running=self._running, queued=len(self._tasks),
+                            limit=self.max_waiting, queued_as="in flight")
             self._tasks[request] = asyncio.run_coroutine_threadsafe(self._run(request), self._loop)
         return request
 

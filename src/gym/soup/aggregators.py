@@ -70,6 +70,7 @@ from typing import Any
 import torch
 
 from gym.core.errors import ConfigError
+from gym.core.names import enum_choice
 from gym.soup.sources import DeltaSource
 
 # On 2 cores at n=1000, d=2^18, 256-row blocks (10 products, 62.5% of the full product's flops) built the
@@ -363,11 +364,7 @@ _AGGREGATORS: dict[AggregationMethod, Callable[[DeltaSource, _Options], Aggregat
 
 
 def method_of(method: AggregationMethod | str) -> AggregationMethod:
-    try:
-        return AggregationMethod(method)
-    except ValueError:
-        choices = ", ".join(m.value for m in AggregationMethod)
-        raise ConfigError(f"Unknown aggregation method {method!r}; choose one of {choices}.") from None
+    return enum_choice(AggregationMethod, method, "aggregation method")
 
 
 @torch.no_grad()
