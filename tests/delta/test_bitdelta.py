@@ -18,7 +18,7 @@ C = 2.0**-9  # exactly representable in float16, so the stored scale is exactly 
 def _compress(models, tiny_model_dir, finetune, tmp_path, **options):
     config = BitDeltaConfig(**{"distill_steps": 0, **options})
     result = BitDeltaQuantizer(config).compress(models(tiny_model_dir), models(finetune))
-    path = result.save(tmp_path / "delta.safetensors")
+    path = result.save(tmp_path / "delta.safetensors", overwrite=True)  # tests compress several times into one path
     return result, path
 
 

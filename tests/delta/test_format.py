@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from gym.core.errors import ConfigError
+from gym.core.errors import ConfigError, OutputError
 from gym.delta.apply import apply_delta, write_applied
 from gym.delta.format import HEADER_KEY, fingerprint, load_delta, read_header
 from gym.delta.weights import parameters
@@ -116,5 +116,7 @@ def test_applied_folder_loads_with_transformers(delta_file, tiny_model_dir, tmp_
     expected = apply_delta(models(tiny_model_dir), entries, header)
     assert all(torch.equal(p, dict(expected.named_parameters())[n]) for n, p in loaded.named_parameters())
     assert (out / "tokenizer.json").is_file() or (out / "tokenizer_config.json").is_file()
-    with pytest.raises(ConfigError, match="exists and is not empty"):
+    with pytest.raises(OutputError, match="already exists .*pass --overwrite"):
         write_applied(str(tiny_model_dir), delta_file, out)
+    write_applied(str(tiny_model_dir), delta_file, out, overwrite=True)
+    assert not [p for p in tmp_path.iterdir() if ".tmp-" in p.name]
