@@ -40,6 +40,7 @@ bench: setup
 	HF_HUB_OFFLINE=1 $(PY) bench/align_speed.py
 	HF_HUB_OFFLINE=1 $(PY) bench/delta.py
 	HF_HUB_OFFLINE=1 $(PY) bench/serve.py
+	HF_HUB_OFFLINE=1 $(PY) bench/infer_speed.py
 	HF_HUB_OFFLINE=1 $(PY) bench/soup_attacks.py
 	THP_MEM_ALLOC_ENABLE=1 HF_HUB_OFFLINE=1 $(PY) bench/soup_scale.py
 	HF_HUB_OFFLINE=1 $(PY) bench/soup_e2e.py

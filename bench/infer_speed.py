@@ -1,0 +1,138 @@
+"""Decode speed of Gym's engine on the embedded model, against transformers' generate and against the
+machine's own read bandwidth, all measured in one run (the baseline for issue #13).
+
+  bandwidth   a read probe: summing a 1 GiB float32 tensor with torch's threads (GB/s)
+  generate    transformers' model.generate, greedy, one stream (the baseline)
+  gym         Gym's engine (gym.infer.hf_engine), one stream and --streams concurrent streams
+  ttft        time to the first token for a --long-prompt-token prompt, through the engine
+Each dtype in --dtypes is measured (bfloat16 only where the CPU has native bf16). Effective bandwidth is
+the bytes of weights read per decoded token times tokens/s; `% of probe` compares it with the probe.
+Every answer is exactly --tokens tokens (no stop token), so all rows do the same work.
+
+    HF_HUB_OFFLINE=1 .venv/bin/python bench/infer_speed.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import threading
+import time
+
+import torch
+
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # no "Loading weights" bars between table rows
+
+
+def read_bandwidth(gib: float = 1.0, repeats: int = 5) -> float:
+    """GB/s of a streaming read: the ceiling for a decode step that reads every weight once."""
+    data = torch.ones(int(gib * (1 << 30) / 4), dtype=torch.float32)
+    data.sum()  # fault the pages in
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        data.sum()
+        best = min(best, time.perf_counter() - start)
+    return data.numel() * 4 / best / 1e9
+
+
+def weight_bytes(model: torch.nn.Module) -> int:
+    """Bytes read per decoded token: every parameter once (a tied embedding/LM head counts once, as the
+    head reads it; the embedding lookup reads one row)."""
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def generate_tps(model, prompt: list[int], tokens: int) -> float:
+    ids = torch.tensor([prompt])
+    with torch.inference_mode():
+        model.generate(ids, max_new_tokens=4, do_sample=False, min_new_tokens=4)  # warm-up
+        start = time.perf_counter()
+        out = model.generate(ids, max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False)
+        seconds = time.perf_counter() - start
+    return (out.shape[1] - ids.shape[1]) / seconds
+
+
+def engine_tps(model, tokenizer, prompts: list[list[int]], tokens: int) -> tuple[float, float]:
+    """(aggregate tokens/s, mean time to first token) with every prompt submitted at once."""
+    from gym.infer.hf_engine import HFEngine
+    from gym.infer.requests import Piece, SamplingParams
+
+    engine = HFEngine(model, tokenizer, stop_token_ids=[], max_batch_size=max(16, len(prompts)), max_waiting=1024)
+    try:
+        warm = engine.submit(prompts[0][:8], SamplingParams(max_new_tokens=4, do_sample=False))
+        list(warm.events())
+        firsts: list[float] = []
+        produced = [0]
+        lock = threading.Lock()
+
+        def stream(prompt: list[int]) -> None:
+            start = time.perf_counter()
+            request = engine.submit(prompt, SamplingParams(max_new_tokens=tokens, do_sample=False))
+            first = None
+            for event in request.events():
+                if first is None and isinstance(event, Piece):
+                    first = time.perf_counter() - start
+            with lock:
+                firsts.append(first or 0.0)
+                produced[0] += len(request.generated)
+
+        start = time.perf_counter()
+        threads = [threading.Thread(target=stream, args=(p,)) for p in prompts]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        return produced[0] / (time.perf_counter() - start), sum(firsts) / len(firsts)
+    finally:
+        engine.shutdown()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--prompt-tokens", type=int, default=32)
+    parser.add_argument("--long-prompt-tokens", type=int, default=1024)
+    parser.add_argument("--streams", type=int, default=16)
+    parser.add_argument("--dtypes", default="float32,bfloat16")
+    args = parser.parse_args()
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from gym.core.hardware import cpu_supports_bf16
+    from gym.models.loader import resolve_model_path
+
+    path = resolve_model_path("smollm2-135m")
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    text = " ".join(f"The number {i} follows {i - 1}." for i in range(1, 2000))
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    prompt = ids[: args.prompt_tokens]
+    streams = [ids[i * 7: i * 7 + args.prompt_tokens] for i in range(args.streams)]
+    long_prompt = ids[: args.long_prompt_tokens]
+
+    probe = read_bandwidth()
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, native bf16: {cpu_supports_bf16()}; "
+          f"read-bandwidth probe {probe:.1f} GB/s")
+    print(f"{'engine':<10} {'dtype':<9} {'1 stream tok/s':>15} {'eff. GB/s':>10} {'% of probe':>10} "
+          f"{f'{args.streams} streams tok/s':>18} {f'TTFT {args.long_prompt_tokens} tok':>15}")
+    for name in args.dtypes.split(","):
+        if name == "bfloat16" and not cpu_supports_bf16():
+            print(f"{'-':<10} {name:<9} skipped: this CPU has no native bf16")
+            continue
+        dtype = getattr(torch, name)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
+        size = weight_bytes(model)
+        base = generate_tps(model, prompt, args.tokens)
+        one, _ = engine_tps(model, tokenizer, [prompt], args.tokens)
+        many, _ = engine_tps(model, tokenizer, streams, args.tokens)
+        _, ttft = engine_tps(model, tokenizer, [long_prompt], 1)
+        for label, tps, multi, first in (("generate", base, None, None), ("gym", one, many, ttft)):
+            gbs = size * tps / 1e9
+            multi_text = f"{multi:>18.1f}" if multi is not None else f"{'-':>18}"
+            first_text = f"{first:>14.2f}s" if first is not None else f"{'-':>15}"
+            print(f"{label:<10} {name:<9} {tps:>15.1f} {gbs:>10.1f} {100 * gbs / probe:>9.0f}% {multi_text} "
+                  f"{first_text}")
+    print("llama.cpp columns: not measured here yet (issue #13 adds them behind `make bench-llamacpp`).")
+
+
+if __name__ == "__main__":
+    main()
