@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import threading
 import time
 
 import torch
@@ -53,38 +52,13 @@ def generate_tps(model, prompt: list[int], tokens: int) -> float:
 
 
 def engine_tps(model, tokenizer, prompts: list[list[int]], tokens: int) -> tuple[float, float]:
-    """(aggregate tokens/s, mean time to first token) with every prompt submitted at once."""
-    from gym.infer.hf_engine import HFEngine
-    from gym.infer.requests import Piece, SamplingParams
+    """(aggregate tokens/s, mean time to first token) with every prompt a client of its own, all at once:
+    bench/serve.py's load (sampled at temperature 0.7, no stop token, so every answer is `tokens` long)."""
+    from serve import run_engine  # bench/ is on sys.path when this script runs
 
-    engine = HFEngine(model, tokenizer, stop_token_ids=[], max_batch_size=max(16, len(prompts)), max_waiting=1024)
-    try:
-        warm = engine.submit(prompts[0][:8], SamplingParams(max_new_tokens=4, do_sample=False))
-        list(warm.events())
-        firsts: list[float] = []
-        produced = [0]
-        lock = threading.Lock()
-
-        def stream(prompt: list[int]) -> None:
-            start = time.perf_counter()
-            request = engine.submit(prompt, SamplingParams(max_new_tokens=tokens, do_sample=False))
-            first = None
-            for event in request.events():
-                if first is None and isinstance(event, Piece):
-                    first = time.perf_counter() - start
-            with lock:
-                firsts.append(first or 0.0)
-                produced[0] += len(request.generated)
-
-        start = time.perf_counter()
-        threads = [threading.Thread(target=stream, args=(p,)) for p in prompts]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        return produced[0] / (time.perf_counter() - start), sum(firsts) / len(firsts)
-    finally:
-        engine.shutdown()
+    run_engine(model, tokenizer, [prompts[0][:8]], 1, 1, 4, 1)  # warm-up
+    tps, ttfts = run_engine(model, tokenizer, prompts, len(prompts), 1, tokens, max(16, len(prompts)))
+    return tps, sum(ttfts) / len(ttfts)
 
 
 def main() -> None:
