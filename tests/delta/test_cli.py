@@ -43,7 +43,8 @@ METHODS = {"int8": (8, 0.01), "int4": (4, 0.15), "int2": (2, 0.85), "ternary": (
 
 @pytest.mark.parametrize("method", list(METHODS))
 def test_compress_with_each_deltaquant_method(method, gaussian_finetune, tiny_model_dir, tmp_path, capsys, models):
-    from gym.delta.format import file_size, human_bytes, load_delta, read_header
+    from gym.core.files import human_bytes
+    from gym.delta.format import file_size, load_delta, read_header
     from gym.delta.tensor_quant import Encoded
 
     bits, max_error = METHODS[method]

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from types import MappingProxyType
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, TypeVar
 
 from gym.config.args import TrainArgs
 from gym.core.errors import ConfigError
@@ -24,12 +24,6 @@ from gym.core.results import RunResult
 
 ENTRY_POINT_GROUP = "gym.methods"
 OptionsT = TypeVar("OptionsT")
-
-
-class Validates(Protocol):
-    """Options (and config concerns) check themselves against the whole config, once, at parse time."""
-
-    def validate(self, args: TrainArgs[Any]) -> None: ...
 
 
 @dataclass(frozen=True)

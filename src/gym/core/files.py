@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shutil
@@ -39,15 +40,6 @@ def temp_path(final: PathLike) -> Path:
     """The hidden sibling of `final` this process writes before the rename: `.NAME.tmp-PID`."""
     final = Path(final)
     return final.with_name(f".{final.name}.tmp-{os.getpid()}")
-
-
-def write_text_atomic(path: PathLike, text: str) -> Path:
-    """Write `text` to `path` through a temporary file and a rename: readers see the old or the new file."""
-    path = Path(path)
-    tmp = temp_path(path)
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-    return path
 
 
 def pid_alive(pid: int) -> bool:
@@ -104,11 +96,10 @@ def check_free_space(path: PathLike, needed_bytes: int, margin: float = 1.1) -> 
 
 
 def human_bytes(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1024 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TB"
+    """1234567 -> '1.2 MB' (powers of 1000, as disks are sold)."""
+    units = ["B", "KB", "MB", "GB", "TB"]
+    power = min(int(math.log(max(n, 1), 1000)), len(units) - 1)
+    return f"{n / 1000**power:.1f} {units[power]}" if power else f"{int(n)} B"
 
 
 class OutputLock:

@@ -7,12 +7,12 @@ from pathlib import Path
 from typing import Any
 
 from gym.core.errors import ConfigError
-from gym.core.files import refuse_overwrite
+from gym.core.files import human_bytes, refuse_overwrite
 from gym.delta.apply import apply_delta, write_applied
 from gym.delta.bitdelta import BitDeltaConfig, BitDeltaQuantizer
 from gym.delta.deltaquant import DeltaQuantConfig, DeltaQuantizer
 from gym.delta.evaluate import GainKept, eval_loss, eval_rows
-from gym.delta.format import human_bytes, load_delta
+from gym.delta.format import load_delta
 from gym.delta.weights import load_model
 from gym.models.loader import load_tokenizer, resolve_model_path
 

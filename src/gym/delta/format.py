@@ -164,9 +164,3 @@ def load_delta(path: str | os.PathLike[str]) -> tuple[dict[str, Encoded | torch.
 
 def file_size(path: str | os.PathLike[str]) -> int:
     return Path(path).stat().st_size
-
-
-def human_bytes(n: float) -> str:
-    units = ["B", "KB", "MB", "GB", "TB"]
-    power = min(int(math.log(max(n, 1), 1000)), len(units) - 1)
-    return f"{n / 1000**power:.1f} {units[power]}" if power else f"{int(n)} B"

@@ -65,10 +65,15 @@ def remove_incomplete_checkpoints(output_dir: str | Path) -> list[Path]:
     return removed
 
 
+def resume_requested(args: TrainArgs[Any]) -> bool:
+    """Whether `resume_from_checkpoint` asks to resume (true, or a checkpoint path)."""
+    return args.training.resume_from_checkpoint not in (None, False, "", "false", "False")
+
+
 def resolve_resume(args: TrainArgs[Any]) -> str | None:
     """`resume_from_checkpoint`: true -> the last complete checkpoint; a path -> that path."""
     value = args.training.resume_from_checkpoint
-    if value in (None, False, "", "false", "False"):
+    if not resume_requested(args):
         return None
     if value is True or value in ("true", "True"):
         found = last_checkpoint(args.output_dir)

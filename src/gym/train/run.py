@@ -24,7 +24,7 @@ from gym.core.errors import OutputError
 from gym.core.files import OutputLock, human_bytes, remove_stale_temps
 from gym.core.results import RunResult
 from gym.delta.from_training import compress_output
-from gym.train.checkpoints import remove_incomplete_checkpoints
+from gym.train.checkpoints import remove_incomplete_checkpoints, resume_requested
 from gym.train.outputs import check_output_dir, completed_run
 
 logger = logging.getLogger(__name__)
@@ -35,7 +35,7 @@ _NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 def run_exp(config: ConfigSource | TrainArgs[Any] = None) -> RunResult:
     args = get_train_args(config)
     method = get_method(args.finetuning.stage)
-    resuming = args.training.resume_from_checkpoint not in (None, False, "", "false", "False")
+    resuming = resume_requested(args)
     check_output_dir(args, resuming)
     with OutputLock(args.output_dir, what="gym train"):
         _clean_after_dead_runs(args.output_dir)
