@@ -3,7 +3,8 @@ machine's own read bandwidth, all measured in one run (the baseline for issue #1
 
   bandwidth   a read probe: summing a 1 GiB float32 tensor with torch's threads (GB/s)
   generate    transformers' model.generate, greedy, one stream (the baseline)
-  gym         Gym's engine (gym.infer.hf_engine), one stream and --streams concurrent streams
+  gym         Gym's transformers engine (gym.infer.hf_engine), one stream and --streams concurrent streams
+  gym-fast    Gym's fast engine (gym.infer.fast) with weights as each of --fast-dtypes
   ttft        time to the first token for a --long-prompt-token prompt, through the engine
 Each dtype in --dtypes is measured (bfloat16 only where the CPU has native bf16). Effective bandwidth is
 the bytes of weights read per decoded token times tokens/s; `% of probe` compares it with the probe.
@@ -51,14 +52,22 @@ def generate_tps(model, prompt: list[int], tokens: int) -> float:
     return (out.shape[1] - ids.shape[1]) / seconds
 
 
-def engine_tps(model, tokenizer, prompts: list[list[int]], tokens: int) -> tuple[float, float]:
+def engine_tps(model, tokenizer, prompts: list[list[int]], tokens: int, make_engine=None) -> tuple[float, float]:
     """(aggregate tokens/s, mean time to first token) with every prompt a client of its own, all at once:
     bench/serve.py's load (sampled at temperature 0.7, no stop token, so every answer is `tokens` long)."""
     from serve import run_engine  # bench/ is on sys.path when this script runs
 
-    run_engine(model, tokenizer, [prompts[0][:8]], 1, 1, 4, 1)  # warm-up
-    tps, ttfts = run_engine(model, tokenizer, prompts, len(prompts), 1, tokens, max(16, len(prompts)))
+    run_engine(model, tokenizer, [prompts[0][:8]], 1, 1, 4, 1, make_engine)  # warm-up
+    tps, ttfts = run_engine(model, tokenizer, prompts, len(prompts), 1, tokens, max(16, len(prompts)), make_engine)
     return tps, sum(ttfts) / len(ttfts)
+
+
+def fast_engine(model, tokenizer, dtype: str):
+    from gym.infer.fast.engine import FastEngine
+
+    # The prefix cache off: every TTFT prompt is computed, never restored.
+    return lambda batch: FastEngine(model, tokenizer, [], dtype=dtype, max_batch_size=batch, max_waiting=1024,
+                                    prefix_cache_mb=0)
 
 
 def main() -> None:
@@ -67,7 +76,8 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", type=int, default=32)
     parser.add_argument("--long-prompt-tokens", type=int, default=1024)
     parser.add_argument("--streams", type=int, default=16)
-    parser.add_argument("--dtypes", default="float32,bfloat16")
+    parser.add_argument("--dtypes", default="float32,bfloat16", help="transformers / HFEngine dtypes")
+    parser.add_argument("--fast-dtypes", default="float32,bfloat16,int8,int4", help="Gym's fast engine formats")
     args = parser.parse_args()
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -105,7 +115,23 @@ def main() -> None:
             first_text = f"{first:>14.2f}s" if first is not None else f"{'-':>15}"
             print(f"{label:<10} {name:<9} {tps:>15.1f} {gbs:>10.1f} {100 * gbs / probe:>9.0f}% {multi_text} "
                   f"{first_text}")
-    print("llama.cpp columns: not measured here yet (issue #13 adds them behind `make bench-llamacpp`).")
+    from gym.infer.fast.kernels import kernel_status
+    from gym.infer.fast.model import FastDecoder
+
+    missing = kernel_status()
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    for name in args.fast_dtypes.split(","):
+        size = FastDecoder(model, name, slots=1).weight_bytes
+        make = fast_engine(model, tokenizer, name)
+        one, _ = engine_tps(model, tokenizer, [prompt], args.tokens, make)
+        many, _ = engine_tps(model, tokenizer, streams, args.tokens, make)
+        _, ttft = engine_tps(model, tokenizer, [long_prompt], 1, make)
+        gbs = size * one / 1e9
+        print(f"{'gym-fast':<10} {name:<9} {one:>15.1f} {gbs:>10.1f} {100 * gbs / probe:>9.0f}% {many:>18.1f} "
+              f"{ttft:>14.2f}s")
+    if missing:
+        print(f"(gym-fast ran its torch reference: the kernels are not available: {missing})")
+    print("llama.cpp columns: not measured yet (see docs/benchmarks.md).")
 
 
 if __name__ == "__main__":

@@ -24,10 +24,15 @@ import torch
 
 
 def run_engine(model, tokenizer, prompts: list[list[int]], concurrency: int, per_client: int, tokens: int,
-               batch: int) -> tuple[float, list[float]]:
-    from gym.infer.hf_engine import HFEngine, Piece, SamplingParams
+               batch: int, make_engine=None) -> tuple[float, list[float]]:
+    """`make_engine(batch)`: the engine to load (default: HFEngine on `model`)."""
+    from gym.infer.hf_engine import HFEngine
+    from gym.infer.requests import Piece, SamplingParams
 
-    engine = HFEngine(model, tokenizer, stop_token_ids=[], max_batch_size=batch, max_waiting=1024)
+    if make_engine is not None:
+        engine = make_engine(batch)
+    else:
+        engine = HFEngine(model, tokenizer, stop_token_ids=[], max_batch_size=batch, max_waiting=1024)
     ttfts: list[float] = []
     produced = [0]
     lock = threading.Lock()

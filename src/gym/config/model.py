@@ -29,11 +29,22 @@ class ModelArguments:
         default="auto",
         metadata={"help": "Attention kernel: auto (sdpa), disabled (eager), sdpa, or fa2 (flash-attn, GPU only)."},
     )
-    infer_dtype: Literal["auto", "float32", "float16", "bfloat16"] = field(
+    infer_dtype: Literal["auto", "float32", "float16", "bfloat16", "int8", "int4"] = field(
         default="auto",
-        metadata={"help": "Weights dtype for inference; auto follows bf16/fp16 flags, else float32."},
+        metadata={"help": "Weights for inference: float32, bfloat16, float16, or int8/int4 (blocks of 32 with a "
+                  "scale each; fast engine). auto: int8 on CPU with the fast engine, bf16/fp16 on GPU, else float32."},
     )
-    infer_backend: Literal["hf", "vllm"] = field(
-        default="hf",
-        metadata={"help": "Inference engine for chat/api: hf (transformers, dynamic batching) or vllm (if installed)."},
+    infer_backend: Literal["auto", "fast", "hf", "vllm"] = field(
+        default="auto",
+        metadata={"help": "Inference engine: fast (Gym's CPU kernels, Llama-family models), hf (transformers, any "
+                  "model), vllm (if installed), or auto (fast where it runs, else hf)."},
+    )
+    infer_prefill_chunk: int = field(
+        default=256,
+        metadata={"help": "Fast engine: prompt tokens computed per step, so a long prompt never stalls running "
+                  "requests for its whole prefill."},
+    )
+    infer_prefix_cache_mb: int = field(
+        default=256,
+        metadata={"help": "Fast engine: memory for the KV of prompt prefixes shared across requests (0: off)."},
     )

@@ -1,7 +1,7 @@
 """`ChatModel`: load what Gym trained and talk to it with the template it was trained with.
 
 Which model and settings: gym.infer.config. Answers come from an inference engine (`infer_backend`:
-hf, with dynamic batching, or vllm), so threads that chat with one ChatModel at once share its
+auto, fast, hf or vllm; gym.infer.engines), so threads that chat with one ChatModel at once share its
 forward passes, as API users do. Decoding settings resolve once: the user's keys (or those saved by
 training), else the model's generation_config, else Gym's defaults (gym.config.generating).
 """
@@ -47,7 +47,7 @@ class ChatModel:
                 raise ModelError(f"{adapter} is not a LoRA adapter folder (no adapter_config.json).")
         self.tokenizer = load_tokenizer(self.model_path, self.model_args)
         self.model: Any = None
-        if self.model_args.infer_backend == "hf":
+        if self.model_args.infer_backend in ("auto", "fast", "hf"):
             self.model = self._load_hf_model()
         else:
             require_vllm()  # before anything slow, so a missing backend is the first thing the user hears
@@ -83,6 +83,8 @@ class ChatModel:
 
     def _dtype(self) -> torch.dtype:
         choice = self.model_args.infer_dtype
+        if choice in ("int8", "int4"):
+            return torch.float32  # the fast engine quantizes from the float weights
         if choice != "auto":
             return getattr(torch, choice)
         if torch.cuda.is_available():

@@ -2,6 +2,11 @@
 Piece/Finished events (gym.infer.requests), so chat, the API, batch inference and Python share one
 interface.
 
+    fast  Gym's CPU engine (gym.infer.fast): own kernels, int8/int4/bf16/fp32 weights, Llama-family models
+    hf    transformers' forward pass with Gym's scheduling (gym.infer.hf_engine): any model, any device
+    vllm  vLLM's engine, where it is installed (CUDA)
+    auto  fast where it runs, else hf (the reason is logged)
+
 To add a backend: a class with `submit`, `load` and `shutdown` (the `Engine` protocol), a value in
 ModelArguments.infer_backend, and a branch below.
 """
@@ -9,6 +14,7 @@ ModelArguments.infer_backend, and a branch below.
 from __future__ import annotations
 
 import importlib.util
+import logging
 from typing import Any
 
 from gym.config.model import ModelArguments
@@ -16,12 +22,45 @@ from gym.core.errors import ConfigError
 from gym.infer.hf_engine import HFEngine
 from gym.infer.requests import Engine
 
+logger = logging.getLogger(__name__)
+
+QUANTIZED = ("int8", "int4")
+
+
+def fast_dtype(model_args: ModelArguments) -> str:
+    """The weight format the fast engine serves: infer_dtype, with auto -> int8 (when the kernels built:
+    lossless enough, with a quarter of float32's bytes per token; tests/infer/fast/test_quality.py holds
+    it to that) or float32 (without them, where int8 would only be slower)."""
+    if model_args.infer_dtype != "auto":
+        return model_args.infer_dtype
+    from gym.infer.fast.kernels import kernel_status
+
+    return "int8" if kernel_status() is None else "float32"
+
+
+def fast_unsupported(model: Any) -> str | None:
+    from gym.infer.fast.model import unsupported_reason
+
+    return unsupported_reason(model)
+
 
 def build_engine(model_args: ModelArguments, *, model: Any, tokenizer: Any, model_path: str, adapters: list[str],
                  stop_token_ids: list[int], max_batch_size: int = 16, max_waiting: int = 256) -> Engine:
-    """The engine for a loaded model (hf) or a model path (vllm, which loads it itself)."""
+    """The engine for a loaded model (fast, hf) or a model path (vllm, which loads it itself)."""
     backend = model_args.infer_backend
+    if backend in ("auto", "fast"):
+        reason = fast_unsupported(model)
+        if reason is None:
+            return _fast_engine(model_args, model, tokenizer, stop_token_ids, max_batch_size, max_waiting)
+        if backend == "fast" or model_args.infer_dtype in QUANTIZED:
+            raise ConfigError(f"infer_backend: fast (which infer_dtype {model_args.infer_dtype} needs) cannot serve "
+                              f"this model: {reason}. Use infer_backend: hf with a float infer_dtype.")
+        logger.info("Serving with the transformers engine: the fast engine cannot, as %s.", reason)
+        backend = "hf"
     if backend == "hf":
+        if model_args.infer_dtype in QUANTIZED:
+            raise ConfigError(f"infer_dtype: {model_args.infer_dtype} runs on the fast engine; set infer_backend: "
+                              "fast or auto (or a float infer_dtype for hf).")
         return HFEngine(model, tokenizer, stop_token_ids, max_batch_size=max_batch_size, max_waiting=max_waiting)
     if backend == "vllm":
         require_vllm()
@@ -29,10 +68,27 @@ def build_engine(model_args: ModelArguments, *, model: Any, tokenizer: Any, mode
 
         return VllmEngine(model_path, adapters, stop_token_ids, max_batch_size=max_batch_size,
                           max_waiting=max_waiting, trust_remote_code=model_args.trust_remote_code)
-    raise ConfigError(f"infer_backend: {backend!r} is not one of hf, vllm.")
+    raise ConfigError(f"infer_backend: {backend!r} is not one of auto, fast, hf, vllm.")
+
+
+def _fast_engine(model_args: ModelArguments, model: Any, tokenizer: Any, stop_token_ids: list[int],
+                 max_batch_size: int, max_waiting: int) -> Engine:
+    from gym.infer.fast.engine import FastEngine
+    from gym.infer.fast.kernels import kernel_status
+
+    dtype = fast_dtype(model_args)
+    missing = kernel_status()
+    if missing is not None:
+        logger.warning("The fast engine's kernels are not available (%s); it runs their torch reference, slower.",
+                       missing)
+    logger.info("Fast engine: weights as %s%s.", dtype, " (infer_dtype: auto)" if model_args.infer_dtype == "auto"
+                else "")
+    return FastEngine(model, tokenizer, stop_token_ids, dtype=dtype, max_batch_size=max_batch_size,
+                      max_waiting=max_waiting, prefill_chunk=model_args.infer_prefill_chunk,
+                      prefix_cache_mb=model_args.infer_prefix_cache_mb)
 
 
 def require_vllm() -> None:
     if importlib.util.find_spec("vllm") is None:
         raise ConfigError("infer_backend: vllm needs the vllm package, which is not installed (pip install vllm; "
-                          "it runs on a CUDA GPU). Use infer_backend: hf, which works everywhere.")
+                          "it runs on a CUDA GPU). Use infer_backend: auto, which works everywhere.")

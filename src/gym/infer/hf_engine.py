@@ -9,10 +9,13 @@ another user's whole answer, and concurrent users share each forward pass.
 The batch is left-padded: every row's cache ends at the same column, with an attention mask that
 hides the padding and position ids counted from each row's first real token. Joining two batches
 pads the shorter cache on the left; leaving drops the row and any leading columns that became all
-padding. transformers provides the model, the cache and the logits processors; the scheduling is ours.
+padding. transformers provides the model and the cache; the scheduling is ours.
 
-Sampling is per request (temperature, top_p, top_k, repetition_penalty, seed, stop strings), so
-a seeded request samples from its own generator whatever else shares its batch.
+Sampling is per request (temperature, top_p, top_k, repetition_penalty, seed, stop strings;
+gym.infer.sampling), so a seeded request samples from its own generator whatever else shares its batch.
+
+This is the engine for any transformers model on any device; Llama-family models on the CPU get the
+faster gym.infer.fast engine (infer_backend: auto).
 """
 
 from __future__ import annotations
@@ -26,14 +29,10 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
-from transformers.generation.logits_process import (
-    RepetitionPenaltyLogitsProcessor,
-    TemperatureLogitsWarper,
-    TopKLogitsWarper,
-    TopPLogitsWarper,
-)
 
-from gym.infer.requests import Event, Finished, Piece, Request, SamplingParams, admit
+from gym.infer.emit import finish, report_token
+from gym.infer.requests import Event, Finished, Request, SamplingParams, admit
+from gym.infer.sampling import sample_rows
 
 logger = logging.getLogger(__name__)
 
@@ -164,59 +163,14 @@ class HFEngine:
     def _advance(self, rows: list[Request], logits: torch.Tensor, first_row: int) -> None:
         """Pick each row's next token, report it, and let finished rows leave the batch."""
         done = []
-        for offset, request in enumerate(rows):
-            row = first_row + offset
-            token = self._sample(request, logits[offset])
+        for offset, (request, token) in enumerate(zip(rows, sample_rows(rows, logits))):
             request.generated.append(token)
-            reason = self._report(request, token)
+            reason = report_token(request, token, self.tokenizer, self.stop_token_ids)
             if reason is not None:
-                done.append(row)
-                request.emit(Finished(reason, len(request.prompt_ids), len(request.generated), request.text))
+                done.append(first_row + offset)
+                finish(request, reason)
         if done:
             self._leave(done)
-
-    def _sample(self, request: Request, logits: torch.Tensor) -> int:
-        params = request.params
-        scores = logits.unsqueeze(0)
-        if params.repetition_penalty != 1.0:
-            seen = torch.tensor([request.prompt_ids + request.generated])
-            scores = RepetitionPenaltyLogitsProcessor(params.repetition_penalty)(seen, scores)
-        if params.greedy:
-            return int(scores.argmax(-1))
-        scores = TemperatureLogitsWarper(params.temperature)(None, scores)
-        if params.top_k and params.top_k > 0:
-            scores = TopKLogitsWarper(params.top_k)(None, scores)
-        if params.top_p < 1.0:
-            scores = TopPLogitsWarper(params.top_p)(None, scores)
-        probs = torch.softmax(scores, dim=-1)
-        return int(torch.multinomial(probs, 1, generator=request.generator))
-
-    def _report(self, request: Request, token: int) -> str | None:
-        """Emit what the token adds to the text; the finish reason when the request is done."""
-        if request.cancelled:
-            return "cancelled"
-        if token in self.stop_token_ids:
-            tail = request.stop_filter.flush()
-            request.text += tail
-            request.emit(Piece(tail, [token]))
-            return "stop"
-        decoded = self.tokenizer.decode(request.generated, skip_special_tokens=True)
-        # A token that ends inside a multi-byte character decodes to U+FFFD: wait for the rest of it.
-        new = "" if decoded.endswith("\ufffd") else decoded[len(request._decoded):]
-        if new:
-            request._decoded = decoded
-        out = request.stop_filter.push(new) if new else ""
-        request.text += out
-        request.emit(Piece(out, [token]))
-        if request.stop_filter.stopped:
-            return "stop"
-        if len(request.generated) >= request.params.max_new_tokens:
-            tail = request.stop_filter.flush()
-            if tail:
-                request.text += tail
-                request.emit(Piece(tail, []))
-            return "length"
-        return None
 
     def _leave(self, rows: list[int]) -> None:
         keep = [i for i in range(len(self._rows)) if i not in set(rows)]

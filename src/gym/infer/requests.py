@@ -83,7 +83,7 @@ class Request:
         seed = params.seed if params.seed is not None else random.getrandbits(63)
         self.generator = torch.Generator().manual_seed(seed)
         self.stop_filter = StopFilter(params.stop)
-        self._decoded = ""  # decoding of `generated`, to find what a new token adds
+        self.detok_offsets = (0, 0)  # the window of `generated` that incremental detokenizing decodes (gym.infer.emit)
         self._events: queue.Queue[Event] | None = None
         self._sink = sink
         if sink is None:

@@ -1,0 +1,54 @@
+"""What a new token adds to a request's answer: its text (decoded incrementally), stop tokens and stop
+strings, the length limit. Shared by every engine that samples tokens itself (hf, fast).
+
+Decoding the whole answer after every token costs O(n^2) over an answer; here only a short window is
+decoded: the text of tokens [prefix, read) is known, so decoding [prefix, end) and dropping that
+known part gives exactly what the new tokens add, with the tokenizer's word-boundary handling intact
+(a token's leading space depends on what precedes it, which is why the window starts a little back).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gym.infer.requests import Finished, Piece, Request
+
+
+def report_token(request: Request, token: int, tokenizer: Any, stop_token_ids: set[int]) -> str | None:
+    """Emit what `token` (already appended to request.generated) adds; return the finish reason, or None."""
+    if request.cancelled:
+        return "cancelled"
+    if token in stop_token_ids:
+        tail = request.stop_filter.flush()
+        request.text += tail
+        request.emit(Piece(tail, [token]))
+        return "stop"
+    new = _new_text(request, tokenizer)
+    out = request.stop_filter.push(new) if new else ""
+    request.text += out
+    request.emit(Piece(out, [token]))
+    if request.stop_filter.stopped:
+        return "stop"
+    if len(request.generated) >= request.params.max_new_tokens:
+        tail = request.stop_filter.flush()
+        if tail:
+            request.text += tail
+            request.emit(Piece(tail, []))
+        return "length"
+    return None
+
+
+def _new_text(request: Request, tokenizer: Any) -> str:
+    ids = request.generated
+    start, read = request.detok_offsets
+    known = tokenizer.decode(ids[start:read], skip_special_tokens=True) if read > start else ""
+    text = tokenizer.decode(ids[start:], skip_special_tokens=True)
+    # A token that ends inside a multi-byte character decodes to U+FFFD: wait for the rest of it.
+    if text.endswith("\ufffd") or len(text) <= len(known):
+        return ""
+    request.detok_offsets = (read, len(ids))
+    return text[len(known):]
+
+
+def finish(request: Request, reason: str) -> None:
+    request.emit(Finished(reason, len(request.prompt_ids), len(request.generated), request.text))

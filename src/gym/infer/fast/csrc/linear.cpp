@@ -1,0 +1,485 @@
+// Kernels for decoding on the CPU. Matrix-vector products: y[b, n] = sum_k x[b, k] * W[n, k] for a few rows b.
+//
+// Decoding one token reads every weight once and does two flops per weight, so a decode step is
+// bound by memory bandwidth, and what a kernel must do is stream the weights once at full speed
+// while every activation row of the batch reuses each weight it loaded. BLAS libraries tune for
+// large matrix products and reach a fraction of the bandwidth at one to sixteen rows; these kernels
+// are written for that shape. Weights are float32, bfloat16 or float16 (widened to float32 in
+// registers), or int8 / int4 in blocks of 32 with one float16 scale per block; for the integer
+// formats the activations are quantized to int8 per block as well, so the inner loop is an 8-bit
+// integer dot product (AVX-VNNI / AVX512-VNNI where the CPU has it, AVX2 otherwise).
+//
+// The threads are ATen's (at::parallel_for over output features), so they are the same threads and
+// the same count as the rest of torch's CPU work.
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <c10/util/Exception.h>
+#include <torch/library.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include <immintrin.h>
+#define GYM_AVX2 1
+#endif
+
+namespace {
+
+constexpr int64_t kBlock = 32;  // weights per quantization block, and activations per activation scale
+constexpr int kMaxRows = 4;  // activation rows that share each loaded weight vector
+
+inline float half_to_float(uint16_t h) {
+#ifdef GYM_AVX2
+  return _cvtsh_ss(h);
+#else
+  const uint32_t sign = (h & 0x8000u) << 16;
+  int32_t exponent = (h >> 10) & 0x1f;
+  uint32_t mantissa = h & 0x3ffu;
+  uint32_t bits;
+  if (exponent == 0) {
+    if (mantissa == 0) {
+      bits = sign;
+    } else {  // subnormal: renormalize
+      exponent = 1;
+      while ((mantissa & 0x400u) == 0) {
+        mantissa <<= 1;
+        --exponent;
+      }
+      mantissa &= 0x3ffu;
+      bits = sign | (uint32_t(exponent + 112) << 23) | (mantissa << 13);
+    }
+  } else if (exponent == 31) {
+    bits = sign | 0x7f800000u | (mantissa << 13);
+  } else {
+    bits = sign | (uint32_t(exponent + 112) << 23) | (mantissa << 13);
+  }
+  float out;
+  std::memcpy(&out, &bits, 4);
+  return out;
+#endif
+}
+
+inline float bf16_to_float(uint16_t h) {
+  const uint32_t bits = uint32_t(h) << 16;
+  float out;
+  std::memcpy(&out, &bits, 4);
+  return out;
+}
+
+enum class WeightKind { F32, BF16, F16 };
+
+template <WeightKind kind>
+inline float weight_at(const void* w, int64_t i) {
+  if constexpr (kind == WeightKind::F32) {
+    return static_cast<const float*>(w)[i];
+  } else if constexpr (kind == WeightKind::BF16) {
+    return bf16_to_float(static_cast<const uint16_t*>(w)[i]);
+  } else {
+    return half_to_float(static_cast<const uint16_t*>(w)[i]);
+  }
+}
+
+#ifdef GYM_AVX2
+inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+template <WeightKind kind>
+inline __m256 load8(const void* w, int64_t i) {
+  if constexpr (kind == WeightKind::F32) {
+    return _mm256_loadu_ps(static_cast<const float*>(w) + i);
+  } else if constexpr (kind == WeightKind::BF16) {
+    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(w) + i));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
+  } else {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(w) + i)));
+  }
+}
+
+// The 8-bit dot product of 32 pairs as 8 int32 partial sums, for |x| (unsigned) and w * sign(x)
+// (signed): the instructions multiply unsigned by signed bytes, so the caller moves the sign of x onto
+// w first. |x| <= 127 and |w| <= 127 keep the int16 pair sums of maddubs from saturating.
+inline __m256i dot_u8s8(__m256i ax, __m256i sw) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return _mm256_dpbusd_epi32(_mm256_setzero_si256(), ax, sw);
+#elif defined(__AVXVNNI__)
+  return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), ax, sw);
+#else
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sw), _mm256_set1_epi16(1));
+#endif
+}
+
+inline __m256i unpack_q4(const uint8_t* p) {
+  // Byte i of a block holds weight i in its low nibble and weight i + 16 in its high nibble.
+  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  const __m128i mask = _mm_set1_epi8(0x0f);
+  const __m128i lo = _mm_and_si128(raw, mask);
+  const __m128i hi = _mm_and_si128(_mm_srli_epi16(raw, 4), mask);
+  return _mm256_sub_epi8(_mm256_set_m128i(hi, lo), _mm256_set1_epi8(8));
+}
+#endif
+
+// out[t * R + r] = dot(x[r], w[t]) for R activation rows and T weight rows: every weight vector loaded
+// feeds R rows, every activation vector feeds T weight rows, and R and T are compile-time constants
+// so the accumulators live in registers.
+template <WeightKind kind, int R, int T>
+void dot_float(const float* x, int64_t ldx, const void* w, int64_t ldw, int64_t K, float* out) {
+  constexpr int64_t elem = kind == WeightKind::F32 ? 4 : 2;
+  const char* wb = static_cast<const char*>(w);
+  int64_t k = 0;
+  float sums[T * R] = {};
+#ifdef GYM_AVX2
+  __m256 acc[T * R];
+  for (int i = 0; i < T * R; ++i) acc[i] = _mm256_setzero_ps();
+  for (; k + 8 <= K; k += 8) {
+    __m256 wv[T];
+    for (int t = 0; t < T; ++t) wv[t] = load8<kind>(wb + t * ldw * elem, k);
+    for (int r = 0; r < R; ++r) {
+      const __m256 xv = _mm256_loadu_ps(x + r * ldx + k);
+      for (int t = 0; t < T; ++t) acc[t * R + r] = _mm256_fmadd_ps(wv[t], xv, acc[t * R + r]);
+    }
+  }
+  for (int i = 0; i < T * R; ++i) sums[i] = hsum(acc[i]);
+#endif
+  for (; k < K; ++k) {
+    for (int t = 0; t < T; ++t) {
+      const float wk = weight_at<kind>(wb + t * ldw * elem, k);
+      for (int r = 0; r < R; ++r) sums[t * R + r] += wk * x[r * ldx + k];
+    }
+  }
+  for (int i = 0; i < T * R; ++i) out[i] = sums[i];
+}
+
+// The same for quantized weights, stored tile-major so that a tile streams from one contiguous run of
+// memory: for each group of kTile output rows, block j of each of its rows, one after the other
+// ([N / kTile][K / 32][kTile][bytes per block]), and the float16 scales likewise ([N / kTile][K / 32][kTile]).
+// xq/xs are the activations as int8 with one float scale per block.
+constexpr int kTile = 4;
+
+template <bool int4, int R>
+void dot_quant_tile(const int8_t* xq, const float* xs, int64_t K, const uint8_t* w, const uint16_t* ws, float* out) {
+  const int64_t blocks = K / kBlock;
+  constexpr int64_t bytes = int4 ? kBlock / 2 : kBlock;
+  constexpr int T = kTile;
+#ifdef GYM_AVX2
+  __m256 acc[T * R];
+  for (int i = 0; i < T * R; ++i) acc[i] = _mm256_setzero_ps();
+  for (int64_t j = 0; j < blocks; ++j) {
+    __m256i wv[T];
+    float wscale[T];
+    for (int t = 0; t < T; ++t) {
+      const uint8_t* p = w + (j * T + t) * bytes;
+      wv[t] = int4 ? unpack_q4(p) : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+      wscale[t] = half_to_float(ws[j * T + t]);
+    }
+    for (int r = 0; r < R; ++r) {
+      const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + r * K + j * kBlock));
+      const __m256i ax = _mm256_sign_epi8(xv, xv);
+      const float xscale = xs[r * blocks + j];
+      for (int t = 0; t < T; ++t) {
+        const __m256 d = _mm256_cvtepi32_ps(dot_u8s8(ax, _mm256_sign_epi8(wv[t], xv)));
+        acc[t * R + r] = _mm256_fmadd_ps(d, _mm256_set1_ps(wscale[t] * xscale), acc[t * R + r]);
+      }
+    }
+  }
+  for (int i = 0; i < T * R; ++i) out[i] = hsum(acc[i]);
+#else
+  for (int i = 0; i < T * R; ++i) out[i] = 0.f;
+  for (int64_t j = 0; j < blocks; ++j) {
+    for (int t = 0; t < T; ++t) {
+      const uint8_t* p = w + (j * T + t) * bytes;
+      const float wscale = half_to_float(ws[j * T + t]);
+      for (int r = 0; r < R; ++r) {
+        int32_t dot = 0;
+        for (int64_t i = 0; i < kBlock; ++i) {
+          const int32_t wi = int4 ? int32_t(i < 16 ? (p[i] & 0x0f) : (p[i - 16] >> 4)) - 8 : int32_t(int8_t(p[i]));
+          dot += wi * int32_t(xq[r * K + j * kBlock + i]);
+        }
+        out[t * R + r] += float(dot) * wscale * xs[r * blocks + j];
+      }
+    }
+  }
+#endif
+}
+
+void check_input(const at::Tensor& x, int64_t K) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous() && x.device().is_cpu(),
+              "gym kernels take a contiguous 2-D float32 CPU activation");
+  TORCH_CHECK(x.size(1) == K, "activation width ", x.size(1), " does not match the weight's ", K);
+}
+
+// Each thread takes a range of output features, kTile at a time; within a tile, groups of up to
+// kMaxRows activation rows share every weight vector loaded. `tile(R, T, n, b)` computes rows b..b+R
+// of outputs n..n+T. One or two rows read float weights one row at a time: a single stream is what
+// the hardware prefetcher follows best, and at that batch the loads, not the arithmetic, are the limit.
+
+template <typename Tile>
+void for_each_tile(int64_t B, int64_t N, int64_t bytes_per_row, Tile tile) {
+  const int64_t grain = std::max<int64_t>(kTile, (int64_t(1) << 16) / std::max<int64_t>(1, bytes_per_row));
+  at::parallel_for(0, (N + kTile - 1) / kTile, (grain + kTile - 1) / kTile, [&](int64_t t0, int64_t t1) {
+    for (int64_t n = t0 * kTile; n < std::min(N, t1 * kTile); n += kTile) {
+      const bool full = n + kTile <= N && B > 2;
+      for (int64_t b = 0; b < B; b += kMaxRows) {
+        const int64_t rows = std::min<int64_t>(kMaxRows, B - b);
+        if (!full) {
+          for (int64_t m = n; m < std::min(N, n + kTile); ++m) {
+            switch (rows) {
+              case 1: tile(std::integral_constant<int, 1>{}, std::integral_constant<int, 1>{}, m, b); break;
+              case 2: tile(std::integral_constant<int, 2>{}, std::integral_constant<int, 1>{}, m, b); break;
+              case 3: tile(std::integral_constant<int, 3>{}, std::integral_constant<int, 1>{}, m, b); break;
+              default: tile(std::integral_constant<int, 4>{}, std::integral_constant<int, 1>{}, m, b); break;
+            }
+          }
+          continue;
+        }
+        switch (rows) {
+          case 1: tile(std::integral_constant<int, 1>{}, std::integral_constant<int, kTile>{}, n, b); break;
+          case 2: tile(std::integral_constant<int, 2>{}, std::integral_constant<int, kTile>{}, n, b); break;
+          case 3: tile(std::integral_constant<int, 3>{}, std::integral_constant<int, kTile>{}, n, b); break;
+          default: tile(std::integral_constant<int, 4>{}, std::integral_constant<int, kTile>{}, n, b); break;
+        }
+      }
+    }
+  });
+}
+
+at::Tensor linear_float(const at::Tensor& x, const at::Tensor& w) {
+  TORCH_CHECK(w.dim() == 2 && w.is_contiguous() && w.device().is_cpu(), "weight must be a contiguous 2-D CPU tensor");
+  const int64_t B = x.size(0), N = w.size(0), K = w.size(1);
+  check_input(x, K);
+  at::Tensor y = at::empty({B, N}, x.options());
+  const float* xp = x.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  const auto run = [&](auto kind_tag, const void* wp, int64_t elem) {
+    constexpr WeightKind kind = decltype(kind_tag)::value;
+    for_each_tile(B, N, K * elem, [&](auto rows, auto tiles, int64_t n, int64_t b) {
+      constexpr int R = decltype(rows)::value, T = decltype(tiles)::value;
+      float part[R * T];
+      dot_float<kind, R, T>(xp + b * K, K, static_cast<const char*>(wp) + n * K * elem, K, K, part);
+      for (int t = 0; t < T; ++t)
+        for (int r = 0; r < R; ++r) yp[(b + r) * N + n + t] = part[t * R + r];
+    });
+  };
+  switch (w.scalar_type()) {
+    case at::kFloat:
+      run(std::integral_constant<WeightKind, WeightKind::F32>{}, w.data_ptr(), 4);
+      break;
+    case at::kBFloat16:
+      run(std::integral_constant<WeightKind, WeightKind::BF16>{}, w.data_ptr(), 2);
+      break;
+    case at::kHalf:
+      run(std::integral_constant<WeightKind, WeightKind::F16>{}, w.data_ptr(), 2);
+      break;
+    default:
+      TORCH_CHECK(false, "gym linear: weight dtype must be float32, bfloat16 or float16");
+  }
+  return y;
+}
+
+// Symmetric per-block int8 quantization of the activations (scale = max|x| / 127).
+void quantize_rows(const float* x, int64_t B, int64_t K, int8_t* xq, float* xs) {
+  const int64_t blocks = K / kBlock;
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t j = 0; j < blocks; ++j) {
+      const float* src = x + b * K + j * kBlock;
+      float amax = 0.f;
+      for (int64_t i = 0; i < kBlock; ++i) amax = std::max(amax, std::fabs(src[i]));
+      const float scale = amax / 127.f;
+      const float inv = scale > 0.f ? 1.f / scale : 0.f;
+      xs[b * blocks + j] = scale;
+      int8_t* dst = xq + b * K + j * kBlock;
+      for (int64_t i = 0; i < kBlock; ++i) dst[i] = static_cast<int8_t>(std::nearbyint(src[i] * inv));
+    }
+  }
+}
+
+template <bool int4>
+at::Tensor linear_quant(const at::Tensor& x, const at::Tensor& wq, const at::Tensor& ws) {
+  TORCH_CHECK(wq.dim() == 2 && wq.is_contiguous() && wq.device().is_cpu(), "packed weight must be contiguous 2-D");
+  TORCH_CHECK(ws.dim() == 2 && ws.is_contiguous() && ws.scalar_type() == at::kHalf, "scales must be float16 [N, K/32]");
+  const int64_t B = x.size(0), N = wq.size(0);
+  const int64_t K = int4 ? wq.size(1) * 2 : wq.size(1);
+  TORCH_CHECK(K % kBlock == 0 && N % kTile == 0, "quantized weights need K % 32 == 0 and N % 4 == 0");
+  TORCH_CHECK(ws.size(0) == N && ws.size(1) == K / kBlock, "scales shape does not match the packed weight");
+  check_input(x, K);
+  std::vector<int8_t> xq(B * K);
+  std::vector<float> xs(B * (K / kBlock));
+  quantize_rows(x.data_ptr<float>(), B, K, xq.data(), xs.data());
+  at::Tensor y = at::empty({B, N}, x.options());
+  float* yp = y.data_ptr<float>();
+  const auto* wp = static_cast<const uint8_t*>(wq.data_ptr());
+  const auto* sp = static_cast<const uint16_t*>(ws.data_ptr());
+  const int64_t row_bytes = wq.size(1), row_scales = K / kBlock;
+  const int64_t tiles = N / kTile;
+  const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 16) / (row_bytes * kTile));
+  at::parallel_for(0, tiles, grain, [&](int64_t t0, int64_t t1) {
+    for (int64_t tile = t0; tile < t1; ++tile) {
+      const uint8_t* w = wp + tile * kTile * row_bytes;
+      const uint16_t* s = sp + tile * kTile * row_scales;
+      for (int64_t b = 0; b < B; b += kMaxRows) {
+        const int64_t rows = std::min<int64_t>(kMaxRows, B - b);
+        float part[kTile * kMaxRows];
+        const int8_t* xr = xq.data() + b * K;
+        const float* sr = xs.data() + b * row_scales;
+        switch (rows) {
+          case 1: dot_quant_tile<int4, 1>(xr, sr, K, w, s, part); break;
+          case 2: dot_quant_tile<int4, 2>(xr, sr, K, w, s, part); break;
+          case 3: dot_quant_tile<int4, 3>(xr, sr, K, w, s, part); break;
+          default: dot_quant_tile<int4, 4>(xr, sr, K, w, s, part); break;
+        }
+        for (int t = 0; t < kTile; ++t)
+          for (int64_t r = 0; r < rows; ++r) yp[(b + r) * N + tile * kTile + t] = part[t * rows + r];
+      }
+    }
+  });
+  return y;
+}
+
+at::Tensor linear_q8(const at::Tensor& x, const at::Tensor& wq, const at::Tensor& ws) {
+  TORCH_CHECK(wq.scalar_type() == at::kChar, "int8 weights must be torch.int8");
+  return linear_quant<false>(x, wq, ws);
+}
+
+at::Tensor linear_q4(const at::Tensor& x, const at::Tensor& wq, const at::Tensor& ws) {
+  TORCH_CHECK(wq.scalar_type() == at::kByte, "int4 weights must be packed two per torch.uint8");
+  return linear_quant<true>(x, wq, ws);
+}
+
+// -- the glue of a decode step: one call each instead of a handful of small torch ops ----------------------
+
+// y = x / rms(x) * w over the last dimension of a contiguous float32 [rows, width].
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps) {
+  TORCH_CHECK(x.scalar_type() == at::kFloat && x.is_contiguous() && w.scalar_type() == at::kFloat && w.is_contiguous(),
+              "rms_norm takes contiguous float32 tensors");
+  const int64_t width = w.numel();
+  TORCH_CHECK(x.numel() % width == 0, "rms_norm: width mismatch");
+  const int64_t rows = x.numel() / width;
+  at::Tensor y = at::empty(x.sizes(), x.options());
+  const float* xp = x.data_ptr<float>();
+  const float* wp = w.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = xp + r * width;
+    float total = 0.f;
+    for (int64_t i = 0; i < width; ++i) total += xr[i] * xr[i];
+    const float inv = 1.f / std::sqrt(total / float(width) + float(eps));
+    for (int64_t i = 0; i < width; ++i) yp[r * width + i] = xr[i] * inv * wp[i];
+  }
+  return y;
+}
+
+// Rotary embedding in place on the first `heads` heads of x [tokens, all heads, dim] (rotate-half layout,
+// as transformers' Llama): x' = x * cos + rotate_half(x) * sin with cos/sin [tokens, dim].
+void rope_(at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, int64_t heads) {
+  TORCH_CHECK(x.dim() == 3 && x.is_contiguous() && x.scalar_type() == at::kFloat, "rope_ takes [tokens, heads, dim]");
+  const int64_t tokens = x.size(0), all = x.size(1), dim = x.size(2), half = dim / 2;
+  TORCH_CHECK(cos.is_contiguous() && sin.is_contiguous() && cos.numel() == tokens * dim, "rope_: table shape");
+  float* xp = x.data_ptr<float>();
+  const float* cp = cos.data_ptr<float>();
+  const float* sp = sin.data_ptr<float>();
+  for (int64_t t = 0; t < tokens; ++t) {
+    const float* c = cp + t * dim;
+    const float* s = sp + t * dim;
+    for (int64_t h = 0; h < heads; ++h) {
+      float* v = xp + (t * all + h) * dim;
+      for (int64_t i = 0; i < half; ++i) {
+        const float a = v[i], b = v[i + half];
+        v[i] = a * c[i] - b * s[i];
+        v[i + half] = b * c[i + half] + a * s[i + half];
+      }
+    }
+  }
+}
+
+// One decode step of attention for each row r: store its new key and value (k, v [rows, kv heads, dim]) at
+// position lengths[r] of its slot r, then attend from q [rows, heads, dim] over positions [0, lengths[r]].
+// Each row reads only its own length (no padding), and grouped query heads share their kv head.
+at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& keys,
+                            at::Tensor& values, const at::Tensor& lengths, double scale) {
+  TORCH_CHECK(q.is_contiguous() && k.is_contiguous() && v.is_contiguous() && keys.is_contiguous() &&
+              values.is_contiguous() && lengths.is_contiguous() && lengths.scalar_type() == at::kLong,
+              "decode_attention takes contiguous tensors and int64 lengths");
+  const int64_t rows = q.size(0), heads = q.size(1), dim = q.size(2);
+  const int64_t kv_heads = keys.size(1), capacity = keys.size(2), group = heads / kv_heads;
+  const int64_t* len = lengths.data_ptr<int64_t>();
+  float* kp = keys.data_ptr<float>();
+  float* vp = values.data_ptr<float>();
+  for (int64_t r = 0; r < rows; ++r) {
+    TORCH_CHECK(len[r] < capacity, "decode_attention: the cache is full");
+    for (int64_t h = 0; h < kv_heads; ++h) {
+      std::memcpy(kp + ((r * kv_heads + h) * capacity + len[r]) * dim, k.data_ptr<float>() + (r * kv_heads + h) * dim,
+                  dim * 4);
+      std::memcpy(vp + ((r * kv_heads + h) * capacity + len[r]) * dim, v.data_ptr<float>() + (r * kv_heads + h) * dim,
+                  dim * 4);
+    }
+  }
+  at::Tensor out = at::empty({rows, heads, dim}, q.options());
+  const float* qp = q.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  at::parallel_for(0, rows * heads, 1, [&](int64_t i0, int64_t i1) {
+    std::vector<float> scores;
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t r = i / heads, h = i % heads, n = len[r] + 1;
+      const float* qv = qp + i * dim;
+      const float* kr = kp + (r * kv_heads + h / group) * capacity * dim;
+      const float* vr = vp + (r * kv_heads + h / group) * capacity * dim;
+      scores.resize(n);
+      float top = -INFINITY;
+      for (int64_t j = 0; j < n; ++j) {
+        float dot = 0.f;
+        for (int64_t d = 0; d < dim; ++d) dot += qv[d] * kr[j * dim + d];
+        scores[j] = dot * float(scale);
+        top = std::max(top, scores[j]);
+      }
+      float total = 0.f;
+      for (int64_t j = 0; j < n; ++j) {
+        scores[j] = std::exp(scores[j] - top);
+        total += scores[j];
+      }
+      float* o = op + i * dim;
+      for (int64_t d = 0; d < dim; ++d) o[d] = 0.f;
+      for (int64_t j = 0; j < n; ++j) {
+        const float p = scores[j] / total;
+        for (int64_t d = 0; d < dim; ++d) o[d] += p * vr[j * dim + d];
+      }
+    }
+  });
+  return out;
+}
+
+// silu(gate) * up for gate_up [rows, 2 * width] (gate first) -> [rows, width].
+at::Tensor silu_mul(const at::Tensor& gate_up) {
+  TORCH_CHECK(gate_up.dim() == 2 && gate_up.is_contiguous() && gate_up.scalar_type() == at::kFloat,
+              "silu_mul takes a contiguous float32 [rows, 2 * width]");
+  const int64_t rows = gate_up.size(0), width = gate_up.size(1) / 2;
+  at::Tensor y = at::empty({rows, width}, gate_up.options());
+  const float* g = gate_up.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t i = 0; i < width; ++i) {
+      const float a = g[r * 2 * width + i];
+      yp[r * width + i] = a / (1.f + std::exp(-a)) * g[r * 2 * width + width + i];
+    }
+  }
+  return y;
+}
+
+}  // namespace
+
+TORCH_LIBRARY(gym_kernels, m) {
+  m.def("linear(Tensor x, Tensor w) -> Tensor", &linear_float);
+  m.def("linear_q8(Tensor x, Tensor wq, Tensor ws) -> Tensor", &linear_q8);
+  m.def("linear_q4(Tensor x, Tensor wq, Tensor ws) -> Tensor", &linear_q4);
+  m.def("rms_norm(Tensor x, Tensor w, float eps) -> Tensor", &rms_norm);
+  m.def("rope_(Tensor(a!) x, Tensor cos, Tensor sin, int heads) -> ()", &rope_);
+  m.def("decode_attention(Tensor q, Tensor k, Tensor v, Tensor(a!) keys, Tensor(b!) values, Tensor lengths, "
+        "float scale) -> Tensor", &decode_attention);
+  m.def("silu_mul(Tensor gate_up) -> Tensor", &silu_mul);
+}

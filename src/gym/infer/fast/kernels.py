@@ -1,0 +1,228 @@
+"""The decode kernels (csrc/linear.cpp), compiled once per machine, and their reference in plain torch.
+
+The kernels are built with torch's C++ extension loader (g++ and ninja) the first time they are needed,
+for this CPU (`-march=native`) and this torch, into `$GYM_HOME/kernels/<key>`; later processes load the
+built library in milliseconds. Where there is no compiler, or the build fails, `kernel_status()` says
+why and every linear layer runs the torch reference below instead, which computes the same thing
+(activations quantized per block for int8/int4, like the kernels) through a float matmul: correct,
+slower.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import sys
+import threading
+from pathlib import Path
+
+import torch
+
+from gym.models.loader import gym_home
+
+logger = logging.getLogger(__name__)
+
+BLOCK = 32  # weights per quantization block (one float16 scale each)
+TILE = 4  # output rows stored interleaved, so a tile of rows streams from one contiguous run of memory
+
+_SOURCE = Path(__file__).parent / "csrc" / "linear.cpp"
+_lock = threading.Lock()
+_state: dict[str, str | bool] = {}
+
+
+def _build_key() -> str:
+    digest = hashlib.sha256(_SOURCE.read_bytes())
+    digest.update(f"{torch.__version__}|{platform.machine()}|{_cpu_flags()}".encode())
+    return digest.hexdigest()[:16]
+
+
+def _cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def kernel_status() -> str | None:
+    """None when the compiled kernels are loaded (building them if needed); else why not."""
+    with _lock:
+        if "ok" not in _state:
+            _state.update(_load())
+        return None if _state["ok"] else str(_state["reason"])
+
+
+def _load() -> dict[str, str | bool]:
+    if os.environ.get("GYM_NO_KERNELS"):
+        return {"ok": False, "reason": "GYM_NO_KERNELS is set"}
+    if not any(shutil.which(cc) for cc in ("c++", "g++", "clang++")):
+        return {"ok": False, "reason": "no C++ compiler (c++/g++/clang++) on PATH"}
+    # torch runs `ninja` from PATH; the ninja wheel puts it beside this interpreter, which may not be on PATH.
+    beside = Path(sys.executable).parent
+    if shutil.which("ninja") is None and (beside / "ninja").is_file():
+        os.environ["PATH"] = f"{beside}{os.pathsep}{os.environ.get('PATH', '')}"
+    if shutil.which("ninja") is None:
+        return {"ok": False, "reason": "ninja is not installed (pip install ninja)"}
+    from torch.utils.cpp_extension import load
+
+    folder = gym_home() / "kernels" / _build_key()
+    folder.mkdir(parents=True, exist_ok=True)
+    flags = ["-O3", "-fopenmp"] + (["-march=native"] if platform.machine() in ("x86_64", "AMD64") else [])
+    try:
+        load(name="gym_kernels", sources=[str(_SOURCE)], extra_cflags=flags, extra_ldflags=["-fopenmp"],
+             build_directory=str(folder), is_python_module=False, verbose=False)
+    except Exception as exc:  # a compiler error must not stop inference: the reference path still works
+        reason = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+        return {"ok": False, "reason": f"the kernels did not build: {reason}"}
+    return {"ok": True, "reason": ""}
+
+
+# -- packing ---------------------------------------------------------------------------------------------
+def _tiled(rows: torch.Tensor, blocks: int) -> torch.Tensor:
+    """[N, blocks * b] row-major -> tile-major: tile i holds block j of its TILE rows one after the other."""
+    n, width = rows.shape
+    per_block = width // blocks
+    return rows.view(n // TILE, TILE, blocks, per_block).transpose(1, 2).contiguous().view(n, width)
+
+
+def _untiled(rows: torch.Tensor, blocks: int) -> torch.Tensor:
+    n, width = rows.shape
+    per_block = width // blocks
+    return rows.view(n // TILE, blocks, TILE, per_block).transpose(1, 2).contiguous().view(n, width)
+
+
+def packable(weight: torch.Tensor) -> bool:
+    return weight.dim() == 2 and weight.shape[1] % BLOCK == 0 and weight.shape[0] % TILE == 0
+
+
+def _best_scales(blocks: torch.Tensor, base: torch.Tensor, low: int, high: int) -> torch.Tensor:
+    """Per block, the scale among base * (1, 0.98, ..., 0.7) that rounds the block with the least squared
+    error: clipping the largest weight a little often buys finer steps for all the others."""
+    best, best_error = base, torch.full_like(base, float("inf"))
+    for factor in torch.linspace(1.0, 0.7, 16).tolist():
+        scale = (base * factor).half().float()
+        inverse = torch.where(scale != 0, 1 / scale, torch.zeros_like(scale))
+        q = torch.round(blocks * inverse[..., None]).clamp(low, high)
+        error = ((q * scale[..., None] - blocks) ** 2).sum(-1)
+        better = error < best_error
+        best, best_error = torch.where(better, scale, best), torch.where(better, error, best_error)
+    return best
+
+
+def pack_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric int8 per block of 32 -> (int8 [N, K], float16 scales [N, K/32]), tiled."""
+    n, k = weight.shape
+    blocks = weight.detach().float().reshape(n, k // BLOCK, BLOCK)
+    scale = _best_scales(blocks, blocks.abs().amax(-1) / 127, -127, 127)
+    inverse = torch.where(scale != 0, 1 / scale, torch.zeros_like(scale))
+    q = torch.round(blocks * inverse[..., None]).clamp(-127, 127).to(torch.int8).view(n, k)
+    return _tiled(q, k // BLOCK), _tiled(scale.half(), k // BLOCK)
+
+
+def pack_int4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric int4 per block of 32 (values -8..7) -> (uint8 [N, K/2] two per byte, float16 scales
+    [N, K/32]), tiled. Byte i of a block holds weight i (low nibble) and weight i + 16 (high nibble)."""
+    n, k = weight.shape
+    blocks = weight.detach().float().reshape(n, k // BLOCK, BLOCK)
+    # The starting scale maps the weight of largest magnitude onto -8, using the whole range.
+    extreme = blocks.gather(-1, blocks.abs().argmax(-1, keepdim=True)).squeeze(-1)
+    scale = (extreme / -8).half().float()
+    inverse = torch.where(scale != 0, 1 / scale, torch.zeros_like(scale))
+    q = (torch.round(blocks * inverse[..., None]).clamp(-8, 7) + 8).to(torch.uint8)
+    packed = (q[..., :16] | (q[..., 16:] << 4)).view(n, k // 2)
+    return _tiled(packed, k // BLOCK), _tiled(scale.half(), k // BLOCK)
+
+
+def unpack_int8(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    n, k = q.shape
+    rows, scales = _untiled(q, k // BLOCK), _untiled(scale, k // BLOCK)
+    return (rows.view(n, k // BLOCK, BLOCK).float() * scales.float()[..., None]).view(n, k)
+
+
+def unpack_int4(packed: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    n, half = packed.shape
+    blocks = half * 2 // BLOCK
+    rows, scales = _untiled(packed, blocks).view(n, blocks, BLOCK // 2), _untiled(scale, blocks)
+    values = torch.cat([(rows & 0x0F), (rows >> 4)], dim=-1).float() - 8
+    return (values * scales.float()[..., None]).view(n, half * 2)
+
+
+def quantize_activations(x: torch.Tensor) -> torch.Tensor:
+    """What the integer kernels do to the activations: int8 per block of 32, returned dequantized."""
+    b, k = x.shape
+    blocks = x.view(b, k // BLOCK, BLOCK)
+    scale = blocks.abs().amax(-1, keepdim=True) / 127
+    q = torch.round(blocks / torch.where(scale > 0, scale, torch.ones_like(scale)))
+    return (q * scale).view(b, k)
+
+
+# -- the operations --------------------------------------------------------------------------------------
+def linear_float(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x [B, K] float32 @ weight [N, K] (float32, bfloat16 or float16) -> [B, N] float32."""
+    if _state.get("ok"):
+        out: torch.Tensor = torch.ops.gym_kernels.linear(x, weight)
+        return out
+    return x @ weight.float().T
+
+
+def linear_int8(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    if _state.get("ok"):
+        out: torch.Tensor = torch.ops.gym_kernels.linear_q8(x, q, scale)
+        return out
+    return quantize_activations(x) @ unpack_int8(q, scale).T
+
+
+def linear_int4(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    if _state.get("ok"):
+        out: torch.Tensor = torch.ops.gym_kernels.linear_q4(x, packed, scale)
+        return out
+    return quantize_activations(x) @ unpack_int4(packed, scale).T
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    if _state.get("ok"):
+        out: torch.Tensor = torch.ops.gym_kernels.rms_norm(x.contiguous(), weight, eps)
+        return out
+    return torch.nn.functional.rms_norm(x, (x.shape[-1],), weight, eps)
+
+
+def rope_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: int) -> None:
+    """Rotate the first `heads` heads of x [tokens, heads, dim] in place; cos/sin are [tokens, dim]."""
+    if _state.get("ok"):
+        torch.ops.gym_kernels.rope_(x, cos, sin, heads)
+        return
+    part = x[:, :heads]
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-part[..., half:], part[..., :half]], dim=-1)
+    part.copy_(part * cos[:, None] + rotated * sin[:, None])
+
+
+def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                     lengths: torch.Tensor, scale: float) -> torch.Tensor:
+    """Store row r's new k/v at position lengths[r] of cache slot r, then attend over [0, lengths[r]].
+    q [rows, heads, dim], k/v [rows, kv heads, dim], keys/values [slots, kv heads, capacity, dim]."""
+    if _state.get("ok"):
+        out: torch.Tensor = torch.ops.gym_kernels.decode_attention(q, k, v, keys, values, lengths, scale)
+        return out
+    rows = q.shape[0]
+    slots = torch.arange(rows)
+    keys[slots, :, lengths] = k
+    values[slots, :, lengths] = v
+    span = int(lengths.max()) + 1
+    mask = (torch.arange(span)[None, :] <= lengths[:, None])[:, None, None, :]
+    attended = torch.nn.functional.scaled_dot_product_attention(
+        q[:, :, None], keys[:rows, :, :span], values[:rows, :, :span], attn_mask=mask, scale=scale, enable_gqa=True)
+    return attended[:, :, 0]
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    if _state.get("ok"):
+        out: torch.Tensor = torch.ops.gym_kernels.silu_mul(gate_up)
+        return out
+    gate, up = gate_up.chunk(2, dim=-1)
+    return torch.nn.functional.silu(gate) * up

@@ -1,0 +1,94 @@
+"""A linear layer at the precision the engine serves: float32, bfloat16, float16, int8 or int4.
+
+Decode steps (a few rows) go through the kernels, which read each weight once; a prefill chunk (many
+rows) is a real matrix product, where a BLAS library is the right tool: the weight is widened to
+float32 for that product (one chunk at a time, so the widened copy is transient).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from gym.infer.fast import kernels
+
+SERVED_DTYPES = ("float32", "bfloat16", "float16", "int8", "int4")
+KERNEL_ROWS = 16  # up to this many rows, the matrix-vector kernels beat a BLAS product
+
+
+class FastLinear:
+    """y = x @ W.T + b for x [rows, in] float32, with W stored as `dtype`."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, dtype: str) -> None:
+        if dtype not in SERVED_DTYPES:
+            raise ValueError(f"unknown served dtype {dtype!r}")
+        if dtype in ("int8", "int4") and not kernels.packable(weight):
+            dtype = "float32"  # shapes the block format cannot hold stay exact
+        self.dtype = dtype
+        self.out_features, self.in_features = weight.shape
+        self.bias = bias.detach().float().contiguous() if bias is not None else None
+        self.scale: torch.Tensor | None = None
+        if dtype == "int8":
+            self.weight, self.scale = kernels.pack_int8(weight)
+        elif dtype == "int4":
+            self.weight, self.scale = kernels.pack_int4(weight)
+        else:
+            target = getattr(torch, dtype)
+            # A weight already in the served dtype is used as it is: no second copy of the model.
+            self.weight = weight.detach().to(target).contiguous()
+
+    @classmethod
+    def fused(cls, modules: list[Any], dtype: str) -> FastLinear:
+        """One layer computing the outputs of several (q, k and v; gate and up) side by side: one kernel call
+        instead of several. Where the weights are kept as they are (float, same dtype), the modules' own
+        weights become views into the fused one, so the model is not held twice."""
+        weight = torch.cat([m.weight.detach() for m in modules])
+        biases = [m.bias for m in modules]
+        bias = None if all(b is None for b in biases) else torch.cat([
+            b.detach().float() if b is not None else torch.zeros(m.weight.shape[0]) for m, b in zip(modules, biases)])
+        layer = cls(weight, bias, dtype)
+        if layer.weight.dtype == modules[0].weight.dtype and layer.weight.data_ptr() == weight.data_ptr():
+            start = 0
+            for module in modules:
+                rows = module.weight.shape[0]
+                module.weight.data = layer.weight[start:start + rows]
+                start += rows
+        return layer
+
+    @property
+    def nbytes(self) -> int:
+        total = self.weight.numel() * self.weight.element_size()
+        if self.scale is not None:
+            total += self.scale.numel() * self.scale.element_size()
+        return total
+
+    def dense(self) -> torch.Tensor:
+        """The weight as float32 (what the quantized formats stand for)."""
+        if self.dtype == "int8":
+            assert self.scale is not None
+            return kernels.unpack_int8(self.weight, self.scale)
+        if self.dtype == "int4":
+            assert self.scale is not None
+            return kernels.unpack_int4(self.weight, self.scale)
+        return self.weight.float()
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] <= KERNEL_ROWS:
+            if self.dtype == "int8":
+                assert self.scale is not None
+                y = kernels.linear_int8(x, self.weight, self.scale)
+            elif self.dtype == "int4":
+                assert self.scale is not None
+                y = kernels.linear_int4(x, self.weight, self.scale)
+            else:
+                y = kernels.linear_float(x, self.weight)
+        elif self.dtype == "float32":
+            y = x @ self.weight.T
+        elif self.dtype in ("int8", "int4"):
+            y = kernels.quantize_activations(x) @ self.dense().T
+        else:
+            y = x @ self.weight.float().T
+        if self.bias is not None:
+            y += self.bias
+        return y

@@ -1,0 +1,227 @@
+"""A decoder for Llama-family models built on FastLinear, with a KV cache of per-request slots.
+
+The transformers model supplies the weights and the rotary embedding (so every RoPE scaling it knows
+is honoured); the forward pass is ours, written for decoding: no module dispatch, no attention-mask
+bookkeeping for padding, one (slot, position) per row. Each slot is one request's cache, kept from
+column 0 (no left padding), so a row's position is simply its length.
+
+Supported: model types llama, mistral, qwen2, qwen3 (SmolLM, TinyLlama, Llama 2/3, Mistral, Qwen 2/2.5/3)
+with SiLU MLPs; `unsupported_reason` names what rules a model out, and the engine then uses the
+transformers path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from gym.infer.fast import kernels
+from gym.infer.fast.linear import FastLinear
+
+SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+
+
+def unsupported_reason(model: Any) -> str | None:
+    """Why the fast decoder cannot run this model, or None when it can."""
+    config: Any = getattr(model, "config", None)
+    model_type = getattr(config, "model_type", None)
+    if model_type not in SUPPORTED_TYPES:
+        return f"model type {model_type!r} is not one it implements ({', '.join(SUPPORTED_TYPES)})"
+    device = next(model.parameters()).device
+    if device.type != "cpu":
+        return f"it runs on the CPU and the model is on {device}"
+    if getattr(config, "hidden_act", "silu") != "silu":
+        return f"hidden_act {config.hidden_act!r} (it implements silu)"
+    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    if rope.get("rope_type", rope.get("type")) in ("dynamic", "longrope"):
+        return f"RoPE type {rope.get('rope_type')!r} depends on the sequence length"
+    if getattr(config, "use_sliding_window", False) or getattr(config, "layer_types", None) and any(
+            t != "full_attention" for t in config.layer_types):
+        return "it uses sliding-window attention"
+    inner = getattr(model, "model", None)
+    if inner is None or not hasattr(inner, "layers") or not hasattr(inner, "rotary_emb"):
+        return "its modules are not laid out as a transformers Llama-family model"
+    return None
+
+
+def _sensitive(dtype: str) -> str:
+    """The format of the layers that int4 hurts most: the LM head (every logit) and the MLP's down projection.
+    At int4 they stay int8, as llama.cpp keeps its output tensor at higher precision in its 4-bit types; on
+    the embedded model this halves int4's perplexity loss (tests/infer/fast/test_quality.py)."""
+    return "int8" if dtype == "int4" else dtype
+
+
+@dataclass
+class Layer:
+    input_norm: torch.Tensor
+    post_norm: torch.Tensor
+    qkv: FastLinear  # q, k and v projections side by side
+    o: FastLinear
+    gate_up: FastLinear  # gate and up projections side by side
+    down: FastLinear
+    q_norm: torch.Tensor | None
+    k_norm: torch.Tensor | None
+
+
+class FastDecoder:
+    """Forward passes over a KV cache of `slots` rows; weights as `dtype` (gym.infer.fast.linear)."""
+
+    def __init__(self, model: Any, dtype: str, *, slots: int, max_length: int | None = None) -> None:
+        config = model.config
+        self.config = config
+        self.dtype = dtype
+        self.heads = config.num_attention_heads
+        self.kv_heads = getattr(config, "num_key_value_heads", None) or self.heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
+        self.eps = config.rms_norm_eps
+        limit = getattr(config, "max_position_embeddings", 4096)
+        if getattr(config, "sliding_window", None):
+            limit = min(limit, config.sliding_window)  # beyond the window the model attends differently
+        self.max_length = min(max_length or limit, limit)
+        inner = model.model
+        self.embed = inner.embed_tokens.weight.detach()
+        self.norm = inner.norm.weight.detach().float()
+        self.layers = [self._layer(layer, dtype) for layer in inner.layers]
+        head = model.get_output_embeddings().weight
+        self.head = FastLinear(head, getattr(model.get_output_embeddings(), "bias", None), _sensitive(dtype))
+        cos, sin = self._rotary_tables(inner.rotary_emb)
+        self.cos, self.sin = cos, sin
+        self.slots = slots
+        self.capacity = 0
+        self.keys: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+        self.grow(min(256, self.max_length))
+
+    def _layer(self, layer: Any, dtype: str) -> Layer:
+        attention, mlp = layer.self_attn, layer.mlp
+
+        def linear(module: Any) -> FastLinear:
+            return FastLinear(module.weight, module.bias, dtype)
+
+        q_norm = getattr(attention, "q_norm", None)
+        k_norm = getattr(attention, "k_norm", None)
+        return Layer(
+            input_norm=layer.input_layernorm.weight.detach().float(),
+            post_norm=layer.post_attention_layernorm.weight.detach().float(),
+            qkv=FastLinear.fused([attention.q_proj, attention.k_proj, attention.v_proj], dtype),
+            o=linear(attention.o_proj), gate_up=FastLinear.fused([mlp.gate_proj, mlp.up_proj], dtype),
+            down=FastLinear(mlp.down_proj.weight, mlp.down_proj.bias, _sensitive(dtype)),
+            q_norm=q_norm.weight.detach().float() if q_norm is not None else None,
+            k_norm=k_norm.weight.detach().float() if k_norm is not None else None,
+        )
+
+    def _rotary_tables(self, rotary: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        positions = torch.arange(self.max_length)[None, :]
+        probe = torch.zeros(1, dtype=torch.float32)
+        with torch.no_grad():
+            cos, sin = rotary(probe, positions)
+        return cos[0].float().contiguous(), sin[0].float().contiguous()
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of weights one decode step reads (the embedding row lookup aside)."""
+        linears = [self.head] + [lin for layer in self.layers for lin in
+                                 (layer.qkv, layer.o, layer.gate_up, layer.down)]
+        return sum(lin.nbytes for lin in linears)
+
+    # -- the cache ---------------------------------------------------------------------------------------
+    def grow(self, length: int) -> None:
+        """Make room for `length` positions per slot (capacity doubles, up to max_length)."""
+        if length <= self.capacity:
+            return
+        if length > self.max_length:
+            raise ValueError(f"{length} positions exceed the model's {self.max_length}")
+        capacity = min(self.max_length, max(length, 2 * self.capacity))
+        shape = (self.slots, self.kv_heads, capacity, self.head_dim)
+        for index in range(len(self.layers)):
+            keys, values = torch.zeros(shape), torch.zeros(shape)
+            if self.capacity:
+                keys[:, :, :self.capacity] = self.keys[index]
+                values[:, :, :self.capacity] = self.values[index]
+                self.keys[index], self.values[index] = keys, values
+            else:
+                self.keys.append(keys)
+                self.values.append(values)
+        self.capacity = capacity
+
+    def move_slot(self, source: int, target: int, length: int) -> None:
+        for keys, values in zip(self.keys, self.values):
+            keys[target, :, :length] = keys[source, :, :length]
+            values[target, :, :length] = values[source, :, :length]
+
+    def read_block(self, slot: int, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Cached keys and values of positions [start, end) of a slot, every layer: [layers, kv, n, d] each."""
+        return (torch.stack([k[slot, :, start:end] for k in self.keys]),
+                torch.stack([v[slot, :, start:end] for v in self.values]))
+
+    def write_block(self, slot: int, start: int, keys: torch.Tensor, values: torch.Tensor) -> None:
+        end = start + keys.shape[2]
+        self.grow(end)
+        for index in range(len(self.layers)):
+            self.keys[index][slot, :, start:end] = keys[index]
+            self.values[index][slot, :, start:end] = values[index]
+
+    # -- forward passes ----------------------------------------------------------------------------------
+    def _qk_rope(self, qkv: torch.Tensor, layer: Layer, cos: torch.Tensor, sin: torch.Tensor) -> None:
+        """Norm (where the model norms q and k) and rotate q and k in place in qkv [tokens, heads, dim]."""
+        heads, kv, dim = self.heads, self.kv_heads, self.head_dim
+        if layer.q_norm is not None and layer.k_norm is not None:
+            tokens = qkv.shape[0]
+            qkv[:, :heads] = kernels.rms_norm(qkv[:, :heads].reshape(-1, dim), layer.q_norm, self.eps).view(
+                tokens, heads, dim)
+            qkv[:, heads:heads + kv] = kernels.rms_norm(qkv[:, heads:heads + kv].reshape(-1, dim), layer.k_norm,
+                                                        self.eps).view(tokens, kv, dim)
+        kernels.rope_(qkv, cos, sin, heads + kv)
+
+    def _mlp(self, x: torch.Tensor, layer: Layer) -> torch.Tensor:
+        return layer.down(kernels.silu_mul(layer.gate_up(kernels.rms_norm(x, layer.post_norm, self.eps))))
+
+    def decode(self, tokens: list[int], lengths: list[int]) -> torch.Tensor:
+        """One token for each of the first len(tokens) slots, slot i holding lengths[i] positions already.
+        Returns the logits [rows, vocab] float32; each slot's cache grows by one position."""
+        rows = len(tokens)
+        self.grow(max(lengths) + 1)
+        positions = torch.tensor(lengths)
+        heads, kv, dim = self.heads, self.kv_heads, self.head_dim
+        x = self.embed[torch.tensor(tokens)].float()
+        cos, sin = self.cos[positions], self.sin[positions]
+        scale = dim ** -0.5
+        for index, layer in enumerate(self.layers):
+            qkv = layer.qkv(kernels.rms_norm(x, layer.input_norm, self.eps)).view(rows, heads + 2 * kv, dim)
+            self._qk_rope(qkv, layer, cos, sin)
+            attended = kernels.decode_attention(
+                qkv[:, :heads].contiguous(), qkv[:, heads:heads + kv].contiguous(), qkv[:, heads + kv:].contiguous(),
+                self.keys[index], self.values[index], positions, scale)
+            x = x + layer.o(attended.view(rows, heads * dim))
+            x = x + self._mlp(x, layer)
+        return self.head(kernels.rms_norm(x, self.norm, self.eps))
+
+    def prefill(self, slot: int, tokens: list[int], start: int, *, every_position: bool = False) -> torch.Tensor:
+        """Positions [start, start + len(tokens)) of one slot, whose cache holds [0, start) already.
+        Returns the logits of the last token [vocab] (of every token [n, vocab] with every_position)."""
+        count = len(tokens)
+        end = start + count
+        self.grow(end)
+        heads, kv, dim = self.heads, self.kv_heads, self.head_dim
+        x = self.embed[torch.tensor(tokens)].float()
+        cos, sin = self.cos[start:end], self.sin[start:end]
+        # Query i sees keys [0, start + i]; with no earlier positions that is the plain causal mask.
+        mask = None if start == 0 else (torch.arange(end)[None, :] <= torch.arange(start, end)[:, None])
+        for index, layer in enumerate(self.layers):
+            qkv = layer.qkv(kernels.rms_norm(x, layer.input_norm, self.eps)).view(count, heads + 2 * kv, dim)
+            self._qk_rope(qkv, layer, cos, sin)
+            q, k, v = qkv.transpose(0, 1)[None].split([heads, kv, kv], dim=1)
+            keys, values = self.keys[index], self.values[index]
+            keys[slot, :, start:end] = k[0]
+            values[slot, :, start:end] = v[0]
+            attended = F.scaled_dot_product_attention(q, keys[slot:slot + 1, :, :end], values[slot:slot + 1, :, :end],
+                                                      attn_mask=mask, is_causal=mask is None, enable_gqa=True)
+            x = x + layer.o(attended[0].transpose(0, 1).reshape(count, heads * dim))
+            x = x + self._mlp(x, layer)
+        if every_position:
+            return self.head(kernels.rms_norm(x, self.norm, self.eps))
+        logits: torch.Tensor = self.head(kernels.rms_norm(x[-1:], self.norm, self.eps))[0]
+        return logits

@@ -1,0 +1,209 @@
+"""The fast engine against transformers: same greedy tokens in float32, chunked prefill and prefix-cache
+hits equal to one-shot prefill, seeded sampling independent of the batch, and the fallbacks."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from gym.config.model import ModelArguments
+from gym.core.errors import ConfigError
+from gym.infer.engines import build_engine
+from gym.infer.fast.engine import FastEngine
+from gym.infer.fast.model import FastDecoder, unsupported_reason
+from gym.infer.hf_engine import HFEngine
+from gym.infer.requests import SamplingParams
+
+GREEDY = SamplingParams(max_new_tokens=12, do_sample=False, repetition_penalty=1.3)
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_model_dir):
+    return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+
+
+def reference(model, prompt: list[int], new_tokens: int, penalty: float = 1.3) -> list[int]:
+    with torch.no_grad():
+        out = model.generate(torch.tensor([prompt]), max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                             do_sample=False, repetition_penalty=penalty, pad_token_id=0)
+    return out[0, len(prompt):].tolist()
+
+
+def prompts(count: int, length: int = 20) -> list[list[int]]:
+    g = torch.Generator().manual_seed(1)
+    return [torch.randint(100, 5000, (length + 3 * i,), generator=g).tolist() for i in range(count)]
+
+
+def test_float32_greedy_tokens_equal_transformers_generate(tiny, tokenizer):
+    engine = FastEngine(tiny, tokenizer, [], dtype="float32", max_batch_size=4)
+    try:
+        for prompt in prompts(3):
+            assert _answer(engine, prompt) == reference(tiny, prompt, 12)
+    finally:
+        engine.shutdown()
+
+
+def test_concurrent_requests_each_get_their_own_answer(tiny, tokenizer):
+    """Rows join and leave a running batch (different prompt and answer lengths) and still decode exactly
+    what each would alone."""
+    engine = FastEngine(tiny, tokenizer, [], dtype="float32", max_batch_size=3, prefill_chunk=7)
+    batch = prompts(6)
+    lengths = [5, 12, 8, 3, 12, 9]
+    results: dict[int, list[int]] = {}
+
+    def client(i: int) -> None:
+        request = engine.submit(batch[i], SamplingParams(max_new_tokens=lengths[i], do_sample=False,
+                                                         repetition_penalty=1.3))
+        list(request.events())
+        results[i] = request.generated
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(6)]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+    finally:
+        engine.shutdown()
+    for i in range(6):
+        assert results[i] == reference(tiny, batch[i], lengths[i]), i
+
+
+def test_chunked_prefill_gives_the_tokens_of_one_shot_prefill(tiny, tokenizer):
+    prompt = prompts(1, length=150)[0]
+    answers = []
+    for chunk in (1000, 16, 5):
+        engine = FastEngine(tiny, tokenizer, [], dtype="float32", prefill_chunk=chunk, prefix_cache_mb=0)
+        try:
+            answers.append(_answer(engine, prompt))
+        finally:
+            engine.shutdown()
+    assert answers[0] == answers[1] == answers[2] == reference(tiny, prompt, 12)
+
+
+def _answer(engine, prompt, params=GREEDY) -> list[int]:
+    request = engine.submit(prompt, params)
+    list(request.events())
+    return request.generated
+
+
+def test_prefix_cache_hits_give_the_tokens_of_misses(tiny, tokenizer):
+    system = prompts(1, length=140)[0]  # two whole 64-token blocks shared by both prompts
+    first, second = system + [11, 12, 13], system + [21, 22]
+    engine = FastEngine(tiny, tokenizer, [], dtype="float32", prefix_cache_mb=64)
+    try:
+        miss = _answer(engine, first)
+        assert engine.prefix.hits == 0
+        hit = _answer(engine, second)
+        assert engine.prefix.hits == 128
+        again = _answer(engine, first)
+        assert engine.prefix.hits == 256
+    finally:
+        engine.shutdown()
+    assert miss == again == reference(tiny, first, 12)
+    assert hit == reference(tiny, second, 12)
+
+
+def test_a_seeded_request_samples_the_same_alone_or_in_a_batch(tiny, tokenizer):
+    params = SamplingParams(max_new_tokens=10, do_sample=True, temperature=0.9, top_p=0.9, top_k=40, seed=7)
+    alone_engine = FastEngine(tiny, tokenizer, [], dtype="float32", max_batch_size=1)
+    try:
+        alone = _answer(alone_engine, prompts(1)[0], params)
+    finally:
+        alone_engine.shutdown()
+    engine = FastEngine(tiny, tokenizer, [], dtype="float32", max_batch_size=4)
+    try:
+        others = [engine.submit(p, SamplingParams(max_new_tokens=10, do_sample=True, seed=i))
+                  for i, p in enumerate(prompts(4)[1:])]
+        mine = engine.submit(prompts(1)[0], params)
+        list(mine.events())
+        for other in others:
+            list(other.events())
+    finally:
+        engine.shutdown()
+    assert mine.generated == alone
+    assert len(set(alone)) > 1
+
+
+def test_answers_stop_at_the_model_length(tiny_model_dir, tokenizer):
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    model.config.max_position_embeddings = 40
+    engine = FastEngine(model, tokenizer, [], dtype="float32")
+    try:
+        request = engine.submit(list(range(100, 130)), SamplingParams(max_new_tokens=50, do_sample=False))
+        *_, last = request.events()
+        too_long = engine.submit(list(range(100, 145)), SamplingParams(max_new_tokens=5, do_sample=False))
+        *_, refused = too_long.events()
+    finally:
+        engine.shutdown()
+    assert last.reason == "length" and 30 + len(request.generated) <= 40 and len(request.generated) >= 9
+    assert refused.reason == "length" and refused.completion_tokens == 0
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "int8", "int4"])
+def test_other_weight_formats_stay_close_to_float32(tiny, dtype):
+    prompt = prompts(1, length=40)[0]
+    exact = FastDecoder(tiny, "float32", slots=1).prefill(0, prompt, 0, every_position=True)
+    served = FastDecoder(tiny, dtype, slots=1).prefill(0, prompt, 0, every_position=True)
+    relative = float((served - exact).norm() / exact.norm())
+    assert relative < {"bfloat16": 0.02, "int8": 0.02, "int4": 0.15}[dtype]
+    assert relative > 0  # it really is a different format
+
+
+def _tiny_qwen(kind: str):
+    from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(0)
+    common = {"vocab_size": 512, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256}
+    if kind == "qwen3":  # per-head q/k norms, an explicit head_dim
+        return Qwen3ForCausalLM(Qwen3Config(**common, head_dim=32)).eval()
+    return Qwen2ForCausalLM(Qwen2Config(**common)).eval()  # q/k/v biases
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "qwen3"])
+def test_qwen_models_match_transformers_logits(kind):
+    model = _tiny_qwen(kind)
+    prompt = list(range(3, 40))
+    decoder = FastDecoder(model, "float32", slots=2)
+    with torch.no_grad():
+        expected = model(torch.tensor([prompt])).logits[0]
+    assert torch.allclose(decoder.prefill(0, prompt, 0, every_position=True), expected, atol=1e-4)
+    # Decoding the last token on top of the rest gives the same logits as the full forward pass.
+    decoder.prefill(1, prompt[:-1], 0)
+    assert torch.allclose(decoder.decode([prompt[-1], prompt[-1]], [len(prompt) - 1, len(prompt) - 1])[1],
+                          expected[-1], atol=1e-4)
+
+
+def test_auto_falls_back_to_transformers_for_other_architectures(tokenizer, caplog):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=len(tokenizer))).eval()
+    assert "gpt2" in (unsupported_reason(model) or "")
+    with caplog.at_level("INFO"):
+        engine = build_engine(ModelArguments(), model=model, tokenizer=tokenizer, model_path="x", adapters=[],
+                              stop_token_ids=[])
+    try:
+        assert isinstance(engine, HFEngine)
+        assert "gpt2" in caplog.text
+    finally:
+        engine.shutdown()
+    with pytest.raises(ConfigError, match="int8"):
+        build_engine(ModelArguments(infer_dtype="int8"), model=model, tokenizer=tokenizer, model_path="x",
+                     adapters=[], stop_token_ids=[])
+    with pytest.raises(ConfigError, match="fast"):
+        build_engine(ModelArguments(infer_backend="fast"), model=model, tokenizer=tokenizer, model_path="x",
+                     adapters=[], stop_token_ids=[])
+
+
+def test_auto_serves_llama_models_with_the_fast_engine(tiny, tokenizer):
+    engine = build_engine(ModelArguments(), model=tiny, tokenizer=tokenizer, model_path="x", adapters=[],
+                          stop_token_ids=[])
+    try:
+        assert isinstance(engine, FastEngine)
+        assert engine.dtype in ("int8", "float32")
+    finally:
+        engine.shutdown()

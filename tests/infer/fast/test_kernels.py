@@ -1,0 +1,555 @@
+"""The decode kernels: weight packing (tile-major int8/int4), the compiled C++ ops against plain torch math,
+and the torch reference path that runs where nothing could be compiled.
+
+Every tensor comes from a seeded generator, so the tests are deterministic; the shapes are small, so the whole
+file runs in seconds once the kernels are built (a first build on a new machine takes longer).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from gym.infer.fast import kernels
+
+BLOCK, TILE = kernels.BLOCK, kernels.TILE
+ROWS = (1, 2, 3, 5, 16, 17)  # one to four rows share a weight load; 5, 16 and 17 leave remainders of 1, 0, 1
+QUANT_SHAPES = ((36, 96), (64, 64), (4, 32))  # (N, K): N % 4 == 0, K % 32 == 0
+FLOAT_SHAPES = ((36, 96), (64, 64), (36, 70), (37, 70), (3, 5))  # float kernels take any N and K
+
+
+def randn(*shape: int, seed: int, scale: float = 1.0) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)) * scale
+
+
+def rand(*shape: int, seed: int, low: float, high: float) -> torch.Tensor:
+    return low + (high - low) * torch.rand(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.fixture(scope="module")
+def ops():
+    """The compiled ops; skips when they are not available on this machine (and says why)."""
+    status = kernels.kernel_status()
+    if status is not None:
+        pytest.skip(f"the compiled gym kernels are not available here ({status}); the reference path is tested below")
+    return torch.ops.gym_kernels
+
+
+@pytest.fixture()
+def reference_path(monkeypatch):
+    """Force the torch reference (what a machine without a compiler runs)."""
+    monkeypatch.setitem(kernels._state, "ok", False)
+
+
+# -- plain torch math, written independently of kernels.py ------------------------------------------------
+def block_view(t: torch.Tensor) -> torch.Tensor:
+    return t.reshape(t.shape[0], t.shape[1] // BLOCK, BLOCK)
+
+
+def expand_scales(scale: torch.Tensor) -> torch.Tensor:
+    """[N, K/32] per-block scales -> [N, K], one per weight."""
+    return scale.float().repeat_interleave(BLOCK, dim=1)
+
+
+def untile(t: torch.Tensor, blocks: int) -> torch.Tensor:
+    """Tile-major [N/4][blocks][4][b] (as csrc/linear.cpp reads it) -> row-major [N, blocks * b]."""
+    n, width = t.shape
+    out = torch.empty_like(t)
+    view = t.reshape(n // TILE, blocks, TILE, width // blocks)
+    for tile in range(n // TILE):
+        for j in range(blocks):
+            for r in range(TILE):
+                out[tile * TILE + r, j * (width // blocks):(j + 1) * (width // blocks)] = view[tile, j, r]
+    return out
+
+
+def quantize_like_kernel(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The C++ activation quantizer: scale = max|x| / 127 per block, q = nearbyint(x * (1 / scale))."""
+    blocks = block_view(x)
+    scale = blocks.abs().amax(-1) / 127
+    inverse = torch.where(scale > 0, 1 / scale, torch.zeros_like(scale))
+    q = torch.round(blocks * inverse[..., None])
+    return q.reshape(x.shape), scale
+
+
+def quant_linear_exact(x: torch.Tensor, dense_weight: torch.Tensor) -> torch.Tensor:
+    """What the integer kernels compute, in float64: the C++-quantized activations times the dequantized weight."""
+    q, scale = quantize_like_kernel(x)
+    return (q.double() * expand_scales(scale).double()) @ dense_weight.double().T
+
+
+def quant_error_bound(x: torch.Tensor, w: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
+    """|x @ w.T - xq @ wq.T| <= |dx| @ |w|.T + |xq| @ |dw|.T, with |dx| <= half an activation step."""
+    _, xscale = quantize_like_kernel(x)
+    dx = expand_scales(xscale).double() / 2
+    return dx @ w.double().abs().T + (x.double().abs() + dx) @ (w.double() - dense.double()).abs().T
+
+
+def rms_norm_math(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    x = x.double()
+    return x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight.double()
+
+
+def rope_math(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: int) -> torch.Tensor:
+    out = x.clone().double()
+    half = x.shape[-1] // 2
+    for t in range(x.shape[0]):
+        for h in range(heads):
+            v = x[t, h].double()
+            rotated = torch.cat([-v[half:], v[:half]])
+            out[t, h] = v * cos[t].double() + rotated * sin[t].double()
+    return out
+
+
+def attention_math(q, keys, values, lengths, scale):
+    """Per row and head: softmax(q . K[0..len] * scale) @ V[0..len], query head h reading kv head h // group."""
+    rows, heads, dim = q.shape
+    group = heads // keys.shape[1]
+    out = torch.empty(rows, heads, dim, dtype=torch.float64)
+    for r in range(rows):
+        n = int(lengths[r]) + 1
+        for h in range(heads):
+            k = keys[r, h // group, :n].double()
+            v = values[r, h // group, :n].double()
+            weights = torch.softmax(k @ q[r, h].double() * scale, dim=0)
+            out[r, h] = weights @ v
+    return out
+
+
+def silu_mul_math(gate_up: torch.Tensor) -> torch.Tensor:
+    width = gate_up.shape[-1] // 2
+    gate, up = gate_up[..., :width].double(), gate_up[..., width:].double()
+    return gate * torch.sigmoid(gate) * up
+
+
+def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
+    return float((got.double() - want.double()).norm() / want.double().norm().clamp_min(1e-30))
+
+
+def attention_case(seed: int):
+    """Three rows of different lengths (0, 3, 7) in a four-slot cache whose unused positions hold noise."""
+    rows, slots, heads, kv_heads, dim, capacity = 3, 4, 4, 2, 8, 10
+    q = randn(rows, heads, dim, seed=seed)
+    k = randn(rows, kv_heads, dim, seed=seed + 1)
+    v = randn(rows, kv_heads, dim, seed=seed + 2)
+    keys = randn(slots, kv_heads, capacity, dim, seed=seed + 3)
+    values = randn(slots, kv_heads, capacity, dim, seed=seed + 4)
+    lengths = torch.tensor([0, 3, 7])
+    return q, k, v, keys, values, lengths, dim ** -0.5
+
+
+def expected_cache(cache: torch.Tensor, new: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    out = cache.clone()
+    for r in range(new.shape[0]):
+        out[r, :, int(lengths[r])] = new[r]
+    return out
+
+
+def rope_tables(tokens: int, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Llama-style tables (cos/sin of position * inverse frequency, halves repeated) at arbitrary positions."""
+    positions = torch.tensor([3.0, 17.0, 250.0, 0.0, 1.0])[:tokens]
+    inverse = 1.0 / (10000 ** (torch.arange(0, dim, 2).float() / dim))
+    freqs = positions[:, None] * inverse[None, :]
+    angles = torch.cat([freqs, freqs], dim=-1)
+    return angles.cos(), angles.sin()
+
+
+# -- packing ----------------------------------------------------------------------------------------------
+def test_packable_needs_whole_tiles_and_blocks():
+    assert kernels.packable(torch.zeros(36, 96))
+    assert kernels.packable(torch.zeros(4, 32))
+    assert not kernels.packable(torch.zeros(37, 96))  # N not a multiple of TILE
+    assert not kernels.packable(torch.zeros(36, 70))  # K not a multiple of BLOCK
+    assert not kernels.packable(torch.zeros(36, 16))
+    assert not kernels.packable(torch.zeros(96))  # not a matrix
+    assert not kernels.packable(torch.zeros(2, 4, 32))
+
+
+@pytest.mark.parametrize(("n", "k"), QUANT_SHAPES)
+@pytest.mark.parametrize("magnitude", [1.0, 0.02])  # 0.02: the size of real LLM weights
+def test_int8_round_trip_within_half_a_step(n, k, magnitude):
+    w = randn(n, k, seed=n + k, scale=magnitude)
+    q, scale = kernels.pack_int8(w)
+    assert q.dtype == torch.int8 and q.shape == (n, k)
+    assert scale.dtype == torch.float16 and scale.shape == (n, k // BLOCK)
+    rows_scale = untile(scale, k // BLOCK)
+    # One scale per block of 32: max|w| / 127 (in float16).
+    torch.testing.assert_close(rows_scale, (block_view(w).abs().amax(-1) / 127).half(), rtol=0, atol=0)
+    assert q.abs().max() <= 127
+    err = (kernels.unpack_int8(q, scale) - w).abs()
+    step = expand_scales(rows_scale)
+    assert torch.all(err <= step / 2 + 1e-6 * w.abs().max()), float((err - step / 2).max())
+
+
+@pytest.mark.parametrize(("n", "k"), QUANT_SHAPES)
+@pytest.mark.parametrize("magnitude", [1.0, 0.02])
+def test_int4_round_trip_within_half_a_step(n, k, magnitude):
+    w = randn(n, k, seed=100 + n + k, scale=magnitude)
+    packed, scale = kernels.pack_int4(w)
+    assert packed.dtype == torch.uint8 and packed.shape == (n, k // 2)
+    assert scale.dtype == torch.float16 and scale.shape == (n, k // BLOCK)
+    rows_scale = untile(scale, k // BLOCK).float()
+    blocks = block_view(w)
+    extreme = blocks.gather(-1, blocks.abs().argmax(-1, keepdim=True)).squeeze(-1)
+    # The weight of largest magnitude maps onto -8: |scale| = max|w| / 8, with the sign that makes it -8.
+    torch.testing.assert_close(rows_scale, (extreme / -8).half().float(), rtol=0, atol=0)
+    dense = kernels.unpack_int4(packed, scale)
+    err = (dense - w).abs()
+    step = expand_scales(rows_scale).abs()
+    tiny = 1e-6 * w.abs().max()
+    # Values in -8..7: a weight of the opposite sign to the extreme with |w| > 7.5 steps is clamped to 7 and
+    # may be off by up to one step (as in Q4_0); every other weight is within half a step.
+    levels = w / expand_scales(rows_scale)
+    inside = levels <= 7.5
+    assert torch.all(err[inside] <= step[inside] / 2 + tiny)
+    assert torch.all(err <= step + tiny)
+    # The extreme itself is reproduced (up to the float16 rounding of its scale).
+    extreme_back = block_view(dense).gather(-1, blocks.abs().argmax(-1, keepdim=True)).squeeze(-1)
+    torch.testing.assert_close(extreme_back, extreme, rtol=1e-3, atol=0)
+
+
+@pytest.mark.parametrize("magnitude", [1e-4, 1e-5, 1e-6, 1e-8])
+def test_tiny_weights_lose_precision_only_to_float16_scales(magnitude):
+    """Below max|w| ~ 8e-3 a block's scale is a float16 subnormal (spacing 2**-24) and below ~4e-6 it is 0:
+    the error stays within half a step plus what rounding the scale to float16 can cost (127 or 8 codes times
+    half the subnormal spacing), and nothing becomes nan or inf."""
+    n, k = 8, 128
+    w = randn(n, k, seed=200, scale=magnitude)
+    slack = 2.0 ** -25
+    q, scale = kernels.pack_int8(w)
+    dense = kernels.unpack_int8(q, scale)
+    step = expand_scales(untile(scale, k // BLOCK))
+    assert torch.isfinite(dense).all()
+    assert torch.all((dense - w).abs() <= step / 2 + 127 * slack + 1e-12)
+    packed, scale = kernels.pack_int4(w)
+    dense = kernels.unpack_int4(packed, scale)
+    step = expand_scales(untile(scale, k // BLOCK)).abs()
+    assert torch.isfinite(dense).all()
+    assert torch.all((dense - w).abs() <= step + 16 * slack + 1e-12)
+
+
+def test_int4_opposite_extreme_is_clamped_to_seven_steps():
+    w = torch.zeros(4, 32)
+    w[:, 0], w[:, 1], w[:, 2] = 1.0, -1.0, 0.4
+    dense = kernels.unpack_int4(*kernels.pack_int4(w))
+    assert torch.all(dense[:, 0] == 1.0)  # -8 * (-1/8)
+    assert torch.all(dense[:, 1] == -0.875)  # 8 steps would be -1.0; 7 is the largest code
+    assert torch.all(dense[:, 2] == 0.375)  # 0.4 / 0.125 = 3.2 -> 3
+    assert torch.all(dense[:, 3:] == 0)
+
+
+def test_int8_layout_is_tile_major():
+    """Block j of rows 4i..4i+3 lie one after the other: [N/4][K/32][4][32], scales [N/4][K/32][4]."""
+    n, k = 8, 96
+    w = randn(n, k, seed=7)
+    q, scale = kernels.pack_int8(w)
+    row_scale = (block_view(w).abs().amax(-1) / 127).half()
+    row_q = torch.round(block_view(w) / row_scale.float()[..., None]).clamp(-127, 127).to(torch.int8).reshape(n, k)
+    q_tiles, s_tiles = q.reshape(n // TILE, k // BLOCK, TILE, BLOCK), scale.reshape(n // TILE, k // BLOCK, TILE)
+    for i in range(n // TILE):
+        for j in range(k // BLOCK):
+            for t in range(TILE):
+                assert torch.equal(q_tiles[i, j, t], row_q[TILE * i + t, j * BLOCK:(j + 1) * BLOCK])
+                assert s_tiles[i, j, t] == row_scale[TILE * i + t, j]
+
+
+def test_int4_layout_is_tile_major_low_nibble_first():
+    """Byte b of a block holds weight b (low nibble) and weight b + 16 (high nibble), each as code + 8."""
+    n, k = 8, 64
+    w = randn(n, k, seed=8)
+    packed, scale = kernels.pack_int4(w)
+    blocks = block_view(w)
+    extreme = blocks.gather(-1, blocks.abs().argmax(-1, keepdim=True)).squeeze(-1)
+    row_scale = (extreme / -8).half()
+    codes = (torch.round(blocks / row_scale.float()[..., None]).clamp(-8, 7) + 8).to(torch.uint8)
+    p_tiles = packed.reshape(n // TILE, k // BLOCK, TILE, BLOCK // 2)
+    s_tiles = scale.reshape(n // TILE, k // BLOCK, TILE)
+    for i in range(n // TILE):
+        for j in range(k // BLOCK):
+            for t in range(TILE):
+                byte = p_tiles[i, j, t]
+                assert torch.equal(byte & 0x0F, codes[TILE * i + t, j, :16])
+                assert torch.equal(byte >> 4, codes[TILE * i + t, j, 16:])
+                assert s_tiles[i, j, t] == row_scale[TILE * i + t, j]
+
+
+@pytest.mark.parametrize("fmt", ["int8", "int4"])
+def test_packing_reorders_storage_but_unpack_restores_rows(fmt):
+    n, k = 12, 64
+    # Row r is the constant r + 1 in its first block and -(r + 1) / 2 in its second: every row is distinct.
+    w = torch.cat([torch.arange(1, n + 1.0)[:, None].expand(n, BLOCK),
+                   -torch.arange(1, n + 1.0)[:, None].expand(n, BLOCK) / 2], dim=1).contiguous()
+    pack, unpack = (kernels.pack_int8, kernels.unpack_int8) if fmt == "int8" else (kernels.pack_int4,
+                                                                                    kernels.unpack_int4)
+    weights, scale = pack(w)
+    # Stored tile-major, the scales are not in row order: row 0 of the storage holds rows 0 and 1, block 0.
+    rows_scale = untile(scale, k // BLOCK)
+    assert not torch.equal(scale, rows_scale)
+    assert scale[0, 0] == rows_scale[0, 0] and scale[0, 1] == rows_scale[1, 0] and scale[1, 0] == rows_scale[2, 0]
+    assert torch.equal(rows_scale[:, 0], -2 * rows_scale[:, 1] if fmt == "int4" else 2 * rows_scale[:, 1])
+    dense = unpack(weights, scale)
+    torch.testing.assert_close(dense, w, rtol=2e-3, atol=0)
+    # Row for row: each restored row is the nearest original row.
+    nearest = torch.cdist(dense, w).argmin(dim=1)
+    assert torch.equal(nearest, torch.arange(n))
+
+
+def test_pack_handles_zero_blocks():
+    w = torch.zeros(4, 64)
+    w[1, 40] = 3.0
+    for pack, unpack in ((kernels.pack_int8, kernels.unpack_int8), (kernels.pack_int4, kernels.unpack_int4)):
+        dense = unpack(*pack(w))
+        assert torch.isfinite(dense).all()
+        torch.testing.assert_close(dense, w, rtol=1e-3, atol=0)
+
+
+# -- compiled kernels against plain torch ------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(("n", "k"), FLOAT_SHAPES)
+@pytest.mark.parametrize("rows", ROWS)
+def test_compiled_linear_float(ops, rows, n, k, dtype):
+    x = randn(rows, k, seed=rows * 1000 + n + k)
+    w = randn(n, k, seed=rows * 1000 + n + k + 1).to(dtype)
+    got = ops.linear(x, w)
+    assert got.dtype == torch.float32 and got.shape == (rows, n)
+    want = x.double() @ w.double().T
+    magnitude = x.double().abs() @ w.double().abs().T
+    assert torch.all((got.double() - want).abs() <= 1e-5 * magnitude + 1e-6), float((got.double() - want).abs().max())
+    assert torch.equal(kernels.linear_float(x, w), got)
+
+
+@pytest.mark.parametrize("fmt", ["int8", "int4"])
+@pytest.mark.parametrize(("n", "k"), QUANT_SHAPES)
+@pytest.mark.parametrize("rows", ROWS)
+def test_compiled_linear_quantized(ops, rows, n, k, fmt):
+    x = randn(rows, k, seed=rows * 1000 + n + k + 2)
+    w = randn(n, k, seed=rows * 1000 + n + k + 3)
+    if fmt == "int8":
+        weights, scale = kernels.pack_int8(w)
+        dense, op, module_fn = kernels.unpack_int8(weights, scale), ops.linear_q8, kernels.linear_int8
+    else:
+        weights, scale = kernels.pack_int4(w)
+        dense, op, module_fn = kernels.unpack_int4(weights, scale), ops.linear_q4, kernels.linear_int4
+    got = op(x, weights, scale)
+    assert got.dtype == torch.float32 and got.shape == (rows, n)
+    # Against the torch reference's own math (what a machine without the kernels computes).
+    assert rel_err(got, kernels.quantize_activations(x).double() @ dense.double().T) < 1e-3
+    # Tightly, against the same activation rounding as the kernel: only float summation order differs.
+    q, xscale = quantize_like_kernel(x)
+    exact = quant_linear_exact(x, dense)
+    magnitude = (q.abs().double() * expand_scales(xscale).double()) @ dense.double().abs().T
+    assert torch.all((got.double() - exact).abs() <= 1e-5 * magnitude + 1e-6)
+    # And within the quantization error of the float product.
+    err = (got.double() - x.double() @ w.double().T).abs()
+    assert torch.all(err <= quant_error_bound(x, w, dense) * (1 + 1e-4) + 1e-5)
+    assert torch.equal(module_fn(x, weights, scale), got)
+
+
+@pytest.mark.parametrize("rows", [1, 7])
+def test_compiled_linear_large_shapes_split_across_threads(ops, rows):
+    """Shapes big enough for ATen's parallel_for to cut the output features into several chunks."""
+    n, k = 1028, 512
+    x = randn(rows, k, seed=300 + rows)
+    w = randn(n, k, seed=301 + rows)
+    for dtype in (torch.float32, torch.bfloat16):
+        wd = w.to(dtype)
+        want = x.double() @ wd.double().T
+        got = ops.linear(x, wd)
+        assert torch.all((got.double() - want).abs() <= 1e-5 * (x.double().abs() @ wd.double().abs().T) + 1e-6)
+    n = 1024
+    for pack, unpack, op in ((kernels.pack_int8, kernels.unpack_int8, ops.linear_q8),
+                             (kernels.pack_int4, kernels.unpack_int4, ops.linear_q4)):
+        weights, scale = pack(w[:n])
+        assert rel_err(op(x, weights, scale), quant_linear_exact(x, unpack(weights, scale))) < 1e-5
+
+
+def test_compiled_linear_quantized_zero_activation_blocks(ops):
+    x = randn(5, 96, seed=11)
+    x[0] = 0  # a whole row of zeros
+    x[2, 32:64] = 0  # one block of zeros (its scale is 0)
+    w = randn(36, 96, seed=12)
+    for pack, unpack, op in ((kernels.pack_int8, kernels.unpack_int8, ops.linear_q8),
+                             (kernels.pack_int4, kernels.unpack_int4, ops.linear_q4)):
+        weights, scale = pack(w)
+        got = op(x, weights, scale)
+        assert torch.isfinite(got).all()
+        assert torch.all(got[0] == 0)
+        assert rel_err(got, quant_linear_exact(x, unpack(weights, scale))) < 1e-5
+
+
+def test_compiled_linear_rejects_bad_shapes(ops):
+    x = randn(2, 64, seed=13)
+    weights, scale = kernels.pack_int8(randn(8, 64, seed=14))
+    with pytest.raises(RuntimeError, match="does not match"):
+        ops.linear_q8(randn(2, 96, seed=15), weights, scale)
+    with pytest.raises(RuntimeError, match="int8"):
+        ops.linear_q8(x, weights.view(torch.uint8), scale)
+    with pytest.raises(RuntimeError, match="float16"):
+        ops.linear_q8(x, weights, scale.float())
+    with pytest.raises(RuntimeError, match="dtype"):
+        ops.linear(x, randn(8, 64, seed=16).double())
+
+
+@pytest.mark.parametrize("shape", [(1, 64), (5, 96), (2, 3, 48)])
+def test_compiled_rms_norm(ops, shape):
+    x = randn(*shape, seed=sum(shape), scale=3.0)
+    weight = rand(shape[-1], seed=sum(shape) + 1, low=0.5, high=1.5)
+    got = ops.rms_norm(x, weight, 1e-6)
+    assert got.shape == x.shape
+    torch.testing.assert_close(got.double(), rms_norm_math(x, weight, 1e-6), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(kernels.rms_norm(x, weight, 1e-6), got, rtol=0, atol=0)
+    # eps matters where the row is tiny.
+    small = torch.full((1, 8), 1e-4)
+    torch.testing.assert_close(ops.rms_norm(small, torch.ones(8), 1e-6).double(),
+                               rms_norm_math(small, torch.ones(8), 1e-6), rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("tables", ["llama", "random"])
+def test_compiled_rope_rotates_only_the_first_heads(ops, tables):
+    tokens, all_heads, heads, dim = 5, 6, 4, 16
+    x = randn(tokens, all_heads, dim, seed=21)
+    if tables == "llama":
+        cos, sin = rope_tables(tokens, dim)
+    else:  # halves that differ: the kernel must read cos/sin at i and i + dim/2
+        cos, sin = randn(tokens, dim, seed=22), randn(tokens, dim, seed=23)
+    before = x.clone()
+    want = rope_math(x, cos, sin, heads)
+    assert ops.rope_(x, cos, sin, heads) is None
+    torch.testing.assert_close(x[:, :heads].double(), want[:, :heads], rtol=1e-5, atol=1e-6)
+    assert torch.equal(x[:, heads:], before[:, heads:])
+    # Through the module function too (dispatching to the compiled op).
+    again = before.clone()
+    kernels.rope_(again, cos, sin, heads)
+    assert torch.equal(again, x)
+
+
+def test_compiled_silu_mul(ops):
+    gate_up = randn(5, 48, seed=31, scale=4.0)
+    gate_up[0, :4] = torch.tensor([-100.0, 100.0, 0.0, -20.0])  # exp overflow must not give nan
+    got = ops.silu_mul(gate_up)
+    assert got.shape == (5, 24)
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got.double(), silu_mul_math(gate_up), rtol=1e-5, atol=1e-6)
+    assert torch.equal(kernels.silu_mul(gate_up), got)
+
+
+def test_compiled_decode_attention(ops):
+    q, k, v, keys, values, lengths, scale = attention_case(seed=41)
+    want_keys, want_values = expected_cache(keys, k, lengths), expected_cache(values, v, lengths)
+    got = ops.decode_attention(q, k, v, keys, values, lengths, scale)
+    assert got.shape == q.shape
+    # The new k/v went to position lengths[r] of slot r, and nothing else changed (slot 3 is not a row).
+    assert torch.equal(keys, want_keys)
+    assert torch.equal(values, want_values)
+    want = attention_math(q, want_keys, want_values, lengths, scale)
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-6)
+    # Row 0 (length 0) sees only its own new value: the output is v of its kv head.
+    torch.testing.assert_close(got[0], v[0].repeat_interleave(2, dim=0), rtol=1e-6, atol=1e-6)
+
+
+def test_compiled_decode_attention_agrees_with_module_and_reference(ops, monkeypatch):
+    q, k, v, keys, values, lengths, scale = attention_case(seed=51)
+    keys_ref, values_ref = keys.clone(), values.clone()
+    compiled = kernels.decode_attention(q, k, v, keys, values, lengths, scale)
+    monkeypatch.setitem(kernels._state, "ok", False)
+    reference = kernels.decode_attention(q, k, v, keys_ref, values_ref, lengths, scale)
+    assert torch.equal(keys, keys_ref) and torch.equal(values, values_ref)
+    torch.testing.assert_close(compiled, reference, rtol=1e-5, atol=1e-6)
+
+
+def test_compiled_decode_attention_refuses_a_full_cache(ops):
+    q, k, v, keys, values, _, scale = attention_case(seed=61)
+    with pytest.raises(RuntimeError, match="full"):
+        ops.decode_attention(q, k, v, keys, values, torch.tensor([0, 3, keys.shape[2]]), scale)
+
+
+# -- the torch reference path (no compiler) ----------------------------------------------------------------
+@pytest.mark.parametrize("rows", [1, 5, 17])
+def test_reference_linear_float(reference_path, rows):
+    x = randn(rows, 70, seed=rows + 70)
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        w = randn(37, 70, seed=rows + 71).to(dtype)
+        torch.testing.assert_close(kernels.linear_float(x, w).double(), x.double() @ w.double().T,
+                                   rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("fmt", ["int8", "int4"])
+@pytest.mark.parametrize("rows", [1, 5, 17])
+def test_reference_linear_quantized(reference_path, rows, fmt):
+    x = randn(rows, 96, seed=rows + 96)
+    x[0, :32] = 0  # a zero block
+    w = randn(36, 96, seed=rows + 97)
+    if fmt == "int8":
+        weights, scale = kernels.pack_int8(w)
+        dense, got = kernels.unpack_int8(weights, scale), kernels.linear_int8(x, weights, scale)
+    else:
+        weights, scale = kernels.pack_int4(w)
+        dense, got = kernels.unpack_int4(weights, scale), kernels.linear_int4(x, weights, scale)
+    assert got.shape == (rows, 36) and torch.isfinite(got).all()
+    assert rel_err(got, quant_linear_exact(x, dense)) < 1e-5
+    err = (got.double() - x.double() @ w.double().T).abs()
+    assert torch.all(err <= quant_error_bound(x, w, dense) * (1 + 1e-4) + 1e-5)
+    # The reference quantizes activations per block of 32 like the kernels (not a plain float product).
+    assert not torch.allclose(got, x @ dense.T, rtol=1e-6, atol=1e-6)
+
+
+def test_reference_quantize_activations(reference_path):
+    x = randn(3, 64, seed=5, scale=2.0)
+    x[1, 32:] = 0
+    got = kernels.quantize_activations(x)
+    q, scale = quantize_like_kernel(x)
+    torch.testing.assert_close(got, q * expand_scales(scale), rtol=1e-6, atol=1e-7)
+    step = expand_scales(scale)
+    assert torch.all((got - x).abs() <= step / 2 + 1e-6)
+    assert torch.all(got[1, 32:] == 0)
+
+
+def test_reference_rms_norm(reference_path):
+    x = randn(2, 3, 48, seed=71, scale=3.0)
+    weight = rand(48, seed=72, low=0.5, high=1.5)
+    torch.testing.assert_close(kernels.rms_norm(x, weight, 1e-5).double(), rms_norm_math(x, weight, 1e-5),
+                               rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("tables", ["llama", "random"])
+def test_reference_rope_rotates_only_the_first_heads(reference_path, tables):
+    tokens, all_heads, heads, dim = 5, 6, 4, 16
+    x = randn(tokens, all_heads, dim, seed=81)
+    cos, sin = rope_tables(tokens, dim) if tables == "llama" else (randn(tokens, dim, seed=82),
+                                                                            randn(tokens, dim, seed=83))
+    before = x.clone()
+    want = rope_math(x, cos, sin, heads)
+    assert kernels.rope_(x, cos, sin, heads) is None
+    torch.testing.assert_close(x[:, :heads].double(), want[:, :heads], rtol=1e-5, atol=1e-6)
+    assert torch.equal(x[:, heads:], before[:, heads:])
+
+
+def test_reference_rope_preserves_norms_and_is_identity_at_position_zero(reference_path):
+    tokens, dim = 5, 16
+    x = randn(tokens, 2, dim, seed=84)
+    before = x.clone()
+    cos, sin = rope_tables(tokens, dim)
+    kernels.rope_(x, cos, sin, 2)
+    torch.testing.assert_close(x.norm(dim=-1), before.norm(dim=-1), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(x[3], before[3], rtol=0, atol=0)  # the table's row 3 is position 0
+
+
+def test_reference_silu_mul(reference_path):
+    gate_up = randn(5, 48, seed=91, scale=4.0)
+    gate_up[0, :4] = torch.tensor([-100.0, 100.0, 0.0, -20.0])
+    got = kernels.silu_mul(gate_up)
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got.double(), silu_mul_math(gate_up), rtol=1e-5, atol=1e-6)
+
+
+def test_reference_decode_attention(reference_path):
+    q, k, v, keys, values, lengths, scale = attention_case(seed=101)
+    want_keys, want_values = expected_cache(keys, k, lengths), expected_cache(values, v, lengths)
+    got = kernels.decode_attention(q, k, v, keys, values, lengths, scale)
+    assert torch.equal(keys, want_keys)
+    assert torch.equal(values, want_values)
+    torch.testing.assert_close(got.double(), attention_math(q, want_keys, want_values, lengths, scale),
+                               rtol=1e-5, atol=1e-6)
+    assert math.isclose(scale, 8 ** -0.5)
