@@ -21,104 +21,62 @@ faster gym.infer.fast engine (infer_backend: auto).
 from __future__ import annotations
 
 import logging
-import threading
-from collections import deque
-from collections.abc import Callable
 from typing import Any
 
 import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from gym.infer.batching import BatchingEngine
 from gym.infer.emit import finish, report_token
-from gym.infer.requests import Event, Finished, Request, SamplingParams, admit
+from gym.infer.requests import Request
 from gym.infer.sampling import sample_rows
 
 logger = logging.getLogger(__name__)
 
 
-class HFEngine:
+class HFEngine(BatchingEngine):
     """Dynamic batching over a transformers causal LM. `max_batch_size` rows decode together;
     up to `max_waiting` requests wait for a row, and one more is refused with EngineBusy."""
 
     def __init__(self, model: Any, tokenizer: Any, stop_token_ids: list[int], *, max_batch_size: int = 16,
                  max_waiting: int = 256) -> None:
+        super().__init__(tokenizer, stop_token_ids, max_batch_size=max_batch_size, max_waiting=max_waiting)
         self.model = model
-        self.tokenizer = tokenizer
-        self.stop_token_ids = set(stop_token_ids)
-        self.max_batch_size = max(1, max_batch_size)
         if self.max_batch_size > 1 and not _plain_cache(model):
             logger.warning("This model's KV cache is not a plain key/value cache; serving one request at a time.")
             self.max_batch_size = 1
-        self.max_waiting = max_waiting
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-        self._waiting: deque[Request] = deque()
-        self._lock = threading.Condition()
-        self._running = True
         self._rows: list[Request] = []
+        self._joining: list[Request] = []
         self._cache: Any = None
         self._mask: torch.Tensor | None = None
-        self._thread = threading.Thread(target=self._loop, name="gym-engine", daemon=True)
-        self._thread.start()
-
-    # -- the caller's side ----------------------------------------------------------------------
-    def submit(self, prompt_ids: list[int], params: SamplingParams,
-               sink: Callable[[Event], None] | None = None) -> Request:
-        with self._lock:
-            request = admit(prompt_ids, params, sink, running=self._running, queued=len(self._waiting),
-                            limit=self.max_waiting, queued_as="already waiting")
-            self._waiting.append(request)
-            self._lock.notify()
-        return request
-
-    def generate(self, prompt_ids: list[int], params: SamplingParams) -> Finished:
-        """Blocking: the whole answer."""
-        *_, last = self.submit(prompt_ids, params).events()
-        assert isinstance(last, Finished)
-        return last
-
-    @property
-    def load(self) -> dict[str, int]:
-        return {"running": len(self._rows), "waiting": len(self._waiting)}
-
-    def shutdown(self, timeout: float = 30.0) -> None:
-        """Stop taking requests, finish the step in flight, and tell everyone still waiting or running."""
-        with self._lock:
-            self._running = False
-            self._lock.notify()
-        self._thread.join(timeout)
+        self._start()
 
     # -- the engine thread ----------------------------------------------------------------------
-    def _loop(self) -> None:
-        try:
-            while True:
-                with self._lock:
-                    while self._running and not self._waiting and not self._rows:
-                        self._lock.wait()
-                    if not self._running:
-                        break
-                    free = self.max_batch_size - len(self._rows)
-                    joining = [self._waiting.popleft() for _ in range(min(free, len(self._waiting)))]
-                joining = [r for r in joining if not self._drop_if_cancelled(r)]
-                with torch.inference_mode():
-                    if joining:
-                        self._prefill(joining)
-                    elif self._rows:
-                        self._decode()
-        except Exception as exc:  # a bug or an out-of-memory must not leave clients hanging
-            logger.exception("The inference engine stopped: %s", exc)
-        finally:
-            with self._lock:
-                self._running = False
-                leftovers = list(self._waiting) + self._rows
-                self._waiting.clear()
-            for request in leftovers:
-                request.emit(Finished("cancelled", len(request.prompt_ids), len(request.generated), request.text))
-            self._rows, self._cache, self._mask = [], None, None
+    def _busy(self) -> bool:
+        return bool(self._rows)
+
+    def _in_flight(self) -> list[Request]:
+        return self._rows + self._joining
+
+    def _take_waiting(self) -> None:
+        free = self.max_batch_size - len(self._rows)
+        self._joining = [self._waiting.popleft() for _ in range(min(free, len(self._waiting)))]
+
+    def _step(self) -> None:
+        joining, self._joining = [r for r in self._joining if not self._drop_if_cancelled(r)], []
+        if joining:
+            self._prefill(joining)
+        elif self._rows:
+            self._decode()
+
+    def _reset(self) -> None:
+        self._rows, self._joining, self._cache, self._mask = [], [], None, None
 
     def _drop_if_cancelled(self, request: Request) -> bool:
         if request.cancelled:
-            request.emit(Finished("cancelled", len(request.prompt_ids), 0, ""))
+            finish(request, "cancelled")
         return request.cancelled
 
     def _forward(self, input_ids: torch.Tensor, mask: torch.Tensor, cache: Any) -> torch.Tensor:

@@ -15,19 +15,15 @@ seeds, stop strings, cancellation, a bounded waiting queue.
 from __future__ import annotations
 
 import logging
-import threading
 import time
-from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
+from gym.infer.batching import BatchingEngine
 from gym.infer.emit import finish, report_token
 from gym.infer.fast.model import FastDecoder
 from gym.infer.fast.prefix import PrefixCache
-from gym.infer.requests import Event, Finished, Request, SamplingParams, admit
+from gym.infer.requests import Request
 from gym.infer.sampling import sample_rows
 
 logger = logging.getLogger(__name__)
@@ -40,86 +36,47 @@ class _Row:
     length: int = 0  # positions in the slot's cache
 
 
-class FastEngine:
+class FastEngine(BatchingEngine):
     """The Engine protocol over FastDecoder; `dtype` is the served weight format (float32, bfloat16,
     float16, int8, int4)."""
+
+    thread_name = "gym-fast-engine"
 
     def __init__(self, model: Any, tokenizer: Any, stop_token_ids: list[int], *, dtype: str = "float32",
                  max_batch_size: int = 16, max_waiting: int = 256, prefill_chunk: int = 256,
                  prefix_cache_mb: int = 256, max_length: int | None = None) -> None:
+        super().__init__(tokenizer, stop_token_ids, max_batch_size=max_batch_size, max_waiting=max_waiting)
         started = time.perf_counter()
-        self.max_batch_size = max(1, max_batch_size)
         self.decoder = FastDecoder(model, dtype, slots=self.max_batch_size, max_length=max_length)
         self.prefix = PrefixCache(self.decoder, prefix_cache_mb << 20)
-        self.tokenizer = tokenizer
-        self.stop_token_ids = set(stop_token_ids)
-        self.max_waiting = max_waiting
         self.prefill_chunk = max(1, prefill_chunk)
         self.dtype = dtype
-        self._waiting: deque[Request] = deque()
-        self._lock = threading.Condition()
-        self._running = True
         self._decoding: list[_Row] = []
         self._prefilling: _Row | None = None
         logger.info("Fast engine ready in %.1fs: weights as %s (%.0f MB read per token)", time.perf_counter() - started,
                     dtype, self.decoder.weight_bytes / 1e6)
-        self._thread = threading.Thread(target=self._loop, name="gym-fast-engine", daemon=True)
-        self._thread.start()
-
-    # -- the caller's side ----------------------------------------------------------------------------
-    def submit(self, prompt_ids: list[int], params: SamplingParams,
-               sink: Callable[[Event], None] | None = None) -> Request:
-        with self._lock:
-            request = admit(prompt_ids, params, sink, running=self._running, queued=len(self._waiting),
-                            limit=self.max_waiting, queued_as="already waiting")
-            self._waiting.append(request)
-            self._lock.notify()
-        return request
-
-    def generate(self, prompt_ids: list[int], params: SamplingParams) -> Finished:
-        """Blocking: the whole answer."""
-        *_, last = self.submit(prompt_ids, params).events()
-        assert isinstance(last, Finished)
-        return last
-
-    @property
-    def load(self) -> dict[str, int]:
-        return {"running": len(self._decoding) + (self._prefilling is not None), "waiting": len(self._waiting)}
-
-    def shutdown(self, timeout: float = 30.0) -> None:
-        with self._lock:
-            self._running = False
-            self._lock.notify()
-        self._thread.join(timeout)
+        self._start()
 
     # -- the engine thread ----------------------------------------------------------------------------
-    def _loop(self) -> None:
-        try:
-            while True:
-                with self._lock:
-                    while self._running and not self._waiting and not self._decoding and self._prefilling is None:
-                        self._lock.wait()
-                    if not self._running:
-                        break
-                    if self._prefilling is None and self._waiting and len(self._decoding) < self.max_batch_size:
-                        self._prefilling = _Row(self._waiting.popleft(), slot=len(self._decoding))
-                with torch.inference_mode():
-                    if self._prefilling is not None:
-                        self._prefill_chunk(self._prefilling)
-                    if self._decoding:
-                        self._decode()
-        except Exception as exc:  # a bug or an out-of-memory must not leave clients hanging
-            logger.exception("The inference engine stopped: %s", exc)
-        finally:
-            with self._lock:
-                self._running = False
-                leftovers = list(self._waiting) + [row.request for row in self._decoding]
-                if self._prefilling is not None:
-                    leftovers.append(self._prefilling.request)
-                self._waiting.clear()
-            for request in leftovers:
-                finish(request, "cancelled")
-            self._decoding, self._prefilling = [], None
+    def _busy(self) -> bool:
+        return bool(self._decoding) or self._prefilling is not None
+
+    def _in_flight(self) -> list[Request]:
+        rows = self._decoding + ([self._prefilling] if self._prefilling is not None else [])
+        return [row.request for row in rows]
+
+    def _take_waiting(self) -> None:
+        if self._prefilling is None and self._waiting and len(self._decoding) < self.max_batch_size:
+            self._prefilling = _Row(self._waiting.popleft(), slot=len(self._decoding))
+
+    def _step(self) -> None:
+        if self._prefilling is not None:
+            self._prefill_chunk(self._prefilling)
+        if self._decoding:
+            self._decode()
+
+    def _reset(self) -> None:
+        self._decoding, self._prefilling = [], None
 
     def _prefill_chunk(self, row: _Row) -> None:
         request = row.request

@@ -1,0 +1,109 @@
+"""What the engines that schedule their own batches share (hf, fast): the waiting queue, the engine
+thread's loop, shutdown, and the guarantee that every request hears how it ended.
+
+A subclass says what a step is (`_step`), how waiting requests join (`_take_waiting`, under the lock),
+whether it has work in flight (`_busy`) and which requests it holds (`_in_flight`); the rest is here.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from gym.infer.emit import finish
+from gym.infer.requests import Event, Finished, Request, SamplingParams, admit
+
+logger = logging.getLogger(__name__)
+
+
+class BatchingEngine:
+    """The Engine protocol (gym.infer.requests) around a subclass's step. Up to `max_waiting` requests
+    wait for a row; one more is refused with EngineBusy."""
+
+    thread_name = "gym-engine"
+
+    def __init__(self, tokenizer: Any, stop_token_ids: list[int], *, max_batch_size: int, max_waiting: int) -> None:
+        self.tokenizer = tokenizer
+        self.stop_token_ids = set(stop_token_ids)
+        self.max_batch_size = max(1, max_batch_size)
+        self.max_waiting = max_waiting
+        self._waiting: deque[Request] = deque()
+        self._lock = threading.Condition()
+        self._running = True
+        self._thread = threading.Thread(target=self._loop, name=self.thread_name, daemon=True)
+
+    def _start(self) -> None:
+        """Called by the subclass once its own state exists."""
+        self._thread.start()
+
+    # -- the caller's side ----------------------------------------------------------------------
+    def submit(self, prompt_ids: list[int], params: SamplingParams,
+               sink: Callable[[Event], None] | None = None) -> Request:
+        with self._lock:
+            request = admit(prompt_ids, params, sink, running=self._running, queued=len(self._waiting),
+                            limit=self.max_waiting, queued_as="already waiting")
+            self._waiting.append(request)
+            self._lock.notify()
+        return request
+
+    def generate(self, prompt_ids: list[int], params: SamplingParams) -> Finished:
+        """Blocking: the whole answer."""
+        *_, last = self.submit(prompt_ids, params).events()
+        assert isinstance(last, Finished)
+        return last
+
+    @property
+    def load(self) -> dict[str, int]:
+        return {"running": len(self._in_flight()), "waiting": len(self._waiting)}
+
+    def shutdown(self, timeout: float = 30.0) -> None:
+        """Stop taking requests, finish the step in flight, and tell everyone still waiting or running."""
+        with self._lock:
+            self._running = False
+            self._lock.notify()
+        self._thread.join(timeout)
+
+    # -- the engine thread ----------------------------------------------------------------------
+    def _loop(self) -> None:
+        try:
+            while True:
+                with self._lock:
+                    while self._running and not self._waiting and not self._busy():
+                        self._lock.wait()
+                    if not self._running:
+                        break
+                    self._take_waiting()
+                with torch.inference_mode():
+                    self._step()
+        except Exception as exc:  # a bug or an out-of-memory must not leave clients hanging
+            logger.exception("The inference engine stopped: %s", exc)
+        finally:
+            with self._lock:
+                self._running = False
+                leftovers = list(self._waiting) + self._in_flight()
+                self._waiting.clear()
+            for request in leftovers:
+                finish(request, "cancelled")
+            self._reset()
+
+    def _busy(self) -> bool:
+        raise NotImplementedError
+
+    def _take_waiting(self) -> None:
+        """Move waiting requests into the engine's own state (called under the lock)."""
+        raise NotImplementedError
+
+    def _step(self) -> None:
+        raise NotImplementedError
+
+    def _in_flight(self) -> list[Request]:
+        raise NotImplementedError
+
+    def _reset(self) -> None:
+        """Drop every request's state after the loop ends."""
+        raise NotImplementedError
