@@ -32,23 +32,45 @@ def sample_rows(requests: list[Request], logits: torch.Tensor) -> list[int]:
     sampled = [row for row, request in enumerate(requests) if not request.params.greedy]
     if not sampled:
         return tokens
-    rows = torch.tensor(sampled)
     params = [requests[row].params for row in sampled]
-    scores = logits[rows] / torch.tensor([p.temperature for p in params])[:, None]
-    # Candidates in descending order: the top-k when every row limits k (cheap), else the whole vocabulary.
-    ks = [p.top_k if p.top_k and p.top_k > 0 else scores.shape[-1] for p in params]
-    width = min(max(ks), scores.shape[-1])
-    values, order = scores.topk(width, dim=-1, sorted=True)
-    position = torch.arange(width)[None, :]
-    values = values.masked_fill(position >= torch.tensor(ks)[:, None], float("-inf"))
-    probs = torch.softmax(values, dim=-1)
-    top_p = torch.tensor([p.top_p for p in params])[:, None]
-    cumulative = probs.cumsum(-1)
-    # Nucleus: the smallest prefix whose probability reaches top_p (the first candidate always stays).
-    probs = probs.masked_fill((cumulative - probs) >= top_p, 0.0)
-    cdf = probs.cumsum(-1)
+    probs = torch.softmax(logits[torch.tensor(sampled)] / torch.tensor([p.temperature for p in params])[:, None], -1)
     draws = torch.cat([torch.rand(1, generator=requests[row].generator) for row in sampled])
-    picked = (cdf < (draws * cdf[:, -1])[:, None]).sum(-1).clamp(max=width - 1)
+    ks = torch.tensor([p.top_k if p.top_k and p.top_k > 0 else 0 for p in params])
+    top_p = torch.tensor([min(p.top_p, 1.0) for p in params])
+    unfiltered = (ks == 0) & (top_p >= 1.0)
+    picks = torch.empty(len(sampled), dtype=torch.long)
+    if unfiltered.any():  # plain temperature sampling needs no candidate order: inverse CDF over the vocabulary
+        cdf = probs[unfiltered].cumsum(-1)
+        target = (draws[unfiltered] * cdf[:, -1])[:, None]
+        picks[unfiltered] = torch.searchsorted(cdf, target).squeeze(-1).clamp(max=probs.shape[-1] - 1)
+    filtered = ~unfiltered
+    if filtered.any():
+        picks[filtered] = _sample_filtered(probs[filtered], ks[filtered], top_p[filtered], draws[filtered])
     for i, row in enumerate(sampled):
-        tokens[row] = int(order[i, picked[i]])
+        tokens[row] = int(picks[i])
     return tokens
+
+
+def _sample_filtered(probs: torch.Tensor, ks: torch.Tensor, top_p: torch.Tensor, draws: torch.Tensor) -> torch.Tensor:
+    """Top-k then top-p (on the top-k renormalized), by inverse CDF over the kept candidates in descending
+    order. A nucleus is usually a few dozen tokens, so candidates are found with a narrow topk that widens
+    only for rows whose nucleus it does not yet hold; sorting 49k-token vocabularies every step cost ~40%
+    of a 16-stream step."""
+    vocab = probs.shape[-1]
+    has_k = ks > 0
+    width = min(vocab, max(64, int(ks.max())))
+    while True:
+        values, order = probs.topk(width, dim=-1, sorted=True)
+        position = torch.arange(width)[None, :]
+        values = values.masked_fill(has_k[:, None] & (position >= ks[:, None]), 0.0)
+        # Rows without top_k keep their full-vocabulary probabilities (they sum to 1 over the vocabulary).
+        values = values / torch.where(has_k, values.sum(-1), torch.ones(()))[:, None]
+        cumulative = values.cumsum(-1)
+        if width == vocab or bool((has_k | (cumulative[:, -1] >= top_p)).all()):
+            break
+        width = min(vocab, width * 8)
+    # Nucleus: the smallest prefix whose probability reaches top_p (the first candidate always stays).
+    values = values.masked_fill((cumulative - values) >= top_p[:, None], 0.0)
+    cdf = values.cumsum(-1)
+    picked = (cdf < (draws * cdf[:, -1])[:, None]).sum(-1).clamp(max=width - 1)
+    return order.gather(1, picked[:, None]).squeeze(1)
