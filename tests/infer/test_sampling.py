@@ -7,6 +7,7 @@ import torch
 from gym.infer.requests import Request, SamplingParams
 from gym.infer.sampling import sample_rows
 
+
 def _reference(logits: torch.Tensor, params: SamplingParams, draw: float) -> int:
     probs = torch.softmax(logits / params.temperature, -1)
     values, order = probs.sort(descending=True)
@@ -17,6 +18,7 @@ def _reference(logits: torch.Tensor, params: SamplingParams, draw: float) -> int
     values = values.masked_fill((cumulative - values) >= params.top_p, 0.0)
     cdf = values.cumsum(-1)
     return int(order[int((cdf < draw * cdf[-1]).sum().clamp(max=len(order) - 1))])
+
 
 def test_filtered_sampling_equals_the_full_sort_reference():
     torch.manual_seed(0)
@@ -35,6 +37,7 @@ def test_filtered_sampling_equals_the_full_sort_reference():
         want = [_reference(logits[i], p, draws[i]) for i, p in enumerate(settings)]
         assert got == want
 
+
 def test_plain_temperature_sampling_follows_the_distribution():
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.2, 0.0]]).clamp(min=1e-12))
     counts = torch.zeros(4)
@@ -44,6 +47,7 @@ def test_plain_temperature_sampling_follows_the_distribution():
         counts[sample_rows([request], logits.clone())[0]] += 1
     assert counts[3] == 0
     assert torch.allclose(counts[:3] / counts.sum(), torch.tensor([0.5, 0.3, 0.2]), atol=0.03)
+
 
 def test_greedy_rows_take_the_argmax_and_seeded_rows_ignore_their_neighbours():
     torch.manual_seed(1)
