@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.gym-installed
 
 export HF_HUB_DISABLE_TELEMETRY := 1
 
-.PHONY: setup demo lint test bench clean
+.PHONY: setup demo lint test bench bench-llamacpp test-llamacpp clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -44,6 +44,15 @@ bench: setup
 	HF_HUB_OFFLINE=1 $(PY) bench/soup_attacks.py
 	THP_MEM_ALLOC_ENABLE=1 HF_HUB_OFFLINE=1 $(PY) bench/soup_scale.py
 	HF_HUB_OFFLINE=1 $(PY) bench/soup_e2e.py
+
+# Opt-in: llama.cpp's tools are built from source once into $$GYM_HOME/llamacpp (~10 minutes on 2 cores).
+bench-llamacpp: setup
+	HF_HUB_OFFLINE=1 $(PY) bench/infer_speed.py --llamacpp
+
+# Opt-in: infer_backend: llamacpp needs llama-cpp-python, which compiles llama.cpp when pip installs it.
+test-llamacpp: setup
+	$(PY) -m pip install -q "llama-cpp-python>=0.3.30"
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q tests/infer/test_llamacpp_engine.py
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info

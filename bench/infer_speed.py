@@ -6,11 +6,15 @@ machine's own read bandwidth, all measured in one run (the baseline for issue #1
   gym         Gym's transformers engine (gym.infer.hf_engine), one stream and --streams concurrent streams
   gym-fast    Gym's fast engine (gym.infer.fast) with weights as each of --fast-dtypes
   ttft        time to the first token for a --long-prompt-token prompt, through the engine
+  llama.cpp   with --llamacpp (`make bench-llamacpp`): llama.cpp built from the llama-cpp-python sdist
+              (bench/llamacpp.py), the same model converted by its own converter to F32 / Q8_0 / Q4_0;
+              1 stream and TTFT from llama-bench (tg --tokens, pp --long-prompt-tokens), the concurrent
+              streams through llama-server with that many parallel slots and the same client load
 Each dtype in --dtypes is measured (bfloat16 only where the CPU has native bf16). Effective bandwidth is
 the bytes of weights read per decoded token times tokens/s; `% of probe` compares it with the probe.
 Every answer is exactly --tokens tokens (no stop token), so all rows do the same work.
 
-    HF_HUB_OFFLINE=1 .venv/bin/python bench/infer_speed.py
+    HF_HUB_OFFLINE=1 .venv/bin/python bench/infer_speed.py [--llamacpp]
 """
 
 from __future__ import annotations
@@ -78,6 +82,8 @@ def main() -> None:
     parser.add_argument("--streams", type=int, default=16)
     parser.add_argument("--dtypes", default="float32,bfloat16", help="transformers / HFEngine dtypes")
     parser.add_argument("--fast-dtypes", default="float32,bfloat16,int8,int4", help="Gym's fast engine formats")
+    parser.add_argument("--llamacpp", action="store_true", help="also measure llama.cpp (built once, ~10 min)")
+    parser.add_argument("--gguf-types", default="F32,Q8_0,Q4_0", help="llama.cpp weight types with --llamacpp")
     args = parser.parse_args()
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -131,7 +137,45 @@ def main() -> None:
               f"{ttft:>14.2f}s")
     if missing:
         print(f"(gym-fast ran its torch reference: the kernels are not available: {missing})")
-    print("llama.cpp columns: not measured yet (see docs/benchmarks.md).")
+    if args.llamacpp:
+        llamacpp_rows(path, streams, long_prompt, args, probe)
+
+
+def llamacpp_rows(model_dir: str, streams: list[list[int]], long_prompt: list[int], args, probe: float) -> None:
+    import llamacpp  # bench/llamacpp.py
+
+    threads = torch.get_num_threads()
+    files = llamacpp.gguf_files(model_dir, tuple(args.gguf_types.split(",")))
+    for kind, file in files.items():
+        rates = llamacpp.llama_bench(file, threads=threads, prompt=len(long_prompt), generate=args.tokens)
+        many = llama_server_tps(file, streams, args.tokens, threads)
+        # Bytes read per token: the whole file (the tied embedding is read as the LM head).
+        gbs = file.stat().st_size * rates["decode"] / 1e9
+        print(f"{'llama.cpp':<10} {kind:<9} {rates['decode']:>15.1f} {gbs:>10.1f} {100 * gbs / probe:>9.0f}% "
+              f"{many:>18.1f} {len(long_prompt) / rates['prefill']:>14.2f}s")
+
+
+def llama_server_tps(file, streams: list[list[int]], tokens: int, threads: int) -> float:
+    """Aggregate tokens/s of llama-server answering every stream at once, one slot each."""
+    import threading
+
+    import llamacpp
+
+    context = max(len(p) for p in streams) + tokens + 16
+    with llamacpp.LlamaServer(file, threads=threads, parallel=len(streams), context_per_slot=context) as server:
+        server.complete(streams[0][:8], 4, seed=0)  # warm-up
+        produced = [0] * len(streams)
+
+        def client(i: int) -> None:
+            produced[i], _ = server.complete(streams[i], tokens, seed=i)
+
+        workers = [threading.Thread(target=client, args=(i,)) for i in range(len(streams))]
+        start = time.perf_counter()
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
+        return sum(produced) / (time.perf_counter() - start)
 
 
 if __name__ == "__main__":

@@ -34,10 +34,11 @@ class ModelArguments:
         metadata={"help": "Weights for inference: float32, bfloat16, float16, or int8/int4 (blocks of 32 with a "
                   "scale each; fast engine). auto: int8 on CPU with the fast engine, bf16/fp16 on GPU, else float32."},
     )
-    infer_backend: Literal["auto", "fast", "hf", "vllm"] = field(
+    infer_backend: Literal["auto", "fast", "hf", "vllm", "llamacpp"] = field(
         default="auto",
         metadata={"help": "Inference engine: fast (Gym's CPU kernels, Llama-family models), hf (transformers, any "
-                  "model), vllm (if installed), or auto (fast where it runs, else hf)."},
+                  "model), vllm (if installed), llamacpp (a GGUF file through llama-cpp-python, if installed), "
+                  "or auto (fast where it runs, else hf)."},
     )
     infer_prefill_chunk: int = field(
         default=256,

@@ -1,7 +1,7 @@
 """`ChatModel`: load what Gym trained and talk to it with the template it was trained with.
 
 Which model and settings: gym.infer.config. Answers come from an inference engine (`infer_backend`:
-auto, fast, hf or vllm; gym.infer.engines), so threads that chat with one ChatModel at once share its
+auto, fast, hf, vllm or llamacpp; gym.infer.engines), so threads that chat with one ChatModel at once share its
 forward passes, as API users do. Decoding settings resolve once: the user's keys (or those saved by
 training), else the model's generation_config, else Gym's defaults (gym.config.generating).
 """
@@ -20,13 +20,20 @@ from peft import PeftModel
 
 from gym.config.files import ConfigSource
 from gym.config.parser import get_infer_args
-from gym.core.errors import ModelError
+from gym.core.errors import ConfigError, ModelError
 from gym.core.names import split_names
 from gym.data.templates import get_chat_format
 from gym.infer.config import resolve_inference_config
-from gym.infer.engines import build_engine, require_vllm
+from gym.infer.engines import build_engine, require_llamacpp, require_vllm
 from gym.infer.requests import Engine, Piece, SamplingParams
-from gym.models.loader import generation_defaults, load_causal_lm, load_tokenizer, resolve_model_path
+from gym.models.loader import (
+    generation_defaults,
+    gguf_file,
+    load_causal_lm,
+    load_gguf_tokenizer,
+    load_tokenizer,
+    resolve_model_path,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -40,17 +47,20 @@ class ChatModel:
         resolved = resolve_inference_config(config)
         self.model_args, self.data_args, _, generating = get_infer_args(
             {k: v for k, v in resolved.items() if k != "output_dir"})
-        self.model_path = resolve_model_path(self.model_args.model_name_or_path)
         self.adapters = split_names(self.model_args.adapter_name_or_path)
-        for adapter in self.adapters:
-            if not (Path(adapter) / "adapter_config.json").is_file():
-                raise ModelError(f"{adapter} is not a LoRA adapter folder (no adapter_config.json).")
-        self.tokenizer = load_tokenizer(self.model_path, self.model_args)
         self.model: Any = None
-        if self.model_args.infer_backend in ("auto", "fast", "hf"):
-            self.model = self._load_hf_model()
+        if self.model_args.infer_backend == "llamacpp":
+            self.model_path, self.tokenizer = self._gguf_source()
         else:
-            require_vllm()  # before anything slow, so a missing backend is the first thing the user hears
+            for adapter in self.adapters:
+                if not (Path(adapter) / "adapter_config.json").is_file():
+                    raise ModelError(f"{adapter} is not a LoRA adapter folder (no adapter_config.json).")
+            self.model_path = resolve_model_path(self.model_args.model_name_or_path)
+            self.tokenizer = load_tokenizer(self.model_path, self.model_args)
+            if self.model_args.infer_backend in ("auto", "fast", "hf"):
+                self.model = self._load_hf_model()
+            else:
+                require_vllm()  # before anything slow, so a missing backend is the first thing the user hears
         self.chat_format = get_chat_format(self.tokenizer, self.data_args.template, self.data_args.default_system,
                                            self.data_args.enable_thinking)
         self.decoding: dict[str, Any] = generating.resolve(generation_defaults(self.model_path))
@@ -62,6 +72,21 @@ class ChatModel:
         for adapter in self.adapters:
             model = PeftModel.from_pretrained(model, adapter).merge_and_unload()
         return model.eval()
+
+    def _gguf_source(self) -> tuple[str, Any]:
+        """llamacpp serves a GGUF file: the one model_name_or_path names (the embedded model's own file, for
+        its short name), with that file's tokenizer (the converted folder's, when Gym already made one)."""
+        require_llamacpp()
+        reference = self.model_args.model_name_or_path
+        gguf = gguf_file(reference)
+        if gguf is None:
+            raise ConfigError(f"infer_backend: llamacpp serves a GGUF file, and model_name_or_path {reference!r} is "
+                              "not one: give a .gguf file, or use infer_backend: auto for this model.")
+        if reference is None or not reference.endswith(".gguf"):
+            tokenizer = load_tokenizer(resolve_model_path(reference), self.model_args)
+        else:
+            tokenizer = load_gguf_tokenizer(gguf)
+        return str(gguf), tokenizer
 
     @property
     def engine(self) -> Engine:

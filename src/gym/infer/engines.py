@@ -5,6 +5,7 @@ interface.
     fast  Gym's CPU engine (gym.infer.fast): own kernels, int8/int4/bf16/fp32 weights, Llama-family models
     hf    transformers' forward pass with Gym's scheduling (gym.infer.hf_engine): any model, any device
     vllm  vLLM's engine, where it is installed (CUDA)
+    llamacpp  a GGUF file through llama-cpp-python, where it is installed (gym.infer.llamacpp_engine)
     auto  fast where it runs, else hf (the reason is logged)
 
 To add a backend: a class with `submit`, `load` and `shutdown` (the `Engine` protocol), a value in
@@ -46,8 +47,14 @@ def fast_unsupported(model: Any) -> str | None:
 
 def build_engine(model_args: ModelArguments, *, model: Any, tokenizer: Any, model_path: str, adapters: list[str],
                  stop_token_ids: list[int], max_batch_size: int = 16, max_waiting: int = 256) -> Engine:
-    """The engine for a loaded model (fast, hf) or a model path (vllm, which loads it itself)."""
+    """The engine for a loaded model (fast, hf), a model path (vllm, which loads it itself) or a GGUF file
+    (llamacpp: `model_path` is that file)."""
     backend = model_args.infer_backend
+    if backend == "llamacpp":
+        require_llamacpp()
+        from gym.infer.llamacpp_engine import LlamaCppEngine  # imports llama_cpp, present only where installed
+
+        return LlamaCppEngine(model_path, tokenizer, stop_token_ids, max_waiting=max_waiting, adapters=adapters)
     if backend in ("auto", "fast"):
         reason = fast_unsupported(model)
         if reason is None:
@@ -68,7 +75,7 @@ def build_engine(model_args: ModelArguments, *, model: Any, tokenizer: Any, mode
 
         return VllmEngine(model_path, adapters, stop_token_ids, max_batch_size=max_batch_size,
                           max_waiting=max_waiting, trust_remote_code=model_args.trust_remote_code)
-    raise ConfigError(f"infer_backend: {backend!r} is not one of auto, fast, hf, vllm.")
+    raise ConfigError(f"infer_backend: {backend!r} is not one of auto, fast, hf, vllm, llamacpp.")
 
 
 def _fast_engine(model_args: ModelArguments, model: Any, tokenizer: Any, stop_token_ids: list[int],
@@ -92,3 +99,10 @@ def require_vllm() -> None:
     if importlib.util.find_spec("vllm") is None:
         raise ConfigError("infer_backend: vllm needs the vllm package, which is not installed (pip install vllm; "
                           "it runs on a CUDA GPU). Use infer_backend: auto, which works everywhere.")
+
+
+def require_llamacpp() -> None:
+    if importlib.util.find_spec("llama_cpp") is None:
+        raise ConfigError("infer_backend: llamacpp needs llama-cpp-python, which is not installed (pip install "
+                          "'zoo-gym[llamacpp]'; it compiles llama.cpp, several minutes). Use infer_backend: auto, "
+                          "which works everywhere.")

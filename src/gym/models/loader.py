@@ -137,6 +137,30 @@ def resolve_model_path(ref: str | None) -> str:
     return _check_hub_available(ref)
 
 
+def gguf_file(ref: str | None) -> Path | None:
+    """The GGUF file a reference names (a .gguf path, or an embedded model's own file), else None."""
+    ref = ref or DEFAULT_MODEL
+    if ref in EMBEDDED:
+        return embedded_gguf_path(ref)
+    path = Path(ref).expanduser()
+    if path.suffix != ".gguf":
+        return None
+    if not path.is_file():
+        raise ModelError(f"GGUF file not found: {path}")
+    return path
+
+
+def load_gguf_tokenizer(path: Path) -> Any:
+    """A GGUF file's tokenizer (and chat template) without converting its weights."""
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    except (OSError, ValueError, KeyError) as exc:
+        raise ModelError(f"Could not read the tokenizer of {path}: {_first_line(exc)}") from None
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
 def _check_hub_available(hub_id: str, alias: str | None = None) -> str:
     """Fail early, with a way forward, when a hub model is neither cached nor downloadable."""
     offline = os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes")

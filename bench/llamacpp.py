@@ -1,0 +1,166 @@
+"""llama.cpp for the inference benchmark (`make bench-llamacpp`): its tools built once from the
+llama-cpp-python source distribution (which carries llama.cpp's whole source under vendor/llama.cpp)
+into Gym's cache, the embedded model written as GGUF at F32 / Q8_0 / Q4_0 with llama.cpp's own
+converter and quantizer, and helpers that run `llama-bench` and `llama-server`.
+
+Building takes ~10 minutes on 2 cores, once per llama-cpp-python version and machine; nothing here runs
+in `make test`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import shutil
+import socket
+import subprocess
+import sys
+import tarfile
+import time
+import urllib.request
+from pathlib import Path
+
+VERSION = "0.3.36"  # llama-cpp-python's sdist; its vendor/llama.cpp is the llama.cpp we measure
+TOOLS = ("llama-bench", "llama-server", "llama-quantize")
+
+
+def cache_dir() -> Path:
+    home = Path(os.environ.get("GYM_HOME", Path.home() / ".cache" / "gym")).expanduser()
+    flags = Path("/proc/cpuinfo").read_text().split("flags", 1)[-1].split("\n", 1)[0] if Path(
+        "/proc/cpuinfo").is_file() else platform.processor()
+    key = hashlib.sha256(f"{VERSION}:{flags}".encode()).hexdigest()[:12]
+    return home / "llamacpp" / f"{VERSION}-{key}"
+
+
+def source_dir() -> Path:
+    """llama.cpp's source, from the sdist (downloaded once with pip)."""
+    root = cache_dir()
+    source = root / f"llama_cpp_python-{VERSION}" / "vendor" / "llama.cpp"
+    if (source / "CMakeLists.txt").is_file():
+        return source
+    root.mkdir(parents=True, exist_ok=True)
+    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:",
+                    f"llama-cpp-python=={VERSION}", "-d", str(root)], check=True)
+    with tarfile.open(root / f"llama_cpp_python-{VERSION}.tar.gz") as archive:
+        archive.extractall(root, filter="data")
+    return source
+
+
+def build() -> Path:
+    """The folder holding llama-bench, llama-server and llama-quantize, built for this CPU."""
+    out = cache_dir() / "build"
+    binaries = out / "bin"
+    if all((binaries / tool).is_file() for tool in TOOLS):
+        return binaries
+    if shutil.which("cmake") is None:
+        sys.exit("Building llama.cpp needs cmake (apt-get install cmake) and a C++ compiler.")
+    source = source_dir()
+    started = time.perf_counter()
+    print(f"Building llama.cpp {VERSION} tools into {out} (once; ~10 minutes on 2 cores)...", flush=True)
+    out.mkdir(parents=True, exist_ok=True)
+    log = out / "build.log"  # the compiler's thousands of warnings go here, not to the table
+    with log.open("w") as sink:
+        # No network during the build: no prebuilt web UI download, no HTTPS client.
+        steps = [["cmake", "-S", str(source), "-B", str(out), "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON",
+                  "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF",
+                  "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_UI=OFF"],
+                 ["cmake", "--build", str(out), "-j", str(os.cpu_count() or 2), "--target", *TOOLS]]
+        for step in steps:
+            if subprocess.run(step, stdout=sink, stderr=subprocess.STDOUT).returncode != 0:
+                sys.exit(f"Building llama.cpp failed; the last lines of {log}:\n"
+                         + "\n".join(log.read_text().splitlines()[-20:]))
+    print(f"Built in {time.perf_counter() - started:.0f} s.", flush=True)
+    return binaries
+
+
+def gguf_files(model_dir: str, kinds: tuple[str, ...] = ("F32", "Q8_0", "Q4_0")) -> dict[str, Path]:
+    """The model at each GGUF type, converted by llama.cpp's own convert_hf_to_gguf.py and llama-quantize."""
+    binaries = build()
+    source = source_dir()
+    folder = cache_dir() / "models" / hashlib.sha256(str(Path(model_dir).resolve()).encode()).hexdigest()[:12]
+    folder.mkdir(parents=True, exist_ok=True)
+    f32 = folder / "model-F32.gguf"
+    if not f32.is_file():
+        env = {**os.environ, "PYTHONPATH": str(source / "gguf-py"), "NO_LOCAL_GGUF": ""}
+        subprocess.run([sys.executable, str(source / "convert_hf_to_gguf.py"), model_dir, "--outtype", "f32",
+                        "--outfile", str(f32)], check=True, env=env, stdout=subprocess.DEVNULL)
+    files = {}
+    for kind in kinds:
+        path = folder / f"model-{kind}.gguf"
+        if kind != "F32" and not path.is_file():
+            subprocess.run([str(binaries / "llama-quantize"), str(f32), str(path), kind], check=True,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        files[kind] = path
+    return files
+
+
+def llama_bench(model: Path, *, threads: int, prompt: int, generate: int, repetitions: int = 3) -> dict[str, float]:
+    """llama-bench's tokens/s for prefilling `prompt` tokens and for generating `generate` tokens."""
+    out = subprocess.run([str(build() / "llama-bench"), "-m", str(model), "-t", str(threads), "-p", str(prompt),
+                          "-n", str(generate), "-r", str(repetitions), "-o", "json"], check=True,
+                         capture_output=True, text=True).stdout
+    rates = {}
+    for row in json.loads(out):
+        rates["prefill" if row["n_prompt"] else "decode"] = float(row["avg_ts"])
+    return rates
+
+
+class LlamaServer:
+    """llama-server with `parallel` slots on a free local port, as a context manager."""
+
+    def __init__(self, model: Path, *, threads: int, parallel: int, context_per_slot: int) -> None:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            self.port = probe.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.command = [str(build() / "llama-server"), "-m", str(model), "-t", str(threads), "-tb", str(threads),
+                        "-np", str(parallel), "-c", str(parallel * context_per_slot), "--port", str(self.port),
+                        "--host", "127.0.0.1", "--no-webui", "-cb"]
+
+    def __enter__(self) -> LlamaServer:
+        self.process = subprocess.Popen(self.command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            try:
+                with urllib.request.urlopen(f"{self.url}/health", timeout=2) as response:
+                    if response.status == 200:
+                        return self
+            except OSError:
+                time.sleep(0.5)
+        self.process.kill()
+        raise RuntimeError(f"llama-server did not start: {' '.join(self.command)}")
+
+    def __exit__(self, *exc: object) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+
+    def complete(self, prompt: list[int], new_tokens: int, seed: int) -> tuple[int, float]:
+        """Generate exactly `new_tokens` after `prompt` (token ids); (tokens generated, seconds to the first)."""
+        body = json.dumps({"prompt": prompt, "n_predict": new_tokens, "ignore_eos": True, "temperature": 0.7,
+                           "top_p": 0.9, "seed": seed, "stream": True, "cache_prompt": False}).encode()
+        request = urllib.request.Request(f"{self.url}/completion", data=body,
+                                         headers={"Content-Type": "application/json"})
+        started = time.perf_counter()
+        first = None
+        tokens = 0
+        with urllib.request.urlopen(request, timeout=600) as response:
+            for line in response:
+                if not line.startswith(b"data: "):
+                    continue
+                event = json.loads(line[6:])
+                if event.get("content") or event.get("tokens"):
+                    tokens += max(1, len(event.get("tokens") or []))
+                    first = first if first is not None else time.perf_counter() - started
+                if event.get("stop"):
+                    break
+        return tokens, first if first is not None else float("nan")
+
+
+if __name__ == "__main__":  # `python bench/llamacpp.py`: build only
+    shutil.which("cmake") or sys.exit("building llama.cpp needs cmake: apt-get install cmake")
+    print(build())
