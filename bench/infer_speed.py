@@ -7,7 +7,7 @@ machine's own read bandwidth, all measured in one run (the baseline for issue #1
   gym-fast    Gym's fast engine (gym.infer.fast) with weights as each of --fast-dtypes
   ttft        time to the first token for a --long-prompt-token prompt, through the engine
   llama.cpp   with --llamacpp (`make bench-llamacpp`): llama.cpp built from the llama-cpp-python sdist
-              (bench/llamacpp.py), the same model converted by its own converter to F32 / Q8_0 / Q4_0;
+              (bench/llamacpp.py), the same model written by its own quantizer as F32 / Q8_0 / Q4_0;
               1 stream and TTFT from llama-bench (tg --tokens, pp --long-prompt-tokens), the concurrent
               streams through llama-server with that many parallel slots and the same client load
 Each dtype in --dtypes is measured (bfloat16 only where the CPU has native bf16). Effective bandwidth is
@@ -138,14 +138,16 @@ def main() -> None:
     if missing:
         print(f"(gym-fast ran its torch reference: the kernels are not available: {missing})")
     if args.llamacpp:
-        llamacpp_rows(path, streams, long_prompt, args, probe)
+        llamacpp_rows(streams, long_prompt, args, probe)
 
 
-def llamacpp_rows(model_dir: str, streams: list[list[int]], long_prompt: list[int], args, probe: float) -> None:
+def llamacpp_rows(streams: list[list[int]], long_prompt: list[int], args, probe: float) -> None:
     import llamacpp  # bench/llamacpp.py
 
     threads = torch.get_num_threads()
-    files = llamacpp.gguf_files(model_dir, tuple(args.gguf_types.split(",")))
+    from gym.models.loader import embedded_gguf_path
+
+    files = llamacpp.gguf_files(embedded_gguf_path("smollm2-135m"), tuple(args.gguf_types.split(",")))
     for kind, file in files.items():
         rates = llamacpp.llama_bench(file, threads=threads, prompt=len(long_prompt), generate=args.tokens)
         many = llama_server_tps(file, streams, args.tokens, threads)

@@ -1,7 +1,7 @@
 """llama.cpp for the inference benchmark (`make bench-llamacpp`): its tools built once from the
 llama-cpp-python source distribution (which carries llama.cpp's whole source under vendor/llama.cpp)
-into Gym's cache, the embedded model written as GGUF at F32 / Q8_0 / Q4_0 with llama.cpp's own
-converter and quantizer, and helpers that run `llama-bench` and `llama-server`.
+into Gym's cache, the embedded model written as GGUF at F32 / Q8_0 / Q4_0 by llama.cpp's own
+quantizer, and helpers that run `llama-bench` and `llama-server`.
 
 Building takes ~10 minutes on 2 cores, once per llama-cpp-python version and machine; nothing here runs
 in `make test`.
@@ -75,25 +75,26 @@ def build() -> Path:
     return binaries
 
 
-def gguf_files(model_dir: str, kinds: tuple[str, ...] = ("F32", "Q8_0", "Q4_0")) -> dict[str, Path]:
-    """The model at each GGUF type, converted by llama.cpp's own convert_hf_to_gguf.py and llama-quantize."""
+def gguf_files(source: Path, kinds: tuple[str, ...] = ("F32", "Q8_0", "Q4_0")) -> dict[str, Path]:
+    """The GGUF model `source` at each weight type, written by llama-quantize. The embedded model ships as
+    Q4_1; dequantized to F32 it holds exactly the float weights Gym's converted copy holds, so every row
+    of the benchmark serves the same model."""
     binaries = build()
-    source = source_dir()
-    folder = cache_dir() / "models" / hashlib.sha256(str(Path(model_dir).resolve()).encode()).hexdigest()[:12]
+    folder = cache_dir() / "models" / hashlib.sha256(str(source.resolve()).encode()).hexdigest()[:12]
     folder.mkdir(parents=True, exist_ok=True)
-    f32 = folder / "model-F32.gguf"
-    if not f32.is_file():
-        env = {**os.environ, "PYTHONPATH": str(source / "gguf-py"), "NO_LOCAL_GGUF": ""}
-        subprocess.run([sys.executable, str(source / "convert_hf_to_gguf.py"), model_dir, "--outtype", "f32",
-                        "--outfile", str(f32)], check=True, env=env, stdout=subprocess.DEVNULL)
     files = {}
-    for kind in kinds:
+    for kind in ("F32",) + tuple(k for k in kinds if k != "F32"):
         path = folder / f"model-{kind}.gguf"
-        if kind != "F32" and not path.is_file():
-            subprocess.run([str(binaries / "llama-quantize"), str(f32), str(path), kind], check=True,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        if not path.is_file():
+            origin = source if kind == "F32" else files["F32"]
+            partial = path.with_suffix(".partial")
+            done = subprocess.run([str(binaries / "llama-quantize"), "--allow-requantize", str(origin), str(partial),
+                                   kind], capture_output=True, text=True)
+            if done.returncode != 0:
+                sys.exit(f"llama-quantize {kind} failed:\n{done.stderr[-2000:]}")
+            partial.rename(path)
         files[kind] = path
-    return files
+    return {kind: files[kind] for kind in kinds}
 
 
 def llama_bench(model: Path, *, threads: int, prompt: int, generate: int, repetitions: int = 3) -> dict[str, float]:

@@ -137,7 +137,8 @@ class FastDecoder:
         capacity = min(self.max_length, max(length, 2 * self.capacity))
         shape = (self.slots, self.kv_heads, capacity, self.head_dim)
         for index in range(len(self.layers)):
-            keys, values = torch.zeros(shape), torch.zeros(shape)
+            # Never zeroed: attention reads only the positions a slot has written.
+            keys, values = torch.empty(shape), torch.empty(shape)
             if self.capacity:
                 keys[:, :, :self.capacity] = self.keys[index]
                 values[:, :, :self.capacity] = self.values[index]
