@@ -29,6 +29,9 @@ from gym.infer.sampling import sample_rows
 logger = logging.getLogger(__name__)
 
 
+WHOLE_PREFILL = 2048  # prompt tokens per chunk while no request is decoding
+
+
 @dataclass
 class _Row:
     request: Request
@@ -44,12 +47,14 @@ class FastEngine(BatchingEngine):
 
     def __init__(self, model: Any, tokenizer: Any, stop_token_ids: list[int], *, dtype: str = "float32",
                  max_batch_size: int = 16, max_waiting: int = 256, prefill_chunk: int = 256,
-                 prefix_cache_mb: int = 256, max_length: int | None = None) -> None:
+                 prefix_cache_mb: int = 256, max_length: int | None = None,
+                 idle_prefill_chunk: int = WHOLE_PREFILL) -> None:
         super().__init__(tokenizer, stop_token_ids, max_batch_size=max_batch_size, max_waiting=max_waiting)
         started = time.perf_counter()
         self.decoder = FastDecoder(model, dtype, slots=self.max_batch_size, max_length=max_length)
         self.prefix = PrefixCache(self.decoder, prefix_cache_mb << 20)
         self.prefill_chunk = max(1, prefill_chunk)
+        self.idle_prefill_chunk = max(self.prefill_chunk, idle_prefill_chunk)
         self.dtype = dtype
         self._decoding: list[_Row] = []
         self._prefilling: _Row | None = None
@@ -87,7 +92,10 @@ class FastEngine(BatchingEngine):
             return
         if row.length == 0:
             row.length = self.prefix.restore(row.slot, prompt)
-        chunk = prompt[row.length:row.length + self.prefill_chunk]
+        # Chunks keep running requests moving; with none running, fewer and larger chunks reach the first
+        # token sooner (each chunk reads every weight once more, and int formats expand them per chunk).
+        size = self.prefill_chunk if self._decoding else self.idle_prefill_chunk
+        chunk = prompt[row.length:row.length + size]
         logits = self.decoder.prefill(row.slot, chunk, row.length)
         row.length += len(chunk)
         if row.length < len(prompt):

@@ -70,6 +70,8 @@ class FastDecoder:
     """Forward passes over a KV cache of `slots` rows; weights as `dtype` (gym.infer.fast.linear)."""
 
     def __init__(self, model: Any, dtype: str, *, slots: int, max_length: int | None = None) -> None:
+        # The compiled kernels when they build (once per machine), else their torch reference.
+        self.compiled = kernels.kernel_status() is None
         config = model.config
         self.config = config
         self.dtype = dtype
@@ -137,8 +139,11 @@ class FastDecoder:
         capacity = min(self.max_length, max(length, 2 * self.capacity))
         shape = (self.slots, self.kv_heads, capacity, self.head_dim)
         for index in range(len(self.layers)):
-            # Never zeroed: attention reads only the positions a slot has written.
-            keys, values = torch.empty(shape), torch.empty(shape)
+            # The kernels read only the positions a slot has written, so their cache is never zeroed (16
+            # slots at 2,048 positions are 1.5 GB on the embedded model); the torch reference masks the
+            # positions past each row's length, and a masked garbage NaN would still poison its sum.
+            keys, values = (torch.empty(shape), torch.empty(shape)) if self.compiled else (torch.zeros(shape),
+                                                                                          torch.zeros(shape))
             if self.capacity:
                 keys[:, :, :self.capacity] = self.keys[index]
                 values[:, :, :self.capacity] = self.values[index]
