@@ -208,3 +208,20 @@ def test_auto_serves_llama_models_with_the_fast_engine(tiny, tokenizer):
         assert engine.dtype in ("int8", "float32")
     finally:
         engine.shutdown()
+
+
+def test_prompts_prefilled_together_equal_prompts_prefilled_alone(tiny):
+    """prefill_many runs several prompts' tokens through each weight product at once; each prompt's
+    logits and cache are what a prefill of it alone gives (one of them continues an earlier chunk)."""
+    first, second, third = prompts(3)
+    alone = FastDecoder(tiny, "float32", slots=3)
+    together = FastDecoder(tiny, "float32", slots=3)
+    expected = [alone.prefill(0, first, 0), alone.prefill(1, second, 0)]
+    alone.prefill(2, third[:9], 0)
+    expected.append(alone.prefill(2, third[9:], 9))
+    together.prefill(2, third[:9], 0)
+    got = together.prefill_many([(0, first, 0), (1, second, 0), (2, third[9:], 9)])
+    for want, have in zip(expected, got):
+        torch.testing.assert_close(have, want, rtol=1e-4, atol=1e-4)
+    for slot, length in ((0, len(first)), (1, len(second)), (2, len(third))):
+        torch.testing.assert_close(together.keys[1][slot, :, :length], alone.keys[1][slot, :, :length])

@@ -19,6 +19,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from gym.infer.batching import BatchingEngine
 from gym.infer.emit import finish, report_token
 from gym.infer.fast.model import FastDecoder
@@ -57,54 +59,66 @@ class FastEngine(BatchingEngine):
         self.idle_prefill_chunk = max(self.prefill_chunk, idle_prefill_chunk)
         self.dtype = dtype
         self._decoding: list[_Row] = []
-        self._prefilling: _Row | None = None
+        self._prefilling: list[_Row] = []
         logger.info("Fast engine ready in %.1fs: weights as %s (%.0f MB read per token)", time.perf_counter() - started,
                     dtype, self.decoder.weight_bytes / 1e6)
         self._start()
 
     # -- the engine thread ----------------------------------------------------------------------------
     def _busy(self) -> bool:
-        return bool(self._decoding) or self._prefilling is not None
+        return bool(self._decoding) or bool(self._prefilling)
 
     def _in_flight(self) -> list[Request]:
-        rows = self._decoding + ([self._prefilling] if self._prefilling is not None else [])
-        return [row.request for row in rows]
+        return [row.request for row in self._decoding + self._prefilling]
 
     def _take_waiting(self) -> None:
-        if self._prefilling is None and self._waiting and len(self._decoding) < self.max_batch_size:
-            self._prefilling = _Row(self._waiting.popleft(), slot=len(self._decoding))
+        while self._waiting and len(self._decoding) + len(self._prefilling) < self.max_batch_size:
+            self._prefilling.append(_Row(self._waiting.popleft(), slot=len(self._decoding) + len(self._prefilling)))
 
     def _step(self) -> None:
-        if self._prefilling is not None:
-            self._prefill_chunk(self._prefilling)
+        if self._prefilling:
+            self._prefill_step()
         if self._decoding:
             self._decode()
 
     def _reset(self) -> None:
-        self._decoding, self._prefilling = [], None
+        self._decoding, self._prefilling = [], []
 
-    def _prefill_chunk(self, row: _Row) -> None:
-        request = row.request
-        prompt = request.prompt_ids
-        if request.cancelled or len(prompt) >= self.decoder.max_length:
-            self._prefilling = None
-            finish(request, "cancelled" if request.cancelled else "length")
-            return
-        if row.length == 0:
-            row.length = self.prefix.restore(row.slot, prompt)
-        # Chunks keep running requests moving; with none running, fewer and larger chunks reach the first
-        # token sooner (each chunk reads every weight once more, and int formats expand them per chunk).
-        size = self.prefill_chunk if self._decoding else self.idle_prefill_chunk
-        chunk = prompt[row.length:row.length + size]
-        logits = self.decoder.prefill(row.slot, chunk, row.length)
-        row.length += len(chunk)
-        if row.length < len(prompt):
-            return
-        self._prefilling = None
-        self.prefix.store(row.slot, prompt)
-        if not self._emit(row, sample_rows([request], logits[None])[0]):
-            self._decoding.append(row)
-            self._compact()
+    def _prefill_step(self) -> None:
+        """The next prompt tokens of the requests being prefilled, oldest first, up to this step's budget,
+        in one pass over the weights. The budget is a chunk while requests are decoding (so they keep
+        moving) and larger when none is (fewer passes over the weights, a sooner first token). Because the
+        oldest request gets the budget first, requests finish prefilling in the order they came."""
+        budget = self.prefill_chunk if self._decoding else self.idle_prefill_chunk
+        segments: list[tuple[int, list[int], int]] = []
+        rows: list[_Row] = []
+        for row in list(self._prefilling):
+            request, prompt = row.request, row.request.prompt_ids
+            if request.cancelled or len(prompt) >= self.decoder.max_length:
+                self._prefilling.remove(row)
+                finish(request, "cancelled" if request.cancelled else "length")
+                continue
+            if budget == 0:
+                break
+            if row.length == 0:
+                row.length = self.prefix.restore(row.slot, prompt)
+            chunk = prompt[row.length:row.length + budget]
+            segments.append((row.slot, chunk, row.length))
+            rows.append(row)
+            budget -= len(chunk)
+        done: list[tuple[_Row, torch.Tensor]] = []
+        if segments:
+            for row, (_, chunk, _), logits in zip(rows, segments, self.decoder.prefill_many(segments)):
+                row.length += len(chunk)
+                if row.length == len(row.request.prompt_ids):
+                    done.append((row, logits))
+        if done:
+            for row, _ in done:
+                self._prefilling.remove(row)
+                self.prefix.store(row.slot, row.request.prompt_ids)
+            tokens = sample_rows([row.request for row, _ in done], torch.stack([logits for _, logits in done]))
+            self._decoding.extend(row for (row, _), token in zip(done, tokens) if not self._emit(row, token))
+        self._compact()
 
     def _decode(self) -> None:
         rows = self._decoding
@@ -129,9 +143,10 @@ class FastEngine(BatchingEngine):
         return reason is not None
 
     def _compact(self) -> None:
-        """Running rows into slots 0..n-1 in order, then the row being prefilled."""
-        order = self._decoding + ([self._prefilling] if self._prefilling is not None else [])
-        for index, row in enumerate(order):
+        """Running rows into slots 0..n-1 in order, then the rows being prefilled. Rows only ever leave or
+        move from the prefilling list to the end of the running one, so every move is to a lower slot and
+        moving in order never overwrites a slot not yet moved."""
+        for index, row in enumerate(self._decoding + self._prefilling):
             if row.slot != index:
                 self.decoder.move_slot(row.slot, index, row.length)
                 row.slot = index

@@ -208,26 +208,42 @@ class FastDecoder:
     def prefill(self, slot: int, tokens: list[int], start: int, *, every_position: bool = False) -> torch.Tensor:
         """Positions [start, start + len(tokens)) of one slot, whose cache holds [0, start) already.
         Returns the logits of the last token [vocab] (of every token [n, vocab] with every_position)."""
-        count = len(tokens)
-        end = start + count
-        self.grow(end)
+        return self.prefill_many([(slot, tokens, start)], every_position=every_position)[0]
+
+    def prefill_many(self, segments: list[tuple[int, list[int], int]], *,
+                     every_position: bool = False) -> list[torch.Tensor]:
+        """Several prompts' next positions at once: (slot, tokens, start) each, as in `prefill`. Every
+        token of every segment goes through each weight product together (one pass over the weights for
+        all of them); attention is per segment, over its own slot."""
+        ends = [start + len(tokens) for _, tokens, start in segments]
+        self.grow(max(ends))
         heads, kv, dim = self.heads, self.kv_heads, self.head_dim
-        x = self.embed[torch.tensor(tokens)].float()
-        cos, sin = self.cos[start:end], self.sin[start:end]
-        # Query i sees keys [0, start + i]; with no earlier positions that is the plain causal mask.
-        mask = None if start == 0 else (torch.arange(end)[None, :] <= torch.arange(start, end)[:, None])
+        x = self.embed[torch.tensor([t for _, tokens, _ in segments for t in tokens])].float()
+        total = x.shape[0]
+        cos = torch.cat([self.cos[start:end] for (_, _, start), end in zip(segments, ends)])
+        sin = torch.cat([self.sin[start:end] for (_, _, start), end in zip(segments, ends)])
+        offsets = [0]
+        for _, tokens, _ in segments:
+            offsets.append(offsets[-1] + len(tokens))
+        # Query i of a segment sees keys [0, start + i]; with no earlier positions that is the plain causal mask.
+        masks = [None if start == 0 else (torch.arange(end)[None, :] <= torch.arange(start, end)[:, None])
+                 for (_, _, start), end in zip(segments, ends)]
         for index, layer in enumerate(self.layers):
-            qkv = layer.qkv(kernels.rms_norm(x, layer.input_norm, self.eps)).view(count, heads + 2 * kv, dim)
+            qkv = layer.qkv(kernels.rms_norm(x, layer.input_norm, self.eps)).view(total, heads + 2 * kv, dim)
             self._qk_rope(qkv, layer, cos, sin)
-            q, k, v = qkv.transpose(0, 1)[None].split([heads, kv, kv], dim=1)
             keys, values = self.keys[index], self.values[index]
-            keys[slot, :, start:end] = k[0]
-            values[slot, :, start:end] = v[0]
-            attended = F.scaled_dot_product_attention(q, keys[slot:slot + 1, :, :end], values[slot:slot + 1, :, :end],
-                                                      attn_mask=mask, is_causal=mask is None, enable_gqa=True)
-            x = x + layer.o(attended[0].transpose(0, 1).reshape(count, heads * dim))
+            attended = torch.empty(total, heads * dim)
+            for (slot, _, start), end, mask, first, last in zip(segments, ends, masks, offsets, offsets[1:]):
+                q, k, v = qkv[first:last].transpose(0, 1)[None].split([heads, kv, kv], dim=1)
+                keys[slot, :, start:end] = k[0]
+                values[slot, :, start:end] = v[0]
+                out = F.scaled_dot_product_attention(q, keys[slot:slot + 1, :, :end], values[slot:slot + 1, :, :end],
+                                                     attn_mask=mask, is_causal=mask is None, enable_gqa=True)
+                attended[first:last] = out[0].transpose(0, 1).reshape(last - first, heads * dim)
+            x = x + layer.o(attended)
             x = x + self._mlp(x, layer)
         if every_position:
-            return self.head(kernels.rms_norm(x, self.norm, self.eps))
-        logits: torch.Tensor = self.head(kernels.rms_norm(x[-1:], self.norm, self.eps))[0]
-        return logits
+            logits = self.head(kernels.rms_norm(x, self.norm, self.eps))
+            return [logits[first:last] for first, last in zip(offsets, offsets[1:])]
+        lasts = torch.tensor(offsets[1:]) - 1
+        return list(self.head(kernels.rms_norm(x[lasts], self.norm, self.eps)))
