@@ -11,6 +11,7 @@ from gym.infer.sampling import sample_rows
 def _reference(logits: torch.Tensor, params: SamplingParams, draw: float) -> int:
     probs = torch.softmax(logits / params.temperature, -1)
     values, order = probs.sort(descending=True)
+    values = values.double()
     if params.top_k > 0:
         values = values[: params.top_k] / values[: params.top_k].sum()
         order = order[: params.top_k]

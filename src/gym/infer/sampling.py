@@ -5,7 +5,9 @@ generator, and its token must not depend on which other requests share the batch
 the same for every row (softmax, sorting for top-p, the cumulative sums) runs once on the batch; only
 the random draw is per row: one uniform number from the row's generator, turned into a token by
 inverse-CDF over the row's kept probabilities. A seeded request therefore samples the same answer alone
-or in any batch.
+or in any batch. The cumulative sums are in float64: torch sums a lone row and a row of a batch in
+different orders, and over a near-uniform 49k-token distribution float32's rounding moves the CDF by
+more than a token's width, so a draw would land on different tokens alone and in a batch.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ def sample_rows(requests: list[Request], logits: torch.Tensor) -> list[int]:
     unfiltered = (ks == 0) & (top_p >= 1.0)
     picks = torch.empty(len(sampled), dtype=torch.long)
     if unfiltered.any():  # plain temperature sampling needs no candidate order: inverse CDF over the vocabulary
-        cdf = probs[unfiltered].cumsum(-1)
+        cdf = probs[unfiltered].double().cumsum(-1)
         target = (draws[unfiltered] * cdf[:, -1])[:, None]
         picks[unfiltered] = torch.searchsorted(cdf, target).squeeze(-1).clamp(max=probs.shape[-1] - 1)
     filtered = ~unfiltered
@@ -61,10 +63,11 @@ def _sample_filtered(probs: torch.Tensor, ks: torch.Tensor, top_p: torch.Tensor,
     width = min(vocab, max(64, int(ks.max())))
     while True:
         values, order = probs.topk(width, dim=-1, sorted=True)
+        values = values.double()
         position = torch.arange(width)[None, :]
         values = values.masked_fill(has_k[:, None] & (position >= ks[:, None]), 0.0)
         # Rows without top_k keep their full-vocabulary probabilities (they sum to 1 over the vocabulary).
-        values = values / torch.where(has_k, values.sum(-1), torch.ones(()))[:, None]
+        values = values / torch.where(has_k, values.sum(-1), torch.ones((), dtype=values.dtype))[:, None]
         cumulative = values.cumsum(-1)
         if width == vocab or bool((has_k | (cumulative[:, -1] >= top_p)).all()):
             break

@@ -76,8 +76,7 @@ def test_chunked_prefill_gives_the_tokens_of_one_shot_prefill(tiny, tokenizer):
     prompt = prompts(1, length=150)[0]
     answers = []
     for chunk in (1000, 16, 5):
-        engine = FastEngine(tiny, tokenizer, [], dtype="float32", prefill_chunk=chunk, prefix_cache_mb=0,
-                            idle_prefill_chunk=chunk)
+        engine = FastEngine(tiny, tokenizer, [], dtype="float32", prefill_chunk=chunk, prefix_cache_mb=0)
         try:
             answers.append(_answer(engine, prompt))
         finally:

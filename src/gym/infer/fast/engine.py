@@ -31,9 +31,6 @@ from gym.infer.sampling import sample_rows
 logger = logging.getLogger(__name__)
 
 
-WHOLE_PREFILL = 2048  # prompt tokens per chunk while no request is decoding
-
-
 @dataclass
 class _Row:
     request: Request
@@ -49,14 +46,12 @@ class FastEngine(BatchingEngine):
 
     def __init__(self, model: Any, tokenizer: Any, stop_token_ids: list[int], *, dtype: str = "float32",
                  max_batch_size: int = 16, max_waiting: int = 256, prefill_chunk: int = 256,
-                 prefix_cache_mb: int = 256, max_length: int | None = None,
-                 idle_prefill_chunk: int = WHOLE_PREFILL) -> None:
+                 prefix_cache_mb: int = 256, max_length: int | None = None) -> None:
         super().__init__(tokenizer, stop_token_ids, max_batch_size=max_batch_size, max_waiting=max_waiting)
         started = time.perf_counter()
         self.decoder = FastDecoder(model, dtype, slots=self.max_batch_size, max_length=max_length)
         self.prefix = PrefixCache(self.decoder, prefix_cache_mb << 20)
         self.prefill_chunk = max(1, prefill_chunk)
-        self.idle_prefill_chunk = max(self.prefill_chunk, idle_prefill_chunk)
         self.dtype = dtype
         self._decoding: list[_Row] = []
         self._prefilling: list[_Row] = []
@@ -85,27 +80,28 @@ class FastEngine(BatchingEngine):
         self._decoding, self._prefilling = [], []
 
     def _prefill_step(self) -> None:
-        """The next prompt tokens of the requests being prefilled, oldest first, up to this step's budget,
-        in one pass over the weights. The budget is a chunk while requests are decoding (so they keep
-        moving) and larger when none is (fewer passes over the weights, a sooner first token). Because the
-        oldest request gets the budget first, requests finish prefilling in the order they came."""
-        budget = self.prefill_chunk if self._decoding else self.idle_prefill_chunk
+        """The next chunk of the requests being prefilled, oldest first, as many as fit this step's budget
+        of `prefill_chunk` tokens (at least one), in one walk through the layers. A request's chunks are
+        always [k * prefill_chunk, (k + 1) * prefill_chunk) of its own prompt (after what the prefix cache
+        restored), whatever else is prefilling, so its numbers never depend on the load. Because the
+        oldest request is served first, requests finish prefilling in the order they came."""
         segments: list[tuple[int, list[int], int]] = []
         rows: list[_Row] = []
+        used = 0
         for row in list(self._prefilling):
             request, prompt = row.request, row.request.prompt_ids
             if request.cancelled or len(prompt) >= self.decoder.max_length:
                 self._prefilling.remove(row)
                 finish(request, "cancelled" if request.cancelled else "length")
                 continue
-            if budget == 0:
-                break
             if row.length == 0:
                 row.length = self.prefix.restore(row.slot, prompt)
-            chunk = prompt[row.length:row.length + budget]
+            chunk = prompt[row.length:row.length + self.prefill_chunk]
+            if segments and used + len(chunk) > self.prefill_chunk:
+                break
             segments.append((row.slot, chunk, row.length))
             rows.append(row)
-            budget -= len(chunk)
+            used += len(chunk)
         done: list[tuple[_Row, torch.Tensor]] = []
         if segments:
             for row, (_, chunk, _), logits in zip(rows, segments, self.decoder.prefill_many(segments)):

@@ -81,7 +81,8 @@ class FastLinear:
             return kernels.unpack_int4(self.weight, self.scale)
         return self.weight.float()
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, expanded: torch.Tensor | None = None) -> torch.Tensor:
+        """`expanded`: this layer's weight as `_expanded()` gives it, when the caller already made it."""
         if self.scale is not None and KERNEL_ROWS < x.shape[0] <= SLICED_ROWS:
             return torch.cat([self(part) for part in x.split(KERNEL_ROWS)])
         if x.shape[0] <= KERNEL_ROWS:
@@ -93,15 +94,32 @@ class FastLinear:
                 y = kernels.linear_int4(x, self.weight, self.scale)
             else:
                 y = kernels.linear_float(x, self.weight)
-        elif self.dtype == "float32":
-            y = x @ self.weight.T
-        elif self.dtype in ("int8", "int4"):
-            x = kernels.quantize_activations(x)
-            y = (x.bfloat16() @ self.dense().bfloat16().T).float() if _PREFILL_BF16 else x @ self.dense().T
-        elif _PREFILL_BF16:
-            y = (x.bfloat16() @ self.weight.bfloat16().T).float()
         else:
-            y = x @ self.weight.float().T
+            weight = self._expanded() if expanded is None else expanded
+            if self.scale is not None:
+                x = kernels.quantize_activations(x)
+            y = x @ weight.T if weight.dtype == torch.float32 else (x.to(weight.dtype) @ weight.T).float()
         if self.bias is not None:
             y += self.bias
         return y
+
+    def each(self, parts: list[torch.Tensor]) -> torch.Tensor:
+        """self(part) for each part, concatenated. Each part's rows get exactly what self(part) alone gives
+        (a matrix product's rounding may depend on the rows that share it, and a request's answer must
+        not depend on which others were prefilled with it); int weights are expanded once for all parts."""
+        expanded = None
+        outs = []
+        for part in parts:
+            if expanded is None and part.shape[0] > (SLICED_ROWS if self.scale is not None else KERNEL_ROWS):
+                expanded = self._expanded()
+            outs.append(self(part, expanded))
+        return torch.cat(outs)
+
+    def _expanded(self) -> torch.Tensor:
+        """The weight for a matrix product of many rows: float32 for float32 weights; bf16 for the other
+        formats where the CPU multiplies bf16 natively; else float32."""
+        if self.dtype == "float32":
+            return self.weight
+        if _PREFILL_BF16:
+            return self.dense().bfloat16() if self.scale is not None else self.weight.bfloat16()
+        return self.dense()

@@ -212,9 +212,10 @@ class FastDecoder:
 
     def prefill_many(self, segments: list[tuple[int, list[int], int]], *,
                      every_position: bool = False) -> list[torch.Tensor]:
-        """Several prompts' next positions at once: (slot, tokens, start) each, as in `prefill`. Every
-        token of every segment goes through each weight product together (one pass over the weights for
-        all of them); attention is per segment, over its own slot."""
+        """Several prompts' next positions in one step: (slot, tokens, start) each, as in `prefill`. Each
+        segment's numbers are what a prefill of it alone gives (its own products and attention), so an
+        answer does not depend on which requests were prefilled with it; the segments share the step (one
+        walk through the layers, int weights expanded once per layer)."""
         ends = [start + len(tokens) for _, tokens, start in segments]
         self.grow(max(ends))
         heads, kv, dim = self.heads, self.kv_heads, self.head_dim
@@ -228,8 +229,13 @@ class FastDecoder:
         # Query i of a segment sees keys [0, start + i]; with no earlier positions that is the plain causal mask.
         masks = [None if start == 0 else (torch.arange(end)[None, :] <= torch.arange(start, end)[:, None])
                  for (_, _, start), end in zip(segments, ends)]
+        sizes = [last - first for first, last in zip(offsets, offsets[1:])]
+
+        def each(linear: FastLinear, h: torch.Tensor) -> torch.Tensor:
+            return linear.each(list(h.split(sizes)))
+
         for index, layer in enumerate(self.layers):
-            qkv = layer.qkv(kernels.rms_norm(x, layer.input_norm, self.eps)).view(total, heads + 2 * kv, dim)
+            qkv = each(layer.qkv, kernels.rms_norm(x, layer.input_norm, self.eps)).view(total, heads + 2 * kv, dim)
             self._qk_rope(qkv, layer, cos, sin)
             keys, values = self.keys[index], self.values[index]
             attended = torch.empty(total, heads * dim)
@@ -240,8 +246,9 @@ class FastDecoder:
                 out = F.scaled_dot_product_attention(q, keys[slot:slot + 1, :, :end], values[slot:slot + 1, :, :end],
                                                      attn_mask=mask, is_causal=mask is None, enable_gqa=True)
                 attended[first:last] = out[0].transpose(0, 1).reshape(last - first, heads * dim)
-            x = x + layer.o(attended)
-            x = x + self._mlp(x, layer)
+            x = x + each(layer.o, attended)
+            h = kernels.rms_norm(x, layer.post_norm, self.eps)
+            x = x + each(layer.down, kernels.silu_mul(each(layer.gate_up, h)))
         if every_position:
             logits = self.head(kernels.rms_norm(x, self.norm, self.eps))
             return [logits[first:last] for first, last in zip(offsets, offsets[1:])]
