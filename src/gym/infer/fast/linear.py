@@ -95,9 +95,9 @@ class FastLinear:
             else:
                 y = kernels.linear_float(x, self.weight)
         else:
+            # The activations stay unquantized here: the kernels round them to int8 because that is what
+            # makes an integer dot product possible, not for accuracy, and a product of many rows needs none.
             weight = self._expanded() if expanded is None else expanded
-            if self.scale is not None:
-                x = kernels.quantize_activations(x)
             y = x @ weight.T if weight.dtype == torch.float32 else (x.to(weight.dtype) @ weight.T).float()
         if self.bias is not None:
             y += self.bias

@@ -503,13 +503,15 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps) {
   const float* xp = x.data_ptr<float>();
   const float* wp = w.data_ptr<float>();
   float* yp = y.data_ptr<float>();
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* xr = xp + r * width;
-    float total = 0.f;
-    for (int64_t i = 0; i < width; ++i) total += xr[i] * xr[i];
-    const float inv = 1.f / std::sqrt(total / float(width) + float(eps));
-    for (int64_t i = 0; i < width; ++i) yp[r * width + i] = xr[i] * inv * wp[i];
-  }
+  parallel_for(0, rows, std::max<int64_t>(1, 16384 / std::max<int64_t>(width, 1)), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* xr = xp + r * width;
+      float total = 0.f;
+      for (int64_t i = 0; i < width; ++i) total += xr[i] * xr[i];
+      const float inv = 1.f / std::sqrt(total / float(width) + float(eps));
+      for (int64_t i = 0; i < width; ++i) yp[r * width + i] = xr[i] * inv * wp[i];
+    }
+  });
   return y;
 }
 
@@ -600,12 +602,15 @@ at::Tensor silu_mul(const at::Tensor& gate_up) {
   at::Tensor y = at::empty({rows, width}, gate_up.options());
   const float* g = gate_up.data_ptr<float>();
   float* yp = y.data_ptr<float>();
-  for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t i = 0; i < width; ++i) {
-      const float a = g[r * 2 * width + i];
-      yp[r * width + i] = a / (1.f + std::exp(-a)) * g[r * 2 * width + width + i];
+  // Prefill chunks have hundreds of rows: share them out (a decode step's few rows stay on one thread).
+  parallel_for(0, rows, std::max<int64_t>(1, 8192 / std::max<int64_t>(width, 1)), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      for (int64_t i = 0; i < width; ++i) {
+        const float a = g[r * 2 * width + i];
+        yp[r * width + i] = a / (1.f + std::exp(-a)) * g[r * 2 * width + width + i];
+      }
     }
-  }
+  });
   return y;
 }
 
