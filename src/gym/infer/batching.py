@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -21,7 +22,7 @@ from gym.infer.requests import Event, Finished, Request, SamplingParams, admit
 logger = logging.getLogger(__name__)
 
 
-class BatchingEngine:
+class BatchingEngine(ABC):
     """The Engine protocol (gym.infer.requests) around a subclass's step. Up to `max_waiting` requests
     wait for a row; one more is refused with EngineBusy."""
 
@@ -91,19 +92,22 @@ class BatchingEngine:
                 finish(request, "cancelled")
             self._reset()
 
+    @abstractmethod
     def _busy(self) -> bool:
-        raise NotImplementedError
+        """Whether any request is being prefilled or decoded."""
 
+    @abstractmethod
     def _take_waiting(self) -> None:
         """Move waiting requests into the engine's own state (called under the lock)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def _step(self) -> None:
-        raise NotImplementedError
+        """One step of work: prefill and/or decode, reporting tokens."""
 
+    @abstractmethod
     def _in_flight(self) -> list[Request]:
-        raise NotImplementedError
+        """The requests the engine holds (not the waiting ones)."""
 
+    @abstractmethod
     def _reset(self) -> None:
         """Drop every request's state after the loop ends."""
-        raise NotImplementedError
