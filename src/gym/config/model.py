@@ -36,9 +36,15 @@ class ModelArguments:
     )
     infer_backend: Literal["auto", "fast", "hf", "vllm", "llamacpp"] = field(
         default="auto",
-        metadata={"help": "Inference engine: fast (Gym's CPU kernels, Llama-family models), hf (transformers, any "
-                  "model), vllm (if installed), llamacpp (a GGUF file through llama-cpp-python, if installed), "
-                  "or auto (fast where it runs, else hf)."},
+        metadata={"help": "Inference engine: fast (Llama-family models: Gym's CPU kernels, or CUDA graphs on "
+                  "a GPU), hf (transformers, any model), vllm (if installed), llamacpp (a GGUF file through "
+                  "llama-cpp-python, if installed), or auto (fast where it runs, else hf)."},
+    )
+    infer_compile: bool = field(
+        default=False,
+        metadata={"help": "Fast engine on a CUDA GPU: torch.compile the decode step before capturing it as CUDA "
+                  "graphs (fewer, fused kernels per step; compiling a 28-layer model takes minutes, so it is "
+                  "opt-in). No effect on the CPU, whose kernels are Gym's own."},
     )
     infer_prefill_chunk: int = field(
         default=256,

@@ -71,6 +71,9 @@ class ChatModel:
         model = load_causal_lm(self.model_path, self.model_args, dtype=self._dtype())
         for adapter in self.adapters:
             model = PeftModel.from_pretrained(model, adapter).merge_and_unload()
+        if torch.cuda.is_available() and self.model_args.infer_dtype not in ("int8", "int4"):
+            # The engines run where the model is; int8/int4 are the CPU engine's formats, so they stay there.
+            model = model.to("cuda")
         return model.eval()
 
     def _gguf_source(self) -> tuple[str, Any]:

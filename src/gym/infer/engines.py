@@ -2,7 +2,8 @@
 Piece/Finished events (gym.infer.requests), so chat, the API, batch inference and Python share one
 interface.
 
-    fast  Gym's CPU engine (gym.infer.fast): own kernels, int8/int4/bf16/fp32 weights, Llama-family models
+    fast  Gym's engine for Llama-family models (gym.infer.fast): on the CPU its own kernels with
+          int8/int4/bf16/fp32 weights; on a CUDA GPU a static cache and CUDA-graph decode steps
     hf    transformers' forward pass with Gym's scheduling (gym.infer.hf_engine): any model, any device
     vllm  vLLM's engine, where it is installed (CUDA)
     llamacpp  a GGUF file through llama-cpp-python, where it is installed (gym.infer.llamacpp_engine)
@@ -17,6 +18,8 @@ from __future__ import annotations
 import importlib.util
 import logging
 from typing import Any
+
+import torch
 
 from gym.config.model import ModelArguments
 from gym.core.errors import ConfigError
@@ -34,6 +37,8 @@ def fast_dtype(model_args: ModelArguments) -> str:
     it to that) or float32 (without them, where int8 would only be slower)."""
     if model_args.infer_dtype != "auto":
         return model_args.infer_dtype
+    if torch.cuda.is_available():
+        return "auto"  # a GPU serves the model in the dtype it was loaded in (bf16 where the GPU has it)
     from gym.infer.fast.kernels import kernel_status
 
     return "int8" if kernel_status() is None else "float32"
@@ -84,6 +89,11 @@ def _fast_engine(model_args: ModelArguments, model: Any, tokenizer: Any, stop_to
     from gym.infer.fast.kernels import kernel_status
 
     dtype = fast_dtype(model_args)
+    if next(model.parameters()).device.type == "cuda":
+        if dtype in QUANTIZED:
+            raise ConfigError(f"infer_dtype: {dtype} is the CPU engine's weight format; on a GPU the fast engine "
+                              "serves bfloat16/float16/float32 (set infer_dtype: auto or one of those).")
+        dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
     missing = kernel_status()
     if missing is not None:
         logger.warning("The fast engine's kernels are not available (%s); it runs their torch reference, slower.",
@@ -92,7 +102,7 @@ def _fast_engine(model_args: ModelArguments, model: Any, tokenizer: Any, stop_to
                 else "")
     return FastEngine(model, tokenizer, stop_token_ids, dtype=dtype, max_batch_size=max_batch_size,
                       max_waiting=max_waiting, prefill_chunk=model_args.infer_prefill_chunk,
-                      prefix_cache_mb=model_args.infer_prefix_cache_mb)
+                      prefix_cache_mb=model_args.infer_prefix_cache_mb, compile=model_args.infer_compile)
 
 
 def require_vllm() -> None:

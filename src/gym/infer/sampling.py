@@ -19,13 +19,13 @@ from gym.infer.requests import Request
 
 def apply_repetition_penalty(scores: torch.Tensor, seen: list[int], penalty: float) -> None:
     """CTRL's penalty, in place on one row: seen tokens' logits are divided (if positive) or multiplied by it."""
-    index = torch.tensor(sorted(set(seen)), dtype=torch.long)
+    index = torch.tensor(sorted(set(seen)), dtype=torch.long, device=scores.device)
     picked = scores[index]
     scores[index] = torch.where(picked > 0, picked / penalty, picked * penalty)
 
 
 def sample_rows(requests: list[Request], logits: torch.Tensor) -> list[int]:
-    """The next token of each request; `logits` is [rows, vocab] float32 (modified in place)."""
+    """The next token of each request; `logits` is [rows, vocab] float32 on any device (modified in place)."""
     for row, request in enumerate(requests):
         if request.params.repetition_penalty != 1.0:
             apply_repetition_penalty(logits[row], request.prompt_ids + request.generated,
@@ -35,7 +35,10 @@ def sample_rows(requests: list[Request], logits: torch.Tensor) -> list[int]:
     if not sampled:
         return tokens
     params = [requests[row].params for row in sampled]
-    probs = torch.softmax(logits[torch.tensor(sampled)] / torch.tensor([p.temperature for p in params])[:, None], -1)
+    # The sampled rows come to the CPU (a GPU engine's logits are on the GPU): the requests' seeded
+    # generators are CPU generators, and a draw must not depend on the device that computed the logits.
+    chosen = logits[torch.tensor(sampled, device=logits.device)].cpu()
+    probs = torch.softmax(chosen / torch.tensor([p.temperature for p in params])[:, None], -1)
     draws = torch.cat([torch.rand(1, generator=requests[row].generator) for row in sampled])
     ks = torch.tensor([p.top_k if p.top_k and p.top_k > 0 else 0 for p in params])
     top_p = torch.tensor([min(p.top_p, 1.0) for p in params])

@@ -23,6 +23,7 @@ import torch
 
 from gym.infer.batching import BatchingEngine
 from gym.infer.emit import finish, report_token
+from gym.infer.fast.gpu import GpuDecoder
 from gym.infer.fast.model import FastDecoder
 from gym.infer.fast.prefix import PrefixCache
 from gym.infer.requests import Request
@@ -39,17 +40,26 @@ class _Row:
 
 
 class FastEngine(BatchingEngine):
-    """The Engine protocol over FastDecoder; `dtype` is the served weight format (float32, bfloat16,
-    float16, int8, int4)."""
+    """The Engine protocol over FastDecoder (CPU) or GpuDecoder (a model on a CUDA GPU); `dtype` is the
+    served weight format on the CPU (float32, bfloat16, float16, int8, int4); a GPU serves the model's own.
+    `compile`: on a GPU, whether to torch.compile the decode step before capturing it (infer_compile)."""
 
     thread_name = "gym-fast-engine"
 
     def __init__(self, model: Any, tokenizer: Any, stop_token_ids: list[int], *, dtype: str = "float32",
                  max_batch_size: int = 16, max_waiting: int = 256, prefill_chunk: int = 256,
-                 prefix_cache_mb: int = 256, max_length: int | None = None) -> None:
+                 prefix_cache_mb: int = 256, max_length: int | None = None, compile: bool = False) -> None:
         super().__init__(tokenizer, stop_token_ids, max_batch_size=max_batch_size, max_waiting=max_waiting)
         started = time.perf_counter()
-        self.decoder = FastDecoder(model, dtype, slots=self.max_batch_size, max_length=max_length)
+        self.decoder: FastDecoder | GpuDecoder
+        if next(model.parameters()).device.type == "cuda":
+            if dtype in ("int8", "int4"):
+                raise ValueError(f"{dtype} weights are the CPU engine's; on a GPU the model serves in its own dtype")
+            self.decoder = GpuDecoder(model, slots=self.max_batch_size, max_length=max_length, compile=compile)
+            self.decoder.warm_up()
+            dtype = self.decoder.dtype
+        else:
+            self.decoder = FastDecoder(model, dtype, slots=self.max_batch_size, max_length=max_length)
         self.prefix = PrefixCache(self.decoder, prefix_cache_mb << 20)
         self.prefill_chunk = max(1, prefill_chunk)
         self.dtype = dtype
@@ -57,6 +67,10 @@ class FastEngine(BatchingEngine):
         self._prefilling: list[_Row] = []
         logger.info("Fast engine ready in %.1fs: weights as %s (%.0f MB read per token)", time.perf_counter() - started,
                     dtype, self.decoder.weight_bytes / 1e6)
+        if isinstance(self.decoder, GpuDecoder) and self.decoder.use_graphs:
+            compiled = "compiled with torch.compile" if self.decoder.compiled else "eager kernels"
+            logger.info("Decode steps replay CUDA graphs (%s), %.1fs of capture so far", compiled,
+                        self.decoder.graph_seconds)
         self._start()
 
     # -- the engine thread ----------------------------------------------------------------------------

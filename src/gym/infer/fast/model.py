@@ -6,8 +6,8 @@ bookkeeping for padding, one (slot, position) per row. Each slot is one request'
 column 0 (no left padding), so a row's position is simply its length.
 
 Supported: model types llama, mistral, qwen2, qwen3 (SmolLM, TinyLlama, Llama 2/3, Mistral, Qwen 2/2.5/3)
-with SiLU MLPs; `unsupported_reason` names what rules a model out, and the engine then uses the
-transformers path.
+with SiLU MLPs, on the CPU (this decoder) or a CUDA GPU (gym.infer.fast.gpu); `unsupported_reason` names
+what rules a model out, and the engine then uses the transformers path.
 """
 
 from __future__ import annotations
@@ -31,8 +31,11 @@ def unsupported_reason(model: Any) -> str | None:
     if model_type not in SUPPORTED_TYPES:
         return f"model type {model_type!r} is not one it implements ({', '.join(SUPPORTED_TYPES)})"
     device = next(model.parameters()).device
-    if device.type != "cpu":
-        return f"it runs on the CPU and the model is on {device}"
+    if device.type not in ("cpu", "cuda"):
+        return f"it runs on the CPU or a CUDA GPU and the model is on {device}"
+    if device.type == "cuda" and (getattr(config, "mlp_bias", False) or (
+            getattr(config, "attention_bias", False) and model_type not in ("qwen2",))):
+        return "its GPU decoder has biases on the q/k/v projections only (as Qwen2's)"
     if getattr(config, "hidden_act", "silu") != "silu":
         return f"hidden_act {config.hidden_act!r} (it implements silu)"
     rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}

@@ -13,13 +13,14 @@ from collections import OrderedDict
 
 import torch
 
+from gym.infer.fast.gpu import GpuDecoder
 from gym.infer.fast.model import FastDecoder
 
 BLOCK = 64
 
 
 class PrefixCache:
-    def __init__(self, decoder: FastDecoder, budget_bytes: int) -> None:
+    def __init__(self, decoder: FastDecoder | GpuDecoder, budget_bytes: int) -> None:
         self.decoder = decoder
         self.budget = budget_bytes
         self.used = 0

@@ -1,0 +1,365 @@
+"""The fast engine's decoder on a GPU: a static KV cache and a decode step replayed as a CUDA graph.
+
+A decode step of a small model on a GPU is launch-bound, not bandwidth-bound: Qwen3-0.6B's step is
+~600 small kernels, each a few microseconds of work behind ~5 µs of Python dispatch and launch. So the
+step is captured once per (batch bucket, cache-length bucket) as a CUDA graph, and each later step is
+one replay: inputs copied into the graph's static tensors, every kernel launched by the driver at once.
+With `compile` (infer_compile: true) the step is first compiled with torch.compile (Triton fuses the
+norms, rotary and SiLU gate: fewer kernels per graph); where that fails, the reason is logged and the
+graph holds the eager kernels. It is opt-in because compiling a 28-layer model's step with dynamic
+shapes took more than five minutes on the H100 machine (docs/benchmarks.md), a start-up no one
+expects from a chat command.
+
+The buckets bound what is captured: batch sizes round up to a power of two (at most the slot count),
+and attention reads the cache up to the next power of two above the longest row (at least 256), so
+a short conversation does not read a long cache's worth of keys. Padding rows write their keys to a
+scratch slot past the real ones, so they never touch a request's cache.
+
+Prefill runs eagerly (its matrix products are large enough to hide the launches), each prompt chunk
+through its own products and causal attention. The interface is FastDecoder's (decode, prefill_many,
+move_slot, read_block, write_block, grow), so FastEngine, chunked prefill and the prefix cache run on
+it unchanged. Weights stay in the model's dtype (bfloat16 on GPUs that have it): the CPU's int8/int4
+formats are not offered here.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+logger = logging.getLogger(__name__)
+
+MIN_LENGTH_BUCKET = 256
+
+
+@dataclass
+class GpuLayer:
+    input_norm: torch.Tensor
+    post_norm: torch.Tensor
+    qkv: torch.Tensor  # q, k and v projections side by side
+    qkv_bias: torch.Tensor | None
+    o: torch.Tensor
+    gate_up: torch.Tensor  # gate and up projections side by side
+    down: torch.Tensor
+    q_norm: torch.Tensor | None
+    k_norm: torch.Tensor | None
+
+
+@dataclass
+class _Graph:
+    graph: Any  # torch.cuda.CUDAGraph
+    tokens: torch.Tensor
+    positions: torch.Tensor
+    slots: torch.Tensor
+    logits: torch.Tensor
+
+
+def _fused(modules: list[Any]) -> torch.Tensor:
+    """The modules' weights side by side; the modules then view into it, so the model is not held twice."""
+    weight = torch.cat([m.weight.detach() for m in modules])
+    start = 0
+    for module in modules:
+        rows = module.weight.shape[0]
+        module.weight.data = weight[start:start + rows]
+        start += rows
+    return weight
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    # transformers' order of operations: normalize in float32, back to the model dtype, then scale.
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(x.dtype)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+def buckets(limit: int) -> list[int]:
+    """Batch sizes a graph is captured for: powers of two below `limit`, then `limit`."""
+    sizes = []
+    size = 1
+    while size < limit:
+        sizes.append(size)
+        size *= 2
+    return sizes + [limit]
+
+
+class GpuDecoder:
+    """Forward passes over a KV cache of `slots` rows on the model's (CUDA) device, in the model's dtype.
+    `graphs`: capture decode steps as CUDA graphs (on CUDA by default; elsewhere the step runs eagerly,
+    which is what the CPU tests check); `compile`: torch.compile the step first."""
+
+    def __init__(self, model: Any, *, slots: int, max_length: int | None = None, graphs: bool | None = None,
+                 compile: bool = False) -> None:
+        config = model.config
+        parameter = next(model.parameters())
+        self.device, self.model_dtype = parameter.device, parameter.dtype
+        cuda = self.device.type == "cuda"
+        self.use_graphs = cuda if graphs is None else graphs and cuda
+        self.heads = config.num_attention_heads
+        self.kv_heads = getattr(config, "num_key_value_heads", None) or self.heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
+        self.eps = config.rms_norm_eps
+        limit = getattr(config, "max_position_embeddings", 4096)
+        if getattr(config, "sliding_window", None):
+            limit = min(limit, config.sliding_window)
+        self.max_length = min(max_length or limit, limit)
+        inner = model.model
+        with torch.no_grad():
+            self.embed = inner.embed_tokens.weight.detach()
+            self.norm = inner.norm.weight.detach()
+            self.layers = [self._layer(layer) for layer in inner.layers]
+            self.head = model.get_output_embeddings().weight.detach()
+            self.cos, self.sin = self._rotary_tables(inner.rotary_emb)
+        self.dtype = str(self.model_dtype).removeprefix("torch.")
+        self.slots = slots
+        self.capacity = 0
+        self.keys: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+        self._graphs: dict[tuple[int, int], _Graph] = {}
+        self._pool: Any = None
+        self.graph_seconds = 0.0  # time spent capturing graphs (and compiling for them)
+        self.compile_reason: str | None = None
+        self._step: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int], torch.Tensor] = self._decode_step
+        if compile:
+            self._step = self._compiled_step()
+        self.grow(min(MIN_LENGTH_BUCKET, self.max_length))
+
+    def _layer(self, layer: Any) -> GpuLayer:
+        attention, mlp = layer.self_attn, layer.mlp
+        projections = (attention.q_proj, attention.k_proj, attention.v_proj)
+        qkv_bias = None if all(m.bias is None for m in projections) else torch.cat([
+            m.bias.detach() if m.bias is not None else torch.zeros_like(m.weight[:, 0]) for m in projections])
+        for module in (attention.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj):
+            if getattr(module, "bias", None) is not None:
+                raise ValueError("the GPU decoder implements bias-free o/MLP projections")
+        q_norm = getattr(attention, "q_norm", None)
+        k_norm = getattr(attention, "k_norm", None)
+        return GpuLayer(
+            input_norm=layer.input_layernorm.weight.detach(), post_norm=layer.post_attention_layernorm.weight.detach(),
+            qkv=_fused([attention.q_proj, attention.k_proj, attention.v_proj]), qkv_bias=qkv_bias,
+            o=attention.o_proj.weight.detach(), gate_up=_fused([mlp.gate_proj, mlp.up_proj]),
+            down=mlp.down_proj.weight.detach(),
+            q_norm=q_norm.weight.detach() if q_norm is not None else None,
+            k_norm=k_norm.weight.detach() if k_norm is not None else None)
+
+    def _rotary_tables(self, rotary: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        positions = torch.arange(self.max_length, device=self.device)[None, :]
+        probe = torch.zeros(1, dtype=torch.float32, device=self.device)
+        cos, sin = rotary(probe, positions)
+        # transformers computes the tables in float32 and casts them to the activations' dtype.
+        return cos[0].to(self.model_dtype).contiguous(), sin[0].to(self.model_dtype).contiguous()
+
+    def _compiled_step(self) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int], torch.Tensor]:
+        try:
+            import torch._dynamo
+
+            torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+            return torch.compile(self._decode_step, dynamic=True, fullgraph=True)
+        except Exception as exc:  # no Triton/compiler here: the graphs still remove the launch overhead
+            self.compile_reason = f"{type(exc).__name__}: {exc}"
+            logger.warning("torch.compile is not available for the decode step (%s); capturing eager kernels.",
+                           self.compile_reason)
+            return self._decode_step
+
+    @property
+    def compiled(self) -> bool:
+        """Whether decode steps run torch.compile's kernels."""
+        return self._step != self._decode_step
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of weights one decode step reads (the embedding row lookup aside)."""
+        tensors = [self.head, self.norm] + [t for layer in self.layers for t in (
+            layer.input_norm, layer.post_norm, layer.qkv, layer.o, layer.gate_up, layer.down)]
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+    # -- the cache ---------------------------------------------------------------------------------------
+    def grow(self, length: int) -> None:
+        """Make room for `length` positions per slot (capacity doubles, up to max_length). The graphs read
+        the cache tensors they were captured with, so growing drops them (they are captured again)."""
+        if length <= self.capacity:
+            return
+        if length > self.max_length:
+            raise ValueError(f"{length} positions exceed the model's {self.max_length}")
+        capacity = min(self.max_length, max(length, 2 * self.capacity))
+        # One slot more than the requests have: the scratch slot that padding rows of a graph write to.
+        shape = (self.slots + 1, self.kv_heads, capacity, self.head_dim)
+        # The old graphs go with their memory pool: a pool whose graphs were freed cannot take a new capture.
+        self._graphs.clear()
+        self._pool = None
+        for index in range(len(self.layers)):
+            keys = torch.zeros(shape, dtype=self.model_dtype, device=self.device)
+            values = torch.zeros(shape, dtype=self.model_dtype, device=self.device)
+            if self.capacity:
+                keys[:, :, :self.capacity] = self.keys[index]
+                values[:, :, :self.capacity] = self.values[index]
+                self.keys[index], self.values[index] = keys, values
+            else:
+                self.keys.append(keys)
+                self.values.append(values)
+        self.capacity = capacity
+
+    def move_slot(self, source: int, target: int, length: int) -> None:
+        for keys, values in zip(self.keys, self.values):
+            keys[target, :, :length] = keys[source, :, :length]
+            values[target, :, :length] = values[source, :, :length]
+
+    def read_block(self, slot: int, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Cached keys and values of positions [start, end) of a slot, every layer: [layers, kv, n, d] each."""
+        return (torch.stack([k[slot, :, start:end] for k in self.keys]),
+                torch.stack([v[slot, :, start:end] for v in self.values]))
+
+    def write_block(self, slot: int, start: int, keys: torch.Tensor, values: torch.Tensor) -> None:
+        end = start + keys.shape[2]
+        self.grow(end)
+        for index in range(len(self.layers)):
+            self.keys[index][slot, :, start:end] = keys[index]
+            self.values[index][slot, :, start:end] = values[index]
+
+    # -- decode ------------------------------------------------------------------------------------------
+    def _decode_step(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
+                     length: int) -> torch.Tensor:
+        """Logits [rows, vocab] float32 of one token per row; row i attends over cache slot i's first
+        `length` positions (masked to its own position) and writes its keys to cache slot `slots[i]`."""
+        rows = tokens.shape[0]
+        heads, kv, dim = self.heads, self.kv_heads, self.head_dim
+        x = F.embedding(tokens, self.embed)
+        cos, sin = self.cos[positions][:, None, :], self.sin[positions][:, None, :]
+        mask = (torch.arange(length, device=tokens.device)[None, :] <= positions[:, None])[:, None, None, :]
+        for index, layer in enumerate(self.layers):
+            qkv = F.linear(_rms_norm(x, layer.input_norm, self.eps), layer.qkv, layer.qkv_bias)
+            q, k, v = qkv.view(rows, heads + 2 * kv, dim).split([heads, kv, kv], dim=1)
+            if layer.q_norm is not None and layer.k_norm is not None:
+                q, k = _rms_norm(q, layer.q_norm, self.eps), _rms_norm(k, layer.k_norm, self.eps)
+            q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+            keys, values = self.keys[index], self.values[index]
+            keys[slots, :, positions] = k
+            values[slots, :, positions] = v
+            # The query heads sharing a key head attend as that head's "queries" (transformers' repeat_kv
+            # maps query head h to key head h // group): no copy of the cache per group, and any SDPA
+            # kernel that takes a mask serves it.
+            attended = F.scaled_dot_product_attention(q.reshape(rows, kv, heads // kv, dim), keys[:rows, :, :length],
+                                                      values[:rows, :, :length], attn_mask=mask)
+            x = x + F.linear(attended.reshape(rows, heads * dim), layer.o)
+            gate, up = F.linear(_rms_norm(x, layer.post_norm, self.eps), layer.gate_up).chunk(2, dim=-1)
+            x = x + F.linear(F.silu(gate) * up, layer.down)
+        return F.linear(_rms_norm(x, self.norm, self.eps), self.head).float()
+
+    def _length_bucket(self, needed: int) -> int:
+        bucket = MIN_LENGTH_BUCKET
+        while bucket < needed:
+            bucket *= 2
+        return min(bucket, self.capacity)
+
+    def decode(self, tokens: list[int], lengths: list[int]) -> torch.Tensor:
+        """One token for each of the first len(tokens) slots, slot i holding lengths[i] positions already.
+        Returns the logits [rows, vocab] float32 on the device; each slot's cache grows by one position."""
+        rows = len(tokens)
+        self.grow(max(lengths) + 1)
+        length = self._length_bucket(max(lengths) + 1)
+        if not self.use_graphs:
+            return self._step(torch.tensor(tokens, device=self.device), torch.tensor(lengths, device=self.device),
+                              torch.arange(rows, device=self.device), length)
+        size = next(b for b in buckets(self.slots) if b >= rows)
+        graph = self._graphs.get((size, length))
+        if graph is None:
+            graph = self._capture(size, length)
+        pad = size - rows
+        graph.tokens.copy_(torch.tensor(tokens + [0] * pad), non_blocking=True)
+        graph.positions.copy_(torch.tensor(lengths + [0] * pad), non_blocking=True)
+        graph.slots.copy_(torch.tensor(list(range(rows)) + [self.slots] * pad), non_blocking=True)
+        graph.graph.replay()
+        return graph.logits[:rows].clone()  # the graph's output buffer is overwritten by the next replay
+
+    def _capture(self, size: int, length: int) -> _Graph:
+        started = time.perf_counter()
+        tokens = torch.zeros(size, dtype=torch.long, device=self.device)
+        positions = torch.zeros(size, dtype=torch.long, device=self.device)
+        scratch = torch.full((size,), self.slots, dtype=torch.long, device=self.device)  # warm-up writes nowhere
+        side = torch.cuda.Stream(device=self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):  # compile, autotune and allocate outside the capture
+            try:
+                for _ in range(2):
+                    self._step(tokens, positions, scratch, length)
+            except Exception as exc:  # torch.compile fails on first use (no Triton, a compiler error)
+                if not self.compiled:
+                    raise
+                self.compile_reason = f"{type(exc).__name__}: {exc}".splitlines()[0]
+                logger.warning("torch.compile failed on the decode step (%s); capturing eager kernels.",
+                               self.compile_reason)
+                self._step = self._decode_step
+                for _ in range(2):
+                    self._step(tokens, positions, scratch, length)
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            logits = self._step(tokens, positions, scratch, length)
+        captured = _Graph(graph, tokens, positions, scratch, logits)
+        self._graphs[(size, length)] = captured
+        seconds = time.perf_counter() - started
+        self.graph_seconds += seconds
+        logger.info("Captured the decode step for %d rows over %d positions in %.1fs", size, length, seconds)
+        return captured
+
+    def warm_up(self, lengths: tuple[int, ...] = (MIN_LENGTH_BUCKET,)) -> None:
+        """Capture every batch bucket's graph for these cache lengths now, not on the first requests."""
+        if not self.use_graphs:
+            return
+        for length in lengths:
+            self.grow(length)
+            for size in buckets(self.slots):
+                if (size, min(length, self.capacity)) not in self._graphs:
+                    self._capture(size, min(length, self.capacity))
+
+    # -- prefill -----------------------------------------------------------------------------------------
+    def prefill(self, slot: int, tokens: list[int], start: int, *, every_position: bool = False) -> torch.Tensor:
+        return self.prefill_many([(slot, tokens, start)], every_position=every_position)[0]
+
+    def prefill_many(self, segments: list[tuple[int, list[int], int]], *,
+                     every_position: bool = False) -> list[torch.Tensor]:
+        """Several prompts' next positions, (slot, tokens, start) each, each through its own products and
+        attention (as FastDecoder.prefill_many: a request's numbers do not depend on its neighbours)."""
+        self.grow(max(start + len(tokens) for _, tokens, start in segments))
+        return [self._prefill_one(slot, tokens, start, every_position) for slot, tokens, start in segments]
+
+    def _prefill_one(self, slot: int, tokens: list[int], start: int, every_position: bool) -> torch.Tensor:
+        heads, kv, dim = self.heads, self.kv_heads, self.head_dim
+        count, end = len(tokens), start + len(tokens)
+        x = F.embedding(torch.tensor(tokens, device=self.device), self.embed)
+        cos, sin = self.cos[start:end][:, None, :], self.sin[start:end][:, None, :]
+        # Query i sees keys [0, start + i]; with no earlier positions that is the plain causal mask.
+        mask = None if start == 0 else (torch.arange(end, device=self.device)[None, :]
+                                        <= torch.arange(start, end, device=self.device)[:, None])
+        for index, layer in enumerate(self.layers):
+            qkv = F.linear(_rms_norm(x, layer.input_norm, self.eps), layer.qkv, layer.qkv_bias)
+            q, k, v = qkv.view(count, heads + 2 * kv, dim).split([heads, kv, kv], dim=1)
+            if layer.q_norm is not None and layer.k_norm is not None:
+                q, k = _rms_norm(q, layer.q_norm, self.eps), _rms_norm(k, layer.k_norm, self.eps)
+            q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+            keys, values = self.keys[index], self.values[index]
+            keys[slot, :, start:end] = k.transpose(0, 1)
+            values[slot, :, start:end] = v.transpose(0, 1)
+            attended = F.scaled_dot_product_attention(
+                q.transpose(0, 1)[None], keys[slot:slot + 1, :, :end], values[slot:slot + 1, :, :end],
+                attn_mask=mask, is_causal=mask is None, enable_gqa=True)
+            x = x + F.linear(attended[0].transpose(0, 1).reshape(count, heads * dim), layer.o)
+            gate, up = F.linear(_rms_norm(x, layer.post_norm, self.eps), layer.gate_up).chunk(2, dim=-1)
+            x = x + F.linear(F.silu(gate) * up, layer.down)
+        if not every_position:
+            x = x[-1:]
+        logits = F.linear(_rms_norm(x, self.norm, self.eps), self.head).float()
+        return logits if every_position else logits[0]
