@@ -13,12 +13,15 @@ from typing import TYPE_CHECKING, Any
 from gym.core.version import __version__
 
 if TYPE_CHECKING:
+    from gym.delta.bitdelta import BitDeltaConfig
     from gym.infer.chat import ChatModel
+    from gym.personalization.trainer import PersonalizedTrainer
     from gym.python_api import Trainer, TrainingConfig
 
-_LAZY = {"Trainer": "gym.python_api", "TrainingConfig": "gym.python_api", "ChatModel": "gym.infer.chat"}
+_LAZY = {"Trainer": "gym.python_api", "TrainingConfig": "gym.python_api", "ChatModel": "gym.infer.chat",
+         "PersonalizedTrainer": "gym.personalization.trainer", "BitDeltaConfig": "gym.delta.bitdelta"}
 
-__all__ = ["ChatModel", "Trainer", "TrainingConfig", "__version__"]
+__all__ = ["BitDeltaConfig", "ChatModel", "PersonalizedTrainer", "Trainer", "TrainingConfig", "__version__"]
 
 
 def __getattr__(name: str) -> Any:

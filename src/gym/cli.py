@@ -35,6 +35,7 @@ commands:
                                                    answer every row of a dataset (resumable)
   delta compress|apply|inspect|eval [options]      a fine-tune as a compressed delta (`gym delta -h`)
   soup init|contribute|status|aggregate|rewards    community merge of many users' deltas (`gym soup -h`)
+  variants create|list|delete|chat|export STORE    per-user fine-tunes stored as 1-bit deltas (`gym variants -h`)
   env                                              versions of Python, torch and the HF stack, and the device
   version                                          Gym's version
 
@@ -192,6 +193,12 @@ def cmd_delta(argv: list[str]) -> int:
     return delta_main(argv)
 
 
+def cmd_variants(argv: list[str]) -> int:
+    from gym.personalization.cli import main as variants_main
+
+    return variants_main(argv)
+
+
 def cmd_soup(argv: list[str]) -> int:
     from gym.soup.cli import main as soup_main
 
@@ -236,6 +243,7 @@ COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "infer": cmd_infer,
     "delta": cmd_delta,
     "soup": cmd_soup,
+    "variants": cmd_variants,
     "env": cmd_env,
     "version": cmd_version,
 }

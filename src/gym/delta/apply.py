@@ -45,7 +45,7 @@ def apply_delta(base: Any, entries: dict[str, Encoded | torch.Tensor], header: d
             delta = reconstruct(entry) if isinstance(entry, Encoded) else entry
             # Dense deltas are added at their stored precision (float64 where needed) so that they are exact.
             precision = torch.promote_types(param.dtype, delta.dtype)
-            param.copy_((param.to(precision) + delta.to(precision)).to(param.dtype))
+            param.copy_((param.to(precision) + delta.to(device=param.device, dtype=precision)).to(param.dtype))
     return base
 
 

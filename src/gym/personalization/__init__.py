@@ -1,0 +1,7 @@
+"""Personalized variants: per-user fine-tunes of one base, stored as 1-bit deltas (gym.delta)."""
+
+from gym.delta.bitdelta import BitDeltaConfig
+from gym.personalization.store import VariantError, VariantRecord, VariantStore
+from gym.personalization.trainer import PersonalizedTrainer
+
+__all__ = ["BitDeltaConfig", "PersonalizedTrainer", "VariantError", "VariantRecord", "VariantStore"]

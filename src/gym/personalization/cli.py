@@ -1,0 +1,131 @@
+"""`gym variants`: per-user variants of one base in a store folder (gym.personalization)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gym.core.errors import ConfigError, DataError
+from gym.personalization.store import VariantStore
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gym variants", description="Per-user fine-tunes of one base model, "
+                                     "each stored as a 1-bit delta.")
+    sub = parser.add_subparsers(dest="verb", required=True)
+    c = sub.add_parser("create", help="fine-tune a user's variant on their rows and store it")
+    c.add_argument("store")
+    c.add_argument("--user", required=True)
+    c.add_argument("--data", help="SFT rows: a .json (list) or .jsonl file, or a dataset name")
+    c.add_argument("--preferences", help="chosen/rejected pairs: a .json or .jsonl file (trained with dpo)")
+    c.add_argument("--base", help="base model (default: the store's, else smollm2-135m)")
+    c.add_argument("--distill-steps", type=int, default=50, help="BitDelta scale distillation on the user's rows")
+    c.add_argument("--replace", action="store_true", help="replace the user's existing variant")
+    c.add_argument("keys", nargs="*", help="training keys as key=value (max_steps=30 finetuning_type=full ...)")
+    sub.add_parser("list", help="the store's variants").add_argument("store")
+    d = sub.add_parser("delete", help="remove a user's variant")
+    d.add_argument("store")
+    d.add_argument("--user", required=True)
+    h = sub.add_parser("chat", help="talk to a user's variant (one --prompt, or interactively)")
+    h.add_argument("store")
+    h.add_argument("--user", required=True)
+    h.add_argument("--prompt")
+    h.add_argument("--max-new-tokens", type=int, default=256)
+    e = sub.add_parser("export", help="the user's variant as a full model folder (`gym delta apply`)")
+    e.add_argument("store")
+    e.add_argument("--user", required=True)
+    e.add_argument("-o", "--output", required=True)
+    e.add_argument("--overwrite", action="store_true")
+    return parser
+
+
+def _rows(reference: str | None) -> Any:
+    """A .json/.jsonl file's rows (so held-out rows can be kept apart); anything else is a dataset name."""
+    if reference is None:
+        return None
+    path = Path(reference)
+    if path.suffix not in (".json", ".jsonl"):
+        return reference
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise DataError(f"{path}: cannot read it ({exc.strerror}).") from None
+    try:
+        rows = [json.loads(line) for line in text.splitlines() if line.strip()] if path.suffix == ".jsonl" else \
+            json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise DataError(f"{path}: not valid JSON at line {exc.lineno}: {exc.msg}.") from None
+    if not isinstance(rows, list):
+        raise DataError(f"{path}: expected a list of rows, got a {type(rows).__name__}.")
+    return rows
+
+
+def _keys(pairs: list[str]) -> dict[str, Any]:
+    keys = {}
+    for pair in pairs:
+        if "=" not in pair:
+            raise ConfigError(f"{pair!r}: training keys are given as key=value (e.g. max_steps=30).")
+        key, value = pair.split("=", 1)
+        keys[key.strip()] = yaml.safe_load(value)
+    return keys
+
+
+def _base(store: VariantStore, given: str | None) -> str:
+    mine = store.base()
+    return given or (mine or {}).get("name") or "smollm2-135m"
+
+
+def main(argv: list[str]) -> int:
+    args = _parser().parse_args(argv)
+    store = VariantStore(args.store)
+    if args.verb == "list":
+        for record in store.list():
+            kept = "" if record.gain_kept is None else f", gain kept {record.gain_kept:.0%}"
+            print(f"{record.user}\t{record.bytes / 1e6:.1f} MB\t{record.created}{kept}")
+        return 0
+    if args.verb == "delete":
+        store.delete(args.user)
+        print(f"Deleted {args.user}'s variant from {store.root}.")
+        return 0
+    from gym.personalization.trainer import PersonalizedTrainer
+
+    if args.verb == "create":
+        from gym.delta.bitdelta import BitDeltaConfig
+
+        config = BitDeltaConfig(distill_steps=args.distill_steps,
+                                calibration="user-rows" if args.distill_steps else None)
+        trainer = PersonalizedTrainer(_base(store, args.base), config, store=store.root)
+        record = trainer.create_variant(args.user, data=_rows(args.data), preferences=_rows(args.preferences),
+                                        replace_existing=args.replace, **_keys(args.keys))
+        kept = "" if record.gain_kept is None else f"; gain kept on held-out rows: {record.gain_kept:.0%}"
+        print(f"Variant {record.user}: {record.bytes / 1e6:.1f} MB in {record.seconds:.0f} s{kept}.")
+        return 0
+    if args.verb == "export":
+        from gym.delta.apply import write_applied
+
+        store.get(args.user)
+        out = write_applied(_base(store, None), store.delta_path(args.user), args.output, overwrite=args.overwrite)
+        print(f"Wrote {out}.")
+        return 0
+    trainer = PersonalizedTrainer(_base(store, None), store=store.root)
+    if args.prompt is not None:
+        print(trainer.serve_variant(args.user, args.prompt, max_new_tokens=args.max_new_tokens))
+        return 0
+    chat = trainer.serve_variant(args.user)
+    try:
+        history: list[dict[str, str]] = []
+        while True:
+            try:
+                line = input("> ")
+            except EOFError:
+                return 0
+            history.append({"role": "user", "content": line})
+            answer = chat.chat(history, max_new_tokens=args.max_new_tokens)
+            print(answer)
+            history.append({"role": "assistant", "content": answer})
+    finally:
+        chat.close()

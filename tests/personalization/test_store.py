@@ -1,0 +1,136 @@
+"""The variant store: user ids are names, a variant appears whole or not at all, a concurrent create of
+the same user is refused, and a delta from another base is refused by fingerprint."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+import torch
+
+from gym.core.errors import ConfigError, GymError
+from gym.delta.format import save_delta
+from gym.personalization.store import (
+    DELTA_FILE,
+    MANIFEST,
+    VariantError,
+    VariantRecord,
+    VariantStore,
+    check_user_id,
+    now,
+    write_manifest,
+)
+
+BASE = {"fingerprint": "a" * 64, "name": "tiny-base"}
+
+
+def _variant(store: VariantStore, user: str, base: dict[str, str] = BASE, **options) -> VariantRecord:
+    record = VariantRecord(user=user, base=base, method="dense", bytes=0, created=now(), seconds=0.0)
+    with store.creating(user, **options) as folder:
+        save_delta(folder / DELTA_FILE, {"w": torch.ones(2, 2)},
+                   {"method": "dense", "base": base, "entries": {"w": {"encoding": "dense", "shape": [2, 2]}}})
+        record.bytes = (folder / DELTA_FILE).stat().st_size
+        write_manifest(folder, record)
+    return record
+
+
+@pytest.mark.parametrize("user", ["", "../evil", "a/b", "a\\b", "..", ".hidden", "x" * 129, "a..b", "tab\tuser",
+                                  "new\nline", "/abs"])
+def test_hostile_user_ids_are_refused_by_name(user):
+    with pytest.raises(ConfigError, match="user id"):
+        check_user_id(user)
+
+
+@pytest.mark.parametrize("user", ["alice", "user_42", "bob.smith@example.com", "A-1+b", "x" * 128])
+def test_plain_user_ids_are_accepted(user):
+    assert check_user_id(user) == user
+
+
+def test_a_created_variant_is_listed_read_and_deleted(tmp_path):
+    store = VariantStore(tmp_path / "store")
+    record = _variant(store, "alice")
+    assert store.users() == ["alice"]
+    assert store.get("alice") == record
+    assert store.base() == BASE
+    assert not [p for p in store.root.iterdir() if p.name.startswith(".tmp-")]  # no temporary left behind
+    store.delete("alice")
+    assert store.users() == []
+    with pytest.raises(VariantError, match="No variant for user 'alice'"):
+        store.get("alice")
+
+
+def test_an_existing_variant_is_kept_unless_replaced(tmp_path):
+    store = VariantStore(tmp_path)
+    _variant(store, "alice")
+    with pytest.raises(VariantError, match="already has a variant"):
+        _variant(store, "alice")
+    _variant(store, "alice", replace=True)
+    assert store.users() == ["alice"]
+
+
+def test_a_failed_create_leaves_nothing_and_releases_the_user(tmp_path):
+    store = VariantStore(tmp_path)
+    with pytest.raises(RuntimeError), store.creating("alice") as folder:
+        (folder / DELTA_FILE).write_bytes(b"half a file")
+        raise RuntimeError("training crashed")
+    assert store.users() == [] and not (tmp_path / "alice").exists()
+    _variant(store, "alice")  # the lock went with the failure
+    assert store.users() == ["alice"]
+
+
+def test_a_truncated_delta_file_is_refused_at_commit(tmp_path):
+    store = VariantStore(tmp_path)
+    with pytest.raises(GymError), store.creating("alice") as folder:
+        save_delta(folder / DELTA_FILE, {"w": torch.ones(64, 64)},
+                   {"method": "dense", "base": BASE, "entries": {"w": {"encoding": "dense", "shape": [64, 64]}}})
+        data = (folder / DELTA_FILE).read_bytes()
+        (folder / DELTA_FILE).write_bytes(data[: len(data) // 2])
+        (folder / MANIFEST).write_text("{}")
+    assert store.users() == []
+
+
+def test_a_concurrent_create_of_the_same_user_is_refused(tmp_path):
+    store = VariantStore(tmp_path)
+    inside, release = threading.Event(), threading.Event()
+    errors: list[Exception] = []
+
+    def first() -> None:
+        with store.creating("alice") as folder:
+            inside.set()
+            release.wait(10)
+            save_delta(folder / DELTA_FILE, {"w": torch.ones(2, 2)},
+                       {"method": "dense", "base": BASE, "entries": {"w": {"encoding": "dense", "shape": [2, 2]}}})
+            write_manifest(folder, VariantRecord("alice", BASE, "dense", 1, now(), 0.0))
+
+    thread = threading.Thread(target=first)
+    thread.start()
+    assert inside.wait(10)
+    try:
+        _variant(store, "alice")
+    except VariantError as exc:
+        errors.append(exc)
+    finally:
+        release.set()
+        thread.join(10)
+    assert errors and "being created" in str(errors[0])
+    assert store.users() == ["alice"]  # the first create finished, whole
+    _variant(store, "bob")  # another user was never blocked
+
+
+def test_a_variant_of_another_base_is_refused(tmp_path):
+    store = VariantStore(tmp_path)
+    _variant(store, "alice")
+    other = {"fingerprint": "b" * 64, "name": "other-base"}
+    with pytest.raises(VariantError, match="other-base.*tiny-base"):
+        _variant(store, "bob", base=other)
+    assert store.users() == ["alice"]
+
+
+def test_an_unreadable_manifest_is_named(tmp_path):
+    store = VariantStore(tmp_path)
+    _variant(store, "alice")
+    (tmp_path / "alice" / MANIFEST).write_text("{not json")
+    with pytest.raises(VariantError, match=r"alice.manifest\.json"):
+        store.get("alice")
+    json.loads((tmp_path / "store.json").read_text())  # the store's own description is intact

@@ -1,0 +1,63 @@
+"""PersonalizedTrainer end to end on the embedded model: a user's rows -> a stored 1-bit variant that
+answers as the model `gym delta apply` rebuilds from it; the CLI over the same store."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gym.cli import main as cli_main
+from gym.delta.bitdelta import BitDeltaConfig
+from gym.personalization import PersonalizedTrainer
+
+ROWS = [{"instruction": f"What is the secret word number {i}?", "output": f"The secret word is banana-{i % 3}."}
+        for i in range(12)]
+
+
+@pytest.mark.slow
+def test_a_variant_is_trained_stored_served_and_managed(tmp_path, embedded_dir, capsys):
+    store = tmp_path / "variants"
+    trainer = PersonalizedTrainer("smollm2-135m", BitDeltaConfig(distill_steps=2, calibration="user-rows"),
+                                  store=store)
+    record = trainer.create_variant("alice", data=ROWS, max_steps=4)
+    parameters = record.base["parameters"]
+    assert 0 < record.bytes < parameters * 4 / 16  # 1 bit a weight plus scales: far under float32's 32
+    assert record.gain_kept is not None and record.losses["finetuned"] < record.losses["base"]
+    assert [r.user for r in trainer.list_variants()] == ["alice"]
+
+    # The oracle: the served variant equals the full model `gym delta apply` writes.
+    exported = tmp_path / "alice-model"
+    assert cli_main(["variants", "export", str(store), "--user", "alice", "-o", str(exported)]) == 0
+    from transformers import AutoModelForCausalLM
+
+    full = AutoModelForCausalLM.from_pretrained(exported, dtype=torch.float32).eval()
+    chat = trainer.serve_variant("alice")
+    try:
+        ids = torch.tensor([chat.render([{"role": "user", "content": "What is the secret word number 5?"}])])
+        with torch.no_grad():
+            assert torch.allclose(chat.model(ids).logits, full(ids).logits, atol=1e-4)
+            expected = full.generate(ids, max_new_tokens=10, do_sample=False)[0, ids.shape[1]:]
+        answer = chat.chat([{"role": "user", "content": "What is the secret word number 5?"}], max_new_tokens=10,
+                           do_sample=False)
+    finally:
+        chat.close()
+    assert answer == chat.tokenizer.decode(expected, skip_special_tokens=True).strip() or answer in \
+        chat.tokenizer.decode(expected, skip_special_tokens=True)
+
+    capsys.readouterr()
+    assert cli_main(["variants", "list", str(store)]) == 0
+    assert capsys.readouterr().out.startswith("alice\t")
+    assert cli_main(["variants", "delete", str(store), "--user", "../alice"]) == 2  # a path, not a user id
+    assert "user id" in capsys.readouterr().err
+    assert cli_main(["variants", "delete", str(store), "--user", "alice"]) == 0
+    assert trainer.list_variants() == []
+
+
+def test_create_needs_exactly_one_kind_of_data(tmp_path):
+    from gym.core.errors import ConfigError
+
+    trainer = PersonalizedTrainer("smollm2-135m", store=tmp_path)
+    with pytest.raises(ConfigError, match="exactly one"):
+        trainer.create_variant("alice")
+    with pytest.raises(ConfigError, match="user id"):
+        trainer.create_variant("../x", data=ROWS)
