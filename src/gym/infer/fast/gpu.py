@@ -33,6 +33,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from gym.infer.fast.cache import SlotCache
+
 logger = logging.getLogger(__name__)
 
 MIN_LENGTH_BUCKET = 256
@@ -94,7 +96,7 @@ def buckets(limit: int) -> list[int]:
     return sizes + [limit]
 
 
-class GpuDecoder:
+class GpuDecoder(SlotCache):
     """Forward passes over a KV cache of `slots` rows on the model's (CUDA) device, in the model's dtype.
     `graphs`: capture decode steps as CUDA graphs (on CUDA by default; elsewhere the step runs eagerly,
     which is what the CPU tests check); `compile`: torch.compile the step first."""
@@ -210,22 +212,21 @@ class GpuDecoder:
                 self.values.append(values)
         self.capacity = capacity
 
-    def move_slot(self, source: int, target: int, length: int) -> None:
-        for keys, values in zip(self.keys, self.values):
-            keys[target, :, :length] = keys[source, :, :length]
-            values[target, :, :length] = values[source, :, :length]
+    # -- the layer's pieces shared by decode and prefill ------------------------------------------------
+    def _qkv(self, x: torch.Tensor, layer: GpuLayer, cos: torch.Tensor,
+             sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q [tokens, heads, dim], k and v [tokens, kv_heads, dim] of x, normed (where the model norms
+        them) and rotated."""
+        heads, kv, dim = self.heads, self.kv_heads, self.head_dim
+        qkv = F.linear(_rms_norm(x, layer.input_norm, self.eps), layer.qkv, layer.qkv_bias)
+        q, k, v = qkv.view(x.shape[0], heads + 2 * kv, dim).split([heads, kv, kv], dim=1)
+        if layer.q_norm is not None and layer.k_norm is not None:
+            q, k = _rms_norm(q, layer.q_norm, self.eps), _rms_norm(k, layer.k_norm, self.eps)
+        return _rotate(q, cos, sin), _rotate(k, cos, sin), v
 
-    def read_block(self, slot: int, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Cached keys and values of positions [start, end) of a slot, every layer: [layers, kv, n, d] each."""
-        return (torch.stack([k[slot, :, start:end] for k in self.keys]),
-                torch.stack([v[slot, :, start:end] for v in self.values]))
-
-    def write_block(self, slot: int, start: int, keys: torch.Tensor, values: torch.Tensor) -> None:
-        end = start + keys.shape[2]
-        self.grow(end)
-        for index in range(len(self.layers)):
-            self.keys[index][slot, :, start:end] = keys[index]
-            self.values[index][slot, :, start:end] = values[index]
+    def _mlp(self, x: torch.Tensor, layer: GpuLayer) -> torch.Tensor:
+        gate, up = F.linear(_rms_norm(x, layer.post_norm, self.eps), layer.gate_up).chunk(2, dim=-1)
+        return F.linear(F.silu(gate) * up, layer.down)
 
     # -- decode ------------------------------------------------------------------------------------------
     def _decode_step(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
@@ -238,11 +239,7 @@ class GpuDecoder:
         cos, sin = self.cos[positions][:, None, :], self.sin[positions][:, None, :]
         mask = (torch.arange(length, device=tokens.device)[None, :] <= positions[:, None])[:, None, None, :]
         for index, layer in enumerate(self.layers):
-            qkv = F.linear(_rms_norm(x, layer.input_norm, self.eps), layer.qkv, layer.qkv_bias)
-            q, k, v = qkv.view(rows, heads + 2 * kv, dim).split([heads, kv, kv], dim=1)
-            if layer.q_norm is not None and layer.k_norm is not None:
-                q, k = _rms_norm(q, layer.q_norm, self.eps), _rms_norm(k, layer.k_norm, self.eps)
-            q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+            q, k, v = self._qkv(x, layer, cos, sin)
             keys, values = self.keys[index], self.values[index]
             keys[slots, :, positions] = k
             values[slots, :, positions] = v
@@ -252,8 +249,7 @@ class GpuDecoder:
             attended = F.scaled_dot_product_attention(q.reshape(rows, kv, heads // kv, dim), keys[:rows, :, :length],
                                                       values[:rows, :, :length], attn_mask=mask)
             x = x + F.linear(attended.reshape(rows, heads * dim), layer.o)
-            gate, up = F.linear(_rms_norm(x, layer.post_norm, self.eps), layer.gate_up).chunk(2, dim=-1)
-            x = x + F.linear(F.silu(gate) * up, layer.down)
+            x = x + self._mlp(x, layer)
         return F.linear(_rms_norm(x, self.norm, self.eps), self.head).float()
 
     def _length_bucket(self, needed: int) -> int:
@@ -337,7 +333,7 @@ class GpuDecoder:
         return [self._prefill_one(slot, tokens, start, every_position) for slot, tokens, start in segments]
 
     def _prefill_one(self, slot: int, tokens: list[int], start: int, every_position: bool) -> torch.Tensor:
-        heads, kv, dim = self.heads, self.kv_heads, self.head_dim
+        heads, dim = self.heads, self.head_dim
         count, end = len(tokens), start + len(tokens)
         x = F.embedding(torch.tensor(tokens, device=self.device), self.embed)
         cos, sin = self.cos[start:end][:, None, :], self.sin[start:end][:, None, :]
@@ -345,11 +341,7 @@ class GpuDecoder:
         mask = None if start == 0 else (torch.arange(end, device=self.device)[None, :]
                                         <= torch.arange(start, end, device=self.device)[:, None])
         for index, layer in enumerate(self.layers):
-            qkv = F.linear(_rms_norm(x, layer.input_norm, self.eps), layer.qkv, layer.qkv_bias)
-            q, k, v = qkv.view(count, heads + 2 * kv, dim).split([heads, kv, kv], dim=1)
-            if layer.q_norm is not None and layer.k_norm is not None:
-                q, k = _rms_norm(q, layer.q_norm, self.eps), _rms_norm(k, layer.k_norm, self.eps)
-            q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+            q, k, v = self._qkv(x, layer, cos, sin)
             keys, values = self.keys[index], self.values[index]
             keys[slot, :, start:end] = k.transpose(0, 1)
             values[slot, :, start:end] = v.transpose(0, 1)
@@ -357,8 +349,7 @@ class GpuDecoder:
                 q.transpose(0, 1)[None], keys[slot:slot + 1, :, :end], values[slot:slot + 1, :, :end],
                 attn_mask=mask, is_causal=mask is None, enable_gqa=True)
             x = x + F.linear(attended[0].transpose(0, 1).reshape(count, heads * dim), layer.o)
-            gate, up = F.linear(_rms_norm(x, layer.post_norm, self.eps), layer.gate_up).chunk(2, dim=-1)
-            x = x + F.linear(F.silu(gate) * up, layer.down)
+            x = x + self._mlp(x, layer)
         if not every_position:
             x = x[-1:]
         logits = F.linear(_rms_norm(x, self.norm, self.eps), self.head).float()

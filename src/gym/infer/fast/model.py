@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from gym.infer.fast import kernels
+from gym.infer.fast.cache import SlotCache
 from gym.infer.fast.linear import FastLinear
 
 SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "qwen3")
@@ -69,7 +70,7 @@ class Layer:
     k_norm: torch.Tensor | None
 
 
-class FastDecoder:
+class FastDecoder(SlotCache):
     """Forward passes over a KV cache of `slots` rows; weights as `dtype` (gym.infer.fast.linear)."""
 
     def __init__(self, model: Any, dtype: str, *, slots: int, max_length: int | None = None) -> None:
@@ -155,23 +156,6 @@ class FastDecoder:
                 self.keys.append(keys)
                 self.values.append(values)
         self.capacity = capacity
-
-    def move_slot(self, source: int, target: int, length: int) -> None:
-        for keys, values in zip(self.keys, self.values):
-            keys[target, :, :length] = keys[source, :, :length]
-            values[target, :, :length] = values[source, :, :length]
-
-    def read_block(self, slot: int, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Cached keys and values of positions [start, end) of a slot, every layer: [layers, kv, n, d] each."""
-        return (torch.stack([k[slot, :, start:end] for k in self.keys]),
-                torch.stack([v[slot, :, start:end] for v in self.values]))
-
-    def write_block(self, slot: int, start: int, keys: torch.Tensor, values: torch.Tensor) -> None:
-        end = start + keys.shape[2]
-        self.grow(end)
-        for index in range(len(self.layers)):
-            self.keys[index][slot, :, start:end] = keys[index]
-            self.values[index][slot, :, start:end] = values[index]
 
     # -- forward passes ----------------------------------------------------------------------------------
     def _qk_rope(self, qkv: torch.Tensor, layer: Layer, cos: torch.Tensor, sin: torch.Tensor) -> None:
