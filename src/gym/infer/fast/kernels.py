@@ -226,3 +226,30 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
         return out
     gate, up = gate_up.chunk(2, dim=-1)
     return torch.nn.functional.silu(gate) * up
+
+
+def unpack_signs(bits: torch.Tensor, out_features: int, in_features: int) -> torch.Tensor:
+    """Packed sign bits (row-major [out, in], lowest bit first, 1 = +1) -> float32 ±1 [out, in]."""
+    shifts = torch.arange(8, dtype=torch.uint8, device=bits.device)
+    flat = (bits.reshape(-1, 1) >> shifts) & 1
+    return flat.reshape(-1)[:out_features * in_features].view(out_features, in_features).float() * 2 - 1
+
+
+def expand_groups(scales: torch.Tensor, group_size: int, in_features: int) -> torch.Tensor:
+    """A [out, groups] scale grid spread over [out, in] (the last group may be shorter)."""
+    return scales.repeat_interleave(group_size, dim=1)[:, :in_features]
+
+
+def sign_matmul_add_(y: torch.Tensor, x: torch.Tensor, rows: torch.Tensor, bits: list[torch.Tensor],
+                     scales: list[torch.Tensor], group_sizes: list[int]) -> None:
+    """y[rows[e]] += (scales[e] spread over groups * signs[e]) applied to x[rows[e]], for each entry e: a 1-bit
+    delta's correction on the rows that use it. bits[e] packs [out, in] signs; scales[e] is float32 [out,
+    groups] with groups of group_sizes[e] inputs. Entries sharing one sign matrix should come together."""
+    if _state.get("ok") and x.shape[1] % 8 == 0 and all(g % 8 == 0 or g >= x.shape[1] for g in group_sizes):
+        torch.ops.gym_kernels.sign_matmul_add_(y, x, rows, bits, scales, group_sizes)
+        return
+    out_features, in_features = y.shape[1], x.shape[1]
+    for e, row in enumerate(rows.tolist()):
+        matrix = unpack_signs(bits[e], out_features, in_features) * expand_groups(scales[e], group_sizes[e],
+                                                                                 in_features)
+        y[row] += x[row] @ matrix.T

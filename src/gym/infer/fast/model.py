@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 from gym.infer.fast import kernels
 from gym.infer.fast.cache import SlotCache
+from gym.infer.fast.deltas import CompiledVariant, RowDeltas
 from gym.infer.fast.linear import FastLinear
 
 SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "qwen3")
@@ -158,47 +159,69 @@ class FastDecoder(SlotCache):
         self.capacity = capacity
 
     # -- forward passes ----------------------------------------------------------------------------------
-    def _qk_rope(self, qkv: torch.Tensor, layer: Layer, cos: torch.Tensor, sin: torch.Tensor) -> None:
+    def _qk_rope(self, qkv: torch.Tensor, layer: Layer, cos: torch.Tensor, sin: torch.Tensor, index: int,
+                 deltas: RowDeltas) -> None:
         """Norm (where the model norms q and k) and rotate q and k in place in qkv [tokens, heads, dim]."""
         heads, kv, dim = self.heads, self.kv_heads, self.head_dim
         if layer.q_norm is not None and layer.k_norm is not None:
             tokens = qkv.shape[0]
-            qkv[:, :heads] = kernels.rms_norm(qkv[:, :heads].reshape(-1, dim), layer.q_norm, self.eps).view(
-                tokens, heads, dim)
-            qkv[:, heads:heads + kv] = kernels.rms_norm(qkv[:, heads:heads + kv].reshape(-1, dim), layer.k_norm,
-                                                        self.eps).view(tokens, kv, dim)
+            for name, weight, first, count in (("q_norm", layer.q_norm, 0, heads), ("k_norm", layer.k_norm, heads, kv)):
+                part = qkv[:, first:first + count]
+                normed = kernels.rms_norm(part.reshape(-1, dim), weight, self.eps).view(tokens, count, dim)
+                part.copy_(deltas.norm(f"{index}.{name}", part, normed, self.eps) if deltas else normed)
         kernels.rope_(qkv, cos, sin, heads + kv)
 
-    def _mlp(self, x: torch.Tensor, layer: Layer) -> torch.Tensor:
-        return layer.down(kernels.silu_mul(layer.gate_up(kernels.rms_norm(x, layer.post_norm, self.eps))))
+    def _norm(self, x: torch.Tensor, weight: torch.Tensor, key: str, deltas: RowDeltas) -> torch.Tensor:
+        normed = kernels.rms_norm(x, weight, self.eps)
+        return deltas.norm(key, x, normed, self.eps) if deltas else normed
 
-    def decode(self, tokens: list[int], lengths: list[int]) -> torch.Tensor:
-        """One token for each of the first len(tokens) slots, slot i holding lengths[i] positions already.
-        Returns the logits [rows, vocab] float32; each slot's cache grows by one position."""
+    @staticmethod
+    def _linear(linear: FastLinear, x: torch.Tensor, key: str, deltas: RowDeltas) -> torch.Tensor:
+        y = linear(x)
+        return deltas.linear(key, x, y) if deltas else y
+
+    def _mlp(self, x: torch.Tensor, layer: Layer, index: int, deltas: RowDeltas) -> torch.Tensor:
+        h = self._norm(x, layer.post_norm, f"{index}.post_norm", deltas)
+        gate_up = self._linear(layer.gate_up, h, f"{index}.gate_up", deltas)
+        return self._linear(layer.down, kernels.silu_mul(gate_up), f"{index}.down", deltas)
+
+    def _embed(self, tokens: list[int], deltas: RowDeltas) -> torch.Tensor:
+        ids = torch.tensor(tokens)
+        x = self.embed[ids].float()
+        return deltas.embed(ids, x) if deltas else x
+
+    def decode(self, tokens: list[int], lengths: list[int],
+               variants: list[CompiledVariant | None] | None = None) -> torch.Tensor:
+        """One token for each of the first len(tokens) slots, slot i holding lengths[i] positions already,
+        row i answering as variants[i] (None: the base; gym.infer.fast.deltas). Returns the logits [rows,
+        vocab] float32; each slot's cache grows by one position."""
         rows = len(tokens)
         self.grow(max(lengths) + 1)
         positions = torch.tensor(lengths)
         heads, kv, dim = self.heads, self.kv_heads, self.head_dim
-        x = self.embed[torch.tensor(tokens)].float()
+        deltas = RowDeltas(variants or [])
+        x = self._embed(tokens, deltas)
         cos, sin = self.cos[positions], self.sin[positions]
         scale = dim ** -0.5
         for index, layer in enumerate(self.layers):
-            qkv = layer.qkv(kernels.rms_norm(x, layer.input_norm, self.eps)).view(rows, heads + 2 * kv, dim)
-            self._qk_rope(qkv, layer, cos, sin)
+            h = self._norm(x, layer.input_norm, f"{index}.input_norm", deltas)
+            qkv = self._linear(layer.qkv, h, f"{index}.qkv", deltas).view(rows, heads + 2 * kv, dim)
+            self._qk_rope(qkv, layer, cos, sin, index, deltas)
             attended = kernels.decode_attention(
                 qkv[:, :heads].contiguous(), qkv[:, heads:heads + kv].contiguous(), qkv[:, heads + kv:].contiguous(),
                 self.keys[index], self.values[index], positions, scale)
-            x = x + layer.o(attended.view(rows, heads * dim))
-            x = x + self._mlp(x, layer)
-        return self.head(kernels.rms_norm(x, self.norm, self.eps))
+            x = x + self._linear(layer.o, attended.view(rows, heads * dim), f"{index}.o", deltas)
+            x = x + self._mlp(x, layer, index, deltas)
+        return self._linear(self.head, self._norm(x, self.norm, "norm", deltas), "head", deltas)
 
-    def prefill(self, slot: int, tokens: list[int], start: int, *, every_position: bool = False) -> torch.Tensor:
+    def prefill(self, slot: int, tokens: list[int], start: int, *, every_position: bool = False,
+                variant: CompiledVariant | None = None) -> torch.Tensor:
         """Positions [start, start + len(tokens)) of one slot, whose cache holds [0, start) already.
         Returns the logits of the last token [vocab] (of every token [n, vocab] with every_position)."""
-        return self.prefill_many([(slot, tokens, start)], every_position=every_position)[0]
+        return self.prefill_many([(slot, tokens, start)], every_position=every_position, variants=[variant])[0]
 
-    def prefill_many(self, segments: list[tuple[int, list[int], int]], *,
-                     every_position: bool = False) -> list[torch.Tensor]:
+    def prefill_many(self, segments: list[tuple[int, list[int], int]], *, every_position: bool = False,
+                     variants: list[CompiledVariant | None] | None = None) -> list[torch.Tensor]:
         """Several prompts' next positions in one step: (slot, tokens, start) each, as in `prefill`. Each
         segment's numbers are what a prefill of it alone gives (its own products and attention), so an
         answer does not depend on which requests were prefilled with it; the segments share the step (one
@@ -206,7 +229,10 @@ class FastDecoder(SlotCache):
         ends = [start + len(tokens) for _, tokens, start in segments]
         self.grow(max(ends))
         heads, kv, dim = self.heads, self.kv_heads, self.head_dim
-        x = self.embed[torch.tensor([t for _, tokens, _ in segments for t in tokens])].float()
+        # Each token row answers as its segment's variant.
+        deltas = RowDeltas([v for (_, tokens, _), v in zip(segments, variants or [None] * len(segments))
+                            for _ in tokens])
+        x = self._embed([t for _, tokens, _ in segments for t in tokens], deltas)
         total = x.shape[0]
         cos = torch.cat([self.cos[start:end] for (_, _, start), end in zip(segments, ends)])
         sin = torch.cat([self.sin[start:end] for (_, _, start), end in zip(segments, ends)])
@@ -218,12 +244,14 @@ class FastDecoder(SlotCache):
                  for (_, _, start), end in zip(segments, ends)]
         sizes = [last - first for first, last in zip(offsets, offsets[1:])]
 
-        def each(linear: FastLinear, h: torch.Tensor) -> torch.Tensor:
-            return linear.each(list(h.split(sizes)))
+        def each(linear: FastLinear, h: torch.Tensor, key: str) -> torch.Tensor:
+            y = linear.each(list(h.split(sizes)))
+            return deltas.linear(key, h, y) if deltas else y
 
         for index, layer in enumerate(self.layers):
-            qkv = each(layer.qkv, kernels.rms_norm(x, layer.input_norm, self.eps)).view(total, heads + 2 * kv, dim)
-            self._qk_rope(qkv, layer, cos, sin)
+            h = self._norm(x, layer.input_norm, f"{index}.input_norm", deltas)
+            qkv = each(layer.qkv, h, f"{index}.qkv").view(total, heads + 2 * kv, dim)
+            self._qk_rope(qkv, layer, cos, sin, index, deltas)
             keys, values = self.keys[index], self.values[index]
             attended = torch.empty(total, heads * dim)
             for (slot, _, start), end, mask, first, last in zip(segments, ends, masks, offsets, offsets[1:]):
@@ -233,11 +261,13 @@ class FastDecoder(SlotCache):
                 out = F.scaled_dot_product_attention(q, keys[slot:slot + 1, :, :end], values[slot:slot + 1, :, :end],
                                                      attn_mask=mask, is_causal=mask is None, enable_gqa=True)
                 attended[first:last] = out[0].transpose(0, 1).reshape(last - first, heads * dim)
-            x = x + each(layer.o, attended)
-            h = kernels.rms_norm(x, layer.post_norm, self.eps)
-            x = x + each(layer.down, kernels.silu_mul(each(layer.gate_up, h)))
+            x = x + each(layer.o, attended, f"{index}.o")
+            h = self._norm(x, layer.post_norm, f"{index}.post_norm", deltas)
+            x = x + each(layer.down, kernels.silu_mul(each(layer.gate_up, h, f"{index}.gate_up")), f"{index}.down")
         if every_position:
-            logits = self.head(kernels.rms_norm(x, self.norm, self.eps))
+            logits = self._linear(self.head, self._norm(x, self.norm, "norm", deltas), "head", deltas)
             return [logits[first:last] for first, last in zip(offsets, offsets[1:])]
         lasts = torch.tensor(offsets[1:]) - 1
-        return list(self.head(kernels.rms_norm(x[lasts], self.norm, self.eps)))
+        last_deltas = RowDeltas([(variants or [None] * len(segments))[i] for i in range(len(segments))])
+        return list(self._linear(self.head, self._norm(x[lasts], self.norm, "norm", last_deltas), "head",
+                                 last_deltas))

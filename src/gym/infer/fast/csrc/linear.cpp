@@ -614,6 +614,161 @@ at::Tensor silu_mul(const at::Tensor& gate_up) {
   return y;
 }
 
+// -- per-row 1-bit deltas ----------------------------------------------------------------------------
+// y[row_e, n] += sum_g scale_e[n, g] * sum_{k in group g} x[row_e, k] * sign_e[n, k] for each entry e: a
+// BitDelta variant's correction alpha * (x @ sign.T), on the rows of the batch that use that variant.
+// The signs stay packed, one bit per weight (bit k of row n at bit (n*K + k) % 8 of byte (n*K + k) / 8,
+// 1 = +1), so a variant costs 1/32 of a float32 weight read per step. With sign = 2b - 1,
+// x . sign = 2 (x . b) - sum(x), and x . b is a masked sum: each byte of bits selects eight activations
+// through a 256-entry table of lane masks, an AND and an ADD per eight weights. Entries that share a
+// sign matrix (rows of one variant) come one after the other, and up to four of them share each byte read.
+
+struct MaskTable {
+  alignas(32) uint32_t lanes[256][8];
+  MaskTable() {
+    for (int b = 0; b < 256; ++b)
+      for (int i = 0; i < 8; ++i) lanes[b][i] = (b >> i) & 1 ? 0xffffffffu : 0u;
+  }
+};
+
+const MaskTable& mask_table() {
+  static const MaskTable table;
+  return table;
+}
+
+// sums[r] = sum over k in [k0, k1) of x[r][k] where bit k of `bits` is set; k0, k1 multiples of 8.
+template <int R>
+inline void masked_sums(const uint8_t* bits, const float* const* x, int64_t k0, int64_t k1, float* sums) {
+#if defined(__AVX512F__)
+  // AVX-512 takes the bits as they are: two bytes are the lane mask of a masked add over sixteen activations.
+  constexpr int U = R == 1 ? 4 : (R == 2 ? 2 : 1);
+  __m512 acc[R][U];
+  for (int r = 0; r < R; ++r)
+    for (int u = 0; u < U; ++u) acc[r][u] = _mm512_setzero_ps();
+  int64_t k = k0;
+  for (; k + 16 * U <= k1; k += 16 * U) {
+    for (int u = 0; u < U; ++u) {
+      uint16_t lanes;
+      std::memcpy(&lanes, bits + (k >> 3) + 2 * u, 2);
+      for (int r = 0; r < R; ++r)
+        acc[r][u] = _mm512_mask_add_ps(acc[r][u], __mmask16(lanes), acc[r][u], _mm512_loadu_ps(x[r] + k + 16 * u));
+    }
+  }
+  float tail[R];
+  for (int r = 0; r < R; ++r) tail[r] = 0.f;
+  for (; k < k1; ++k)
+    if ((bits[k >> 3] >> (k & 7)) & 1)
+      for (int r = 0; r < R; ++r) tail[r] += x[r][k];
+  for (int r = 0; r < R; ++r) {
+    __m512 total = acc[r][0];
+    for (int u = 1; u < U; ++u) total = _mm512_add_ps(total, acc[r][u]);
+    sums[r] = _mm512_reduce_add_ps(total) + tail[r];
+  }
+#elif defined(GYM_AVX2)
+  const MaskTable& table = mask_table();
+  constexpr int U = R == 1 ? 4 : (R == 2 ? 2 : 1);  // independent add chains per row, to hide the add latency
+  __m256 acc[R][U];
+  for (int r = 0; r < R; ++r)
+    for (int u = 0; u < U; ++u) acc[r][u] = _mm256_setzero_ps();
+  int64_t k = k0;
+  for (; k + 8 * U <= k1; k += 8 * U) {
+    for (int u = 0; u < U; ++u) {
+      const __m256 mask = _mm256_load_ps(reinterpret_cast<const float*>(table.lanes[bits[(k >> 3) + u]]));
+      for (int r = 0; r < R; ++r)
+        acc[r][u] = _mm256_add_ps(acc[r][u], _mm256_and_ps(mask, _mm256_loadu_ps(x[r] + k + 8 * u)));
+    }
+  }
+  for (; k < k1; k += 8) {
+    const __m256 mask = _mm256_load_ps(reinterpret_cast<const float*>(table.lanes[bits[k >> 3]]));
+    for (int r = 0; r < R; ++r) acc[r][0] = _mm256_add_ps(acc[r][0], _mm256_and_ps(mask, _mm256_loadu_ps(x[r] + k)));
+  }
+  for (int r = 0; r < R; ++r) {
+    __m256 total = acc[r][0];
+    for (int u = 1; u < U; ++u) total = _mm256_add_ps(total, acc[r][u]);
+    sums[r] = hsum(total);
+  }
+#else
+  for (int r = 0; r < R; ++r) {
+    float total = 0.f;
+    for (int64_t k = k0; k < k1; ++k)
+      if ((bits[k >> 3] >> (k & 7)) & 1) total += x[r][k];
+    sums[r] = total;
+  }
+#endif
+}
+
+void sign_matmul_add_(at::Tensor& y, const at::Tensor& x, const at::Tensor& rows, at::TensorList bits,
+                      at::TensorList scales, at::IntArrayRef group_sizes) {
+  const int64_t E = rows.numel(), K = x.size(1), N = y.size(1);
+  check_input(x, K);
+  TORCH_CHECK(y.dim() == 2 && y.scalar_type() == at::kFloat && y.is_contiguous() && y.size(0) == x.size(0),
+              "y must be a contiguous float32 [rows, out] matching x");
+  TORCH_CHECK(rows.scalar_type() == at::kLong && rows.is_contiguous(), "rows must be a contiguous int64 tensor");
+  TORCH_CHECK(int64_t(bits.size()) == E && int64_t(scales.size()) == E && int64_t(group_sizes.size()) == E,
+              "one sign matrix, scale grid and group size per entry");
+  TORCH_CHECK(K % 8 == 0, "packed sign rows need a multiple of 8 inputs, got ", K);
+  const int64_t* row = rows.data_ptr<int64_t>();
+  std::vector<const uint8_t*> bit_ptr(E);
+  std::vector<const float*> scale_ptr(E);
+  std::vector<int64_t> groups(E);
+  // Per entry, the sum of its row's activations over each group: x . sign = 2 (x . b) - that sum.
+  std::vector<std::vector<float>> group_sum(E);
+  for (int64_t e = 0; e < E; ++e) {
+    TORCH_CHECK(row[e] >= 0 && row[e] < x.size(0), "entry row out of range");
+    const int64_t size = group_sizes[e];
+    TORCH_CHECK(size > 0 && (size % 8 == 0 || size >= K), "group size must be a multiple of 8 (or the row)");
+    groups[e] = (K + size - 1) / size;
+    TORCH_CHECK(bits[e].scalar_type() == at::kByte && bits[e].is_contiguous() && bits[e].numel() == N * K / 8,
+                "sign matrix ", e, " must hold ", N * K / 8, " packed bytes");
+    TORCH_CHECK(scales[e].scalar_type() == at::kFloat && scales[e].is_contiguous() &&
+                scales[e].numel() == N * groups[e], "scale grid ", e, " must be float32 [", N, ", ", groups[e], "]");
+    bit_ptr[e] = bits[e].data_ptr<uint8_t>();
+    scale_ptr[e] = scales[e].data_ptr<float>();
+    const float* xr = x.data_ptr<float>() + row[e] * K;
+    group_sum[e].assign(groups[e], 0.f);
+    for (int64_t k = 0; k < K; ++k) group_sum[e][std::min(k / size, groups[e] - 1)] += xr[k];
+  }
+  // Runs of entries sharing one sign matrix, at most four long.
+  std::vector<std::pair<int64_t, int64_t>> runs;
+  for (int64_t e = 0; e < E;) {
+    int64_t end = e + 1;
+    while (end < E && end - e < 4 && bit_ptr[end] == bit_ptr[e] && scale_ptr[end] == scale_ptr[e] &&
+           group_sizes[end] == group_sizes[e])
+      ++end;
+    runs.emplace_back(e, end);
+    e = end;
+  }
+  float* yp = y.data_ptr<float>();
+  const float* xp = x.data_ptr<float>();
+  const int64_t row_bytes = K / 8;
+  constexpr int64_t kOutputs = 16;
+  parallel_for(0, (N + kOutputs - 1) / kOutputs, 1, [&](int64_t t0, int64_t t1) {
+    for (const auto& [first, last] : runs) {
+      const int R = int(last - first);
+      const float* xs[4];
+      for (int r = 0; r < R; ++r) xs[r] = xp + row[first + r] * K;
+      const int64_t G = groups[first], size = group_sizes[first];
+      for (int64_t n = t0 * kOutputs; n < std::min(N, t1 * kOutputs); ++n) {
+        const uint8_t* b = bit_ptr[first] + n * row_bytes;
+        const float* s = scale_ptr[first] + n * G;
+        float out[4] = {0.f, 0.f, 0.f, 0.f};
+        for (int64_t g = 0; g < G; ++g) {
+          const int64_t k0 = g * size, k1 = std::min(K, k0 + size);
+          float sums[4];
+          switch (R) {
+            case 1: masked_sums<1>(b, xs, k0, k1, sums); break;
+            case 2: masked_sums<2>(b, xs, k0, k1, sums); break;
+            case 3: masked_sums<3>(b, xs, k0, k1, sums); break;
+            default: masked_sums<4>(b, xs, k0, k1, sums); break;
+          }
+          for (int r = 0; r < R; ++r) out[r] += s[g] * (2.f * sums[r] - group_sum[first + r][g]);
+        }
+        for (int r = 0; r < R; ++r) yp[row[first + r] * N + n] += out[r];
+      }
+    }
+  });
+}
+
 }  // namespace
 
 TORCH_LIBRARY(gym_kernels, m) {
@@ -625,4 +780,6 @@ TORCH_LIBRARY(gym_kernels, m) {
   m.def("decode_attention(Tensor q, Tensor k, Tensor v, Tensor(a!) keys, Tensor(b!) values, Tensor lengths, "
         "float scale) -> Tensor", &decode_attention);
   m.def("silu_mul(Tensor gate_up) -> Tensor", &silu_mul);
+  m.def("sign_matmul_add_(Tensor(a!) y, Tensor x, Tensor rows, Tensor[] bits, Tensor[] scales, int[] group_sizes) -> ()",
+        &sign_matmul_add_);
 }

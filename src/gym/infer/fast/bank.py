@@ -1,0 +1,82 @@
+"""The variants an engine serves: loaded on first use, reloaded when replaced, refused once deleted.
+
+A `VariantSource` (the personalization store, in gym.personalization) says which variants exist, a
+version string for each (it changes when a variant is replaced), and loads one's per-parameter deltas.
+The bank compiles a variant for the decoder the first time a request names it and keeps it while its
+version stands; a request holds its compiled variant, so deleting or replacing a variant never changes
+an answer already running, and the next request sees the change without a restart.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Protocol
+
+import torch
+
+from gym.core.errors import GymError
+from gym.infer.fast.deltas import CompiledVariant, ParamDelta, UnpackedCache, compile_variant
+
+
+class VariantNotFound(GymError):
+    """A request named a variant the engine's source does not hold (HTTP 404)."""
+
+
+class VariantSource(Protocol):
+    def names(self) -> list[str]: ...
+
+    def version(self, name: str) -> str | None:
+        """An id of the variant's current content, or None when there is no such variant."""
+
+    def load(self, name: str) -> dict[str, ParamDelta]:
+        """The variant's delta per parameter name of the base."""
+
+
+class VariantBank:
+    def __init__(self, source: VariantSource, model: Any, *, cache_mb: int = 256) -> None:
+        self.source = source
+        self.model = model
+        self.device = next(model.parameters()).device
+        self.cache = UnpackedCache(cache_mb << 20)
+        self._compiled: dict[str, CompiledVariant] = {}
+        self._lock = threading.Lock()
+        self._loading: dict[str, threading.Lock] = {}
+
+    def names(self) -> list[str]:
+        return self.source.names()
+
+    def get(self, name: str) -> CompiledVariant:
+        """The compiled variant `name` at its current version (loading it if new or replaced)."""
+        version = self.source.version(name)
+        if version is None:
+            self.forget(name)
+            raise VariantNotFound(f"No variant {name!r} is being served.")
+        with self._lock:
+            found = self._compiled.get(name)
+            if found is not None and found.version == version:
+                return found
+            loading = self._loading.setdefault(name, threading.Lock())
+        with loading:  # one load per variant at a time; others asking for it wait for that one
+            with self._lock:
+                found = self._compiled.get(name)
+            if found is not None and found.version == version:
+                return found
+            with torch.inference_mode(False), torch.no_grad():
+                compiled = compile_variant(name, version, self.source.load(name), self.model, self.cache, self.device)
+            with self._lock:
+                old = self._compiled.get(name)
+                self._compiled[name] = compiled
+            if old is not None:
+                self.cache.drop(old.uid)
+            return compiled
+
+    def forget(self, name: str) -> None:
+        with self._lock:
+            old = self._compiled.pop(name, None)
+        if old is not None:
+            self.cache.drop(old.uid)
+
+    @property
+    def resident_bytes(self) -> int:
+        with self._lock:
+            return sum(v.nbytes for v in self._compiled.values()) + self.cache.used

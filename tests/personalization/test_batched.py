@@ -1,0 +1,147 @@
+"""The correctness oracle of batched variants: in one decode step (and one prefill) mixing the base and
+several variants - 1-bit (BitDelta, per matrix and per group), DeltaQuant int4, a LoRA adapter - every
+row's logits equal those of its own merged model (gym delta apply / PEFT merge), whichever rows share
+the batch; and the packed kernel, the unpacked cache and an evicting cache all give the same numbers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from peft import LoraConfig, get_peft_model
+from transformers import AutoModelForCausalLM
+
+from gym.delta.apply import apply_delta
+from gym.delta.bitdelta import BitDeltaConfig, BitDeltaQuantizer
+from gym.delta.deltaquant import DeltaQuantConfig, DeltaQuantizer
+from gym.delta.format import load_delta
+from gym.infer.fast import kernels
+from gym.infer.fast.deltas import UnpackedCache, compile_variant
+from gym.infer.fast.model import FastDecoder
+from gym.personalization.loading import deltas_from_adapter, deltas_from_file
+
+TOKENS = [[11, 205, 3001, 42, 7], [500, 501, 502], [9, 8, 7, 6, 5, 4], [1234, 77], [300, 301, 302, 303]]
+
+
+def _load(path):
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+
+
+def _finetune(base, seed: int):
+    """The base with every parameter moved (linears, embedding, norms): what a full fine-tune changes."""
+    tuned = _load(base.config._name_or_path)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for _, param in tuned.named_parameters():
+            param.add_(torch.randn(param.shape, generator=g) * 0.02)
+    return tuned
+
+
+@pytest.fixture(scope="module")
+def variants(tiny_model_dir, tmp_path_factory):
+    """name -> (per-parameter deltas, the merged model) for four variants of the tiny base."""
+    folder = tmp_path_factory.mktemp("variants")
+    base = _load(tiny_model_dir)
+    made = {}
+    for name, quantizer, seed in (
+            ("bit", BitDeltaQuantizer(BitDeltaConfig(distill_steps=0)), 1),
+            ("bit-groups", BitDeltaQuantizer(BitDeltaConfig(distill_steps=0, group_size=32)), 2),
+            ("int4", DeltaQuantizer(DeltaQuantConfig(method="int4")), 3)):
+        path = quantizer.compress(base, _finetune(base, seed), progress=False).save(folder / f"{name}.safetensors")
+        entries, header = load_delta(path)
+        made[name] = (deltas_from_file(path)[0], apply_delta(_load(tiny_model_dir), entries, header, path))
+    torch.manual_seed(4)
+    lora = get_peft_model(_load(tiny_model_dir), LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj",
+                                                                                               "down_proj"]))
+    with torch.no_grad():
+        for name, param in lora.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0, 0.05)
+    lora.save_pretrained(folder / "lora")
+    made["lora"] = (deltas_from_adapter(folder / "lora"), lora.merge_and_unload().eval())
+    return base, made
+
+
+def _decoders(base, made, cache_mb: int):
+    cache = UnpackedCache(cache_mb << 20)
+    compiled = {name: compile_variant(name, "1", deltas, base, cache) for name, (deltas, _) in made.items()}
+    return FastDecoder(base, "float32", slots=8), compiled, cache
+
+
+def _decode_all(decoder, rows):
+    """Prefill each row's prompt into its own slot, then one decode step for all: the logits of both."""
+    first = [decoder.prefill(slot, tokens, 0, variant=variant) for slot, (tokens, variant) in enumerate(rows)]
+    step = decoder.decode([tokens[-1] for tokens, _ in rows], [len(tokens) for tokens, _ in rows],
+                          [variant for _, variant in rows])
+    return torch.stack(first), step
+
+
+def _alone(model, tokens):
+    decoder = FastDecoder(model, "float32", slots=1)
+    return _decode_all(decoder, [(tokens, None)])
+
+
+@pytest.mark.parametrize("cache_mb", [256, 0])
+def test_mixed_batch_rows_equal_their_merged_models(variants, cache_mb):
+    base, made = variants
+    decoder, compiled, _ = _decoders(base, made, cache_mb)
+    names = [None, "bit", "bit-groups", "int4", "lora"]
+    rows = [(tokens, compiled[name] if name else None) for tokens, name in zip(TOKENS, names)]
+    prefill, step = _decode_all(decoder, rows)
+    for index, (tokens, name) in enumerate(zip(TOKENS, names)):
+        merged = base if name is None else made[name][1]
+        want_prefill, want_step = _alone(merged, tokens)
+        torch.testing.assert_close(prefill[index], want_prefill[0], atol=2e-4, rtol=1e-4)
+        torch.testing.assert_close(step[index], want_step[0], atol=2e-4, rtol=1e-4)
+        if name is not None:  # and the variant really answers differently from the base
+            assert (step[index] - _alone(base, tokens)[1][0]).abs().max() > 1e-2
+
+
+def test_a_rows_answer_does_not_depend_on_its_neighbours(variants):
+    base, made = variants
+    decoder, compiled, _ = _decoders(base, made, 256)
+    together = _decode_all(decoder, [(TOKENS[0], compiled["bit"]), (TOKENS[1], compiled["lora"]),
+                                     (TOKENS[2], compiled["bit"])])[1]
+    decoder, compiled, _ = _decoders(base, made, 256)
+    alone = _decode_all(decoder, [(TOKENS[2], compiled["bit"])])[1]
+    torch.testing.assert_close(together[2], alone[0], atol=1e-5, rtol=1e-5)
+
+
+def test_merged_model_matches_transformers(variants):
+    """The oracle's own footing: the fast decoder on a merged model gives transformers' logits."""
+    _, made = variants
+    model = made["bit"][1]
+    with torch.no_grad():
+        want = model(torch.tensor([TOKENS[0]])).logits[0, -1]
+    torch.testing.assert_close(_alone(model, TOKENS[0])[0][0], want, atol=2e-4, rtol=1e-4)
+
+
+def test_an_evicting_cache_keeps_answers_identical(variants):
+    """A cache smaller than one variant's expanded matrices evicts on every step; the numbers stay the same."""
+    base, made = variants
+    decoder, compiled, cache = _decoders(base, made, 256)
+    roomy = _decode_all(decoder, [(TOKENS[0], compiled["int4"]), (TOKENS[1], compiled["lora"])])[1]
+    decoder, compiled, cache = _decoders(base, made, 0)
+    cache.budget = 40_000  # a few of the tiny model's matrices
+    tight = _decode_all(decoder, [(TOKENS[0], compiled["int4"]), (TOKENS[1], compiled["lora"])])[1]
+    assert cache.evictions > 0 and cache.used <= cache.budget
+    torch.testing.assert_close(tight, roomy, atol=0, rtol=0)
+
+
+def test_packed_kernel_equals_unpacked_reference():
+    g = torch.Generator().manual_seed(0)
+    out_features, in_features = 48, 64
+    x = torch.randn(5, in_features, generator=g)
+    bits = [torch.randint(0, 256, (out_features * in_features // 8,), dtype=torch.uint8, generator=g)
+            for _ in range(2)]
+    scales = [torch.rand(out_features, 1, generator=g), torch.rand(out_features, 4, generator=g)]
+    rows = torch.tensor([0, 3, 4])
+    entries = ([bits[0], bits[1], bits[1]], [scales[0], scales[1], scales[1]], [in_features, 16, 16])
+    y = torch.zeros(5, out_features)
+    kernels.sign_matmul_add_(y, x, rows, *entries)
+    want = torch.zeros(5, out_features)
+    for e, row in enumerate(rows.tolist()):
+        matrix = kernels.unpack_signs(entries[0][e], out_features, in_features) * kernels.expand_groups(
+            entries[1][e], entries[2][e], in_features)
+        want[row] = x[row] @ matrix.T
+    torch.testing.assert_close(y, want, atol=1e-5, rtol=1e-5)
+    assert y[1].abs().sum() == 0 and y[2].abs().sum() == 0
