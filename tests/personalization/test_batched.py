@@ -145,3 +145,48 @@ def test_packed_kernel_equals_unpacked_reference():
         want[row] = x[row] @ matrix.T
     torch.testing.assert_close(y, want, atol=1e-5, rtol=1e-5)
     assert y[1].abs().sum() == 0 and y[2].abs().sum() == 0
+
+
+def _family(kind: str):
+    from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(0)
+    shape = dict(vocab_size=4096, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=False)
+    if kind == "qwen2":  # biases on q, k and v
+        return Qwen2ForCausalLM(Qwen2Config(**shape)).eval()
+    return Qwen3ForCausalLM(Qwen3Config(**shape, head_dim=32)).eval()  # q and k norms, an untied LM head
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "qwen3"])
+@pytest.mark.parametrize("decoder_kind", ["cpu", "gpu-code"])
+def test_bias_and_head_norm_deltas_per_row(kind, decoder_kind, tmp_path):
+    """A full fine-tune moves biases, q/k norms and an untied LM head too; each is applied per row, in the CPU
+    decoder and in the GPU decoder's code (run eagerly on the CPU here)."""
+    import copy
+
+    from gym.infer.fast.gpu import GpuDecoder
+
+    base = _family(kind)
+    tuned = copy.deepcopy(base)
+    g = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for _, param in tuned.named_parameters():
+            param.add_(torch.randn(param.shape, generator=g) * 0.05)
+    path = BitDeltaQuantizer(BitDeltaConfig(distill_steps=0)).compress(base, tuned, progress=False).save(
+        tmp_path / "d.safetensors")
+    entries, header = load_delta(path)
+    merged = apply_delta(copy.deepcopy(base), entries, header, path)
+    deltas = deltas_from_file(path)[0]
+    assert any(name.endswith(("q_proj.bias", "q_norm.weight")) for name in deltas)
+    variant = compile_variant("v", "1", deltas, base, UnpackedCache(64 << 20))
+
+    def make(model):
+        return FastDecoder(model, "float32", slots=4) if decoder_kind == "cpu" else GpuDecoder(model, slots=4)
+
+    rows = [(TOKENS[0], variant), (TOKENS[1], None)]
+    prefill, step = _decode_all(make(base), rows)
+    for index, model in ((0, merged), (1, base)):
+        want_prefill, want_step = _decode_all(make(model), [(TOKENS[index], None)])
+        torch.testing.assert_close(prefill[index], want_prefill[0], atol=2e-4, rtol=1e-4)
+        torch.testing.assert_close(step[index], want_step[0], atol=2e-4, rtol=1e-4)

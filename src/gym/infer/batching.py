@@ -45,12 +45,17 @@ class BatchingEngine(ABC):
     # -- the caller's side ----------------------------------------------------------------------
     def submit(self, prompt_ids: list[int], params: SamplingParams,
                sink: Callable[[Event], None] | None = None) -> Request:
+        variant = self._variant(params.variant) if params.variant is not None else None
         with self._lock:
             request = admit(prompt_ids, params, sink, running=self._running, queued=len(self._waiting),
-                            limit=self.max_waiting, queued_as="already waiting")
+                            limit=self.max_waiting, queued_as="already waiting", variant=variant)
             self._waiting.append(request)
             self._lock.notify()
         return request
+
+    def _variant(self, name: str) -> Any:
+        """The compiled variant a request names; None where the engine serves no variants (admit refuses it)."""
+        return None
 
     def generate(self, prompt_ids: list[int], params: SamplingParams) -> Finished:
         """Blocking: the whole answer."""

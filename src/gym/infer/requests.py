@@ -12,7 +12,7 @@ import random
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -42,6 +42,8 @@ class SamplingParams:
     repetition_penalty: float = DECODING_DEFAULTS["repetition_penalty"]
     stop: list[str] = field(default_factory=list)
     seed: int | None = None
+    variant: str | None = None
+    """The per-user variant of the base that answers (an engine serving variants; None: the base)."""
 
     @property
     def greedy(self) -> bool:
@@ -79,6 +81,7 @@ class Request:
         self.generated: list[int] = []
         self.text = ""  # emitted so far
         self.cancelled = False
+        self.variant: Any = None  # the engine's compiled form of params.variant, fixed for the request's life
         self.arrived = time.perf_counter()
         seed = params.seed if params.seed is not None else random.getrandbits(63)
         self.generator = torch.Generator().manual_seed(seed)
@@ -109,16 +112,21 @@ class Request:
 
 
 def admit(prompt_ids: list[int], params: SamplingParams, sink: Callable[[Event], None] | None, *, running: bool,
-          queued: int, limit: int, queued_as: str) -> Request:
+          queued: int, limit: int, queued_as: str, variant: Any = None) -> Request:
     """A new Request, if the engine takes it: not after shutdown (EngineStopped), not past `limit` requests
     already `queued_as` (EngineBusy, HTTP 429). Call it under the engine's lock."""
     if not prompt_ids:
         raise ValueError("the prompt is empty")
+    if params.variant is not None and variant is None:
+        raise ValueError(f"This engine serves the base model only; variant {params.variant!r} needs the fast engine "
+                         "with variants (gym api --variants STORE).")
     if not running:
         raise EngineStopped("the engine is shutting down")
     if queued >= limit:
         raise EngineBusy(f"{queued} requests are {queued_as}; retry later")
-    return Request(prompt_ids, params, sink)
+    request = Request(prompt_ids, params, sink)
+    request.variant = variant
+    return request
 
 
 class Engine(Protocol):

@@ -23,6 +23,8 @@ import torch
 
 from gym.infer.batching import BatchingEngine
 from gym.infer.emit import finish, report_token
+from gym.infer.fast.bank import VariantBank
+from gym.infer.fast.deltas import CompiledVariant
 from gym.infer.fast.gpu import GpuDecoder
 from gym.infer.fast.model import FastDecoder
 from gym.infer.fast.prefix import PrefixCache
@@ -42,13 +44,16 @@ class _Row:
 class FastEngine(BatchingEngine):
     """The Engine protocol over FastDecoder (CPU) or GpuDecoder (a model on a CUDA GPU); `dtype` is the
     served weight format on the CPU (float32, bfloat16, float16, int8, int4); a GPU serves the model's own.
-    `compile`: on a GPU, whether to torch.compile the decode step before capturing it (infer_compile)."""
+    `compile`: on a GPU, whether to torch.compile the decode step before capturing it (infer_compile).
+    `variants`: the per-user variants a request may name (SamplingParams.variant), served in the same
+    batches as the base (gym.infer.fast.deltas)."""
 
     thread_name = "gym-fast-engine"
 
     def __init__(self, model: Any, tokenizer: Any, stop_token_ids: list[int], *, dtype: str = "float32",
                  max_batch_size: int = 16, max_waiting: int = 256, prefill_chunk: int = 256,
-                 prefix_cache_mb: int = 256, max_length: int | None = None, compile: bool = False) -> None:
+                 prefix_cache_mb: int = 256, max_length: int | None = None, compile: bool = False,
+                 variants: VariantBank | None = None) -> None:
         super().__init__(tokenizer, stop_token_ids, max_batch_size=max_batch_size, max_waiting=max_waiting)
         started = time.perf_counter()
         self.decoder: FastDecoder | GpuDecoder
@@ -62,6 +67,7 @@ class FastEngine(BatchingEngine):
             self.decoder = FastDecoder(model, dtype, slots=self.max_batch_size, max_length=max_length)
         self.prefix = PrefixCache(self.decoder, prefix_cache_mb << 20)
         self.prefill_chunk = max(1, prefill_chunk)
+        self.variants = variants
         self.dtype = dtype
         self._decoding: list[_Row] = []
         self._prefilling: list[_Row] = []
@@ -72,6 +78,9 @@ class FastEngine(BatchingEngine):
             logger.info("Decode steps replay CUDA graphs (%s), %.1fs of capture so far", compiled,
                         self.decoder.graph_seconds)
         self._start()
+
+    def _variant(self, name: str) -> CompiledVariant | None:
+        return self.variants.get(name) if self.variants is not None else None
 
     # -- the engine thread ----------------------------------------------------------------------------
     def _busy(self) -> bool:
@@ -109,7 +118,7 @@ class FastEngine(BatchingEngine):
                 finish(request, "cancelled" if request.cancelled else "length")
                 continue
             if row.length == 0:
-                row.length = self.prefix.restore(row.slot, prompt)
+                row.length = self.prefix.restore(row.slot, prompt, _namespace(request))
             chunk = prompt[row.length:row.length + self.prefill_chunk]
             if segments and used + len(chunk) > self.prefill_chunk:
                 break
@@ -118,21 +127,23 @@ class FastEngine(BatchingEngine):
             used += len(chunk)
         done: list[tuple[_Row, torch.Tensor]] = []
         if segments:
-            for row, (_, chunk, _), logits in zip(rows, segments, self.decoder.prefill_many(segments)):
+            variants = [row.request.variant for row in rows]
+            for row, (_, chunk, _), logits in zip(rows, segments, self.decoder.prefill_many(segments, variants=variants)):
                 row.length += len(chunk)
                 if row.length == len(row.request.prompt_ids):
                     done.append((row, logits))
         if done:
             for row, _ in done:
                 self._prefilling.remove(row)
-                self.prefix.store(row.slot, row.request.prompt_ids)
+                self.prefix.store(row.slot, row.request.prompt_ids, _namespace(row.request))
             tokens = sample_rows([row.request for row, _ in done], torch.stack([logits for _, logits in done]))
             self._decoding.extend(row for (row, _), token in zip(done, tokens) if not self._emit(row, token))
         self._compact()
 
     def _decode(self) -> None:
         rows = self._decoding
-        logits = self.decoder.decode([row.request.generated[-1] for row in rows], [row.length for row in rows])
+        logits = self.decoder.decode([row.request.generated[-1] for row in rows], [row.length for row in rows],
+                                     [row.request.variant for row in rows])
         for row in rows:
             row.length += 1
         tokens = sample_rows([row.request for row in rows], logits)
@@ -160,3 +171,8 @@ class FastEngine(BatchingEngine):
             if row.slot != index:
                 self.decoder.move_slot(row.slot, index, row.length)
                 row.slot = index
+
+
+def _namespace(request: Request) -> int:
+    """Prefix-cache entries are per variant: the same prompt has other keys and values under another delta."""
+    return request.variant.uid if request.variant is not None else 0

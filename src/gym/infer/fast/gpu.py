@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from gym.infer.fast.cache import SlotCache
+from gym.infer.fast.deltas import CompiledVariant, RowDeltas
 
 logger = logging.getLogger(__name__)
 
@@ -213,33 +214,53 @@ class GpuDecoder(SlotCache):
         self.capacity = capacity
 
     # -- the layer's pieces shared by decode and prefill ------------------------------------------------
-    def _qkv(self, x: torch.Tensor, layer: GpuLayer, cos: torch.Tensor,
-             sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _qkv(self, x: torch.Tensor, layer: GpuLayer, cos: torch.Tensor, sin: torch.Tensor, index: int = 0,
+             deltas: RowDeltas | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q [tokens, heads, dim], k and v [tokens, kv_heads, dim] of x, normed (where the model norms
-        them) and rotated."""
+        them) and rotated; with `deltas`, each row's variant's corrections added (gym.infer.fast.deltas)."""
         heads, kv, dim = self.heads, self.kv_heads, self.head_dim
-        qkv = F.linear(_rms_norm(x, layer.input_norm, self.eps), layer.qkv, layer.qkv_bias)
+        h = self._norm(x, layer.input_norm, f"{index}.input_norm", deltas)
+        qkv = self._linear(h, layer.qkv, f"{index}.qkv", deltas, layer.qkv_bias)
         q, k, v = qkv.view(x.shape[0], heads + 2 * kv, dim).split([heads, kv, kv], dim=1)
         if layer.q_norm is not None and layer.k_norm is not None:
-            q, k = _rms_norm(q, layer.q_norm, self.eps), _rms_norm(k, layer.k_norm, self.eps)
+            q = self._norm(q, layer.q_norm, f"{index}.q_norm", deltas)
+            k = self._norm(k, layer.k_norm, f"{index}.k_norm", deltas)
         return _rotate(q, cos, sin), _rotate(k, cos, sin), v
 
-    def _mlp(self, x: torch.Tensor, layer: GpuLayer) -> torch.Tensor:
-        gate, up = F.linear(_rms_norm(x, layer.post_norm, self.eps), layer.gate_up).chunk(2, dim=-1)
-        return F.linear(F.silu(gate) * up, layer.down)
+    def _mlp(self, x: torch.Tensor, layer: GpuLayer, index: int = 0, deltas: RowDeltas | None = None) -> torch.Tensor:
+        h = self._norm(x, layer.post_norm, f"{index}.post_norm", deltas)
+        gate, up = self._linear(h, layer.gate_up, f"{index}.gate_up", deltas).chunk(2, dim=-1)
+        return self._linear(F.silu(gate) * up, layer.down, f"{index}.down", deltas)
+
+    def _norm(self, x: torch.Tensor, weight: torch.Tensor, key: str, deltas: RowDeltas | None) -> torch.Tensor:
+        normed = _rms_norm(x, weight, self.eps)
+        return deltas.norm(key, x, normed, self.eps) if deltas else normed
+
+    @staticmethod
+    def _linear(x: torch.Tensor, weight: torch.Tensor, key: str, deltas: RowDeltas | None,
+                bias: torch.Tensor | None = None) -> torch.Tensor:
+        y = F.linear(x, weight, bias)
+        return deltas.linear(key, x, y) if deltas else y
+
+    def _embed(self, tokens: torch.Tensor, deltas: RowDeltas | None) -> torch.Tensor:
+        x = F.embedding(tokens, self.embed)
+        return deltas.embed(tokens, x) if deltas else x
+
+    def _logits(self, x: torch.Tensor, deltas: RowDeltas | None) -> torch.Tensor:
+        return self._linear(self._norm(x, self.norm, "norm", deltas), self.head, "head", deltas).float()
 
     # -- decode ------------------------------------------------------------------------------------------
     def _decode_step(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
-                     length: int) -> torch.Tensor:
+                     length: int, deltas: RowDeltas | None = None) -> torch.Tensor:
         """Logits [rows, vocab] float32 of one token per row; row i attends over cache slot i's first
         `length` positions (masked to its own position) and writes its keys to cache slot `slots[i]`."""
         rows = tokens.shape[0]
         heads, kv, dim = self.heads, self.kv_heads, self.head_dim
-        x = F.embedding(tokens, self.embed)
+        x = self._embed(tokens, deltas)
         cos, sin = self.cos[positions][:, None, :], self.sin[positions][:, None, :]
         mask = (torch.arange(length, device=tokens.device)[None, :] <= positions[:, None])[:, None, None, :]
         for index, layer in enumerate(self.layers):
-            q, k, v = self._qkv(x, layer, cos, sin)
+            q, k, v = self._qkv(x, layer, cos, sin, index, deltas)
             keys, values = self.keys[index], self.values[index]
             keys[slots, :, positions] = k
             values[slots, :, positions] = v
@@ -248,9 +269,9 @@ class GpuDecoder(SlotCache):
             # kernel that takes a mask serves it.
             attended = F.scaled_dot_product_attention(q.reshape(rows, kv, heads // kv, dim), keys[:rows, :, :length],
                                                       values[:rows, :, :length], attn_mask=mask)
-            x = x + F.linear(attended.reshape(rows, heads * dim), layer.o)
-            x = x + self._mlp(x, layer)
-        return F.linear(_rms_norm(x, self.norm, self.eps), self.head).float()
+            x = x + self._linear(attended.reshape(rows, heads * dim), layer.o, f"{index}.o", deltas)
+            x = x + self._mlp(x, layer, index, deltas)
+        return self._logits(x, deltas)
 
     def _length_bucket(self, needed: int) -> int:
         bucket = MIN_LENGTH_BUCKET
@@ -258,15 +279,20 @@ class GpuDecoder(SlotCache):
             bucket *= 2
         return min(bucket, self.capacity)
 
-    def decode(self, tokens: list[int], lengths: list[int]) -> torch.Tensor:
-        """One token for each of the first len(tokens) slots, slot i holding lengths[i] positions already.
-        Returns the logits [rows, vocab] float32 on the device; each slot's cache grows by one position."""
+    def decode(self, tokens: list[int], lengths: list[int],
+               variants: list[CompiledVariant | None] | None = None) -> torch.Tensor:
+        """One token for each of the first len(tokens) slots, slot i holding lengths[i] positions already,
+        row i answering as variants[i] (None: the base). Returns the logits [rows, vocab] float32 on the
+        device; each slot's cache grows by one position. A step with variants runs eagerly: which rows use
+        which delta changes from step to step, and a graph replays one fixed set of kernels."""
         rows = len(tokens)
         self.grow(max(lengths) + 1)
         length = self._length_bucket(max(lengths) + 1)
-        if not self.use_graphs:
-            return self._step(torch.tensor(tokens, device=self.device), torch.tensor(lengths, device=self.device),
-                              torch.arange(rows, device=self.device), length)
+        deltas = RowDeltas(variants or [])
+        if deltas or not self.use_graphs:
+            args = (torch.tensor(tokens, device=self.device), torch.tensor(lengths, device=self.device),
+                    torch.arange(rows, device=self.device), length)
+            return self._decode_step(*args, deltas) if deltas else self._step(*args)
         size = next(b for b in buckets(self.slots) if b >= rows)
         graph = self._graphs.get((size, length))
         if graph is None:
@@ -322,35 +348,43 @@ class GpuDecoder(SlotCache):
                     self._capture(size, min(length, self.capacity))
 
     # -- prefill -----------------------------------------------------------------------------------------
-    def prefill(self, slot: int, tokens: list[int], start: int, *, every_position: bool = False) -> torch.Tensor:
-        return self.prefill_many([(slot, tokens, start)], every_position=every_position)[0]
+    def prefill(self, slot: int, tokens: list[int], start: int, *, every_position: bool = False,
+                variant: CompiledVariant | None = None) -> torch.Tensor:
+        return self.prefill_many([(slot, tokens, start)], every_position=every_position, variants=[variant])[0]
 
-    def prefill_many(self, segments: list[tuple[int, list[int], int]], *,
-                     every_position: bool = False) -> list[torch.Tensor]:
+    def prefill_many(self, segments: list[tuple[int, list[int], int]], *, every_position: bool = False,
+                     variants: list[CompiledVariant | None] | None = None) -> list[torch.Tensor]:
         """Several prompts' next positions, (slot, tokens, start) each, each through its own products and
-        attention (as FastDecoder.prefill_many: a request's numbers do not depend on its neighbours)."""
+        attention (as FastDecoder.prefill_many: a request's numbers do not depend on its neighbours), each
+        as its variant (None: the base)."""
         self.grow(max(start + len(tokens) for _, tokens, start in segments))
-        return [self._prefill_one(slot, tokens, start, every_position) for slot, tokens, start in segments]
+        chosen = variants or [None] * len(segments)
+        return [self._prefill_one(slot, tokens, start, every_position, variant)
+                for (slot, tokens, start), variant in zip(segments, chosen)]
 
-    def _prefill_one(self, slot: int, tokens: list[int], start: int, every_position: bool) -> torch.Tensor:
+    def _prefill_one(self, slot: int, tokens: list[int], start: int, every_position: bool,
+                     variant: CompiledVariant | None) -> torch.Tensor:
         heads, dim = self.heads, self.head_dim
         count, end = len(tokens), start + len(tokens)
-        x = F.embedding(torch.tensor(tokens, device=self.device), self.embed)
+        deltas = RowDeltas([variant] * count) if variant is not None else None
+        x = self._embed(torch.tensor(tokens, device=self.device), deltas)
         cos, sin = self.cos[start:end][:, None, :], self.sin[start:end][:, None, :]
         # Query i sees keys [0, start + i]; with no earlier positions that is the plain causal mask.
         mask = None if start == 0 else (torch.arange(end, device=self.device)[None, :]
                                         <= torch.arange(start, end, device=self.device)[:, None])
         for index, layer in enumerate(self.layers):
-            q, k, v = self._qkv(x, layer, cos, sin)
+            q, k, v = self._qkv(x, layer, cos, sin, index, deltas)
             keys, values = self.keys[index], self.values[index]
             keys[slot, :, start:end] = k.transpose(0, 1)
             values[slot, :, start:end] = v.transpose(0, 1)
             attended = F.scaled_dot_product_attention(
                 q.transpose(0, 1)[None], keys[slot:slot + 1, :, :end], values[slot:slot + 1, :, :end],
                 attn_mask=mask, is_causal=mask is None, enable_gqa=True)
-            x = x + F.linear(attended[0].transpose(0, 1).reshape(count, heads * dim), layer.o)
-            x = x + self._mlp(x, layer)
+            x = x + self._linear(attended[0].transpose(0, 1).reshape(count, heads * dim), layer.o, f"{index}.o",
+                                 deltas)
+            x = x + self._mlp(x, layer, index, deltas)
         if not every_position:
             x = x[-1:]
-        logits = F.linear(_rms_norm(x, self.norm, self.eps), self.head).float()
+            deltas = RowDeltas([variant]) if variant is not None else None
+        logits = self._logits(x, deltas)
         return logits if every_position else logits[0]

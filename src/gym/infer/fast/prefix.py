@@ -10,6 +10,7 @@ least-recently-used first within a byte budget.
 from __future__ import annotations
 
 from collections import OrderedDict
+from typing import Any
 
 import torch
 
@@ -25,16 +26,17 @@ class PrefixCache:
         self.budget = budget_bytes
         self.used = 0
         self.hits = 0  # tokens restored from the cache
-        self._blocks: OrderedDict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor]] = OrderedDict()
+        self._blocks: OrderedDict[tuple[Any, ...], tuple[torch.Tensor, torch.Tensor]] = OrderedDict()
 
-    def restore(self, slot: int, prompt: list[int]) -> int:
+    def restore(self, slot: int, prompt: list[int], namespace: int = 0) -> int:
         """Copy the longest cached prefix of `prompt` into `slot`; the number of positions restored. The last
-        prompt token is always left to compute: its logits choose the first answer token."""
+        prompt token is always left to compute: its logits choose the first answer token. Entries are kept
+        per `namespace` (the weights that computed them: the base, or a variant)."""
         if self.budget <= 0:
             return 0
         restored = 0
         while restored + BLOCK < len(prompt):
-            key = tuple(prompt[:restored + BLOCK])
+            key = (namespace, *prompt[:restored + BLOCK])
             entry = self._blocks.get(key)
             if entry is None:
                 break
@@ -44,12 +46,12 @@ class PrefixCache:
         self.hits += restored
         return restored
 
-    def store(self, slot: int, prompt: list[int]) -> None:
+    def store(self, slot: int, prompt: list[int], namespace: int = 0) -> None:
         """Remember the whole blocks of a prompt just prefilled into `slot`."""
         if self.budget <= 0:
             return
         for end in range(BLOCK, len(prompt) + 1, BLOCK):
-            key = tuple(prompt[:end])
+            key = (namespace, *prompt[:end])
             if key in self._blocks:
                 self._blocks.move_to_end(key)
                 continue
