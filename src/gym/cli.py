@@ -29,13 +29,14 @@ commands:
   train CONFIG [key=value ...] [--key value ...]   fine-tune (see `gym train --help` for every key)
   chat [CONFIG] [--key value ...] [--prompt TEXT]  talk to a model; --prompt answers once and exits
   api [CONFIG] [--key value ...] [--host H] [--port P] [--api-key KEY] [--max_batch_size N] [--max_waiting N]
-      [--max_body_bytes N]
-                                                   OpenAI-compatible server (key also from GYM_API_KEY)
+      [--max_body_bytes N] [--variants STORE]
+                                                   OpenAI-compatible server (key also from GYM_API_KEY); with
+                                                   --variants, model "<name>:<user>" answers as that user's variant
   infer CONFIG --dataset D -o out.jsonl [--batch_size N] [--max_samples N]
                                                    answer every row of a dataset (resumable)
   delta compress|apply|inspect|eval [options]      a fine-tune as a compressed delta (`gym delta -h`)
   soup init|contribute|status|aggregate|rewards    community merge of many users' deltas (`gym soup -h`)
-  variants create|list|delete|chat|export STORE    per-user fine-tunes stored as 1-bit deltas (`gym variants -h`)
+  variants create|add|list|delete|chat|export STORE  per-user fine-tunes as 1-bit deltas (`gym variants -h`)
   env                                              versions of Python, torch and the HF stack, and the device
   version                                          Gym's version
 
@@ -109,7 +110,8 @@ def cmd_api(argv: list[str]) -> int:
     from gym.config.files import parse_cli_args
 
     options = {"--host": "127.0.0.1", "--port": "8000", "--api-key": None, "--max_batch_size": "16",
-               "--max_waiting": "256", "--served_model_name": None, "--max_body_bytes": str(4 << 20)}
+               "--max_waiting": "256", "--served_model_name": None, "--max_body_bytes": str(4 << 20),
+               "--variants": None}
     values: dict[str, str | None] = {}
     for name, default in options.items():
         values[name], argv = _take_option(argv, name, default)
@@ -126,7 +128,8 @@ def cmd_api(argv: list[str]) -> int:
     from gym.serve.server import serve
 
     serve(parse_cli_args(argv), host=values["--host"] or "127.0.0.1", port=port, api_key=values["--api-key"],
-          max_batch_size=batch, max_waiting=waiting, model_name=values["--served_model_name"], max_body_bytes=body)
+          max_batch_size=batch, max_waiting=waiting, model_name=values["--served_model_name"], max_body_bytes=body,
+          variants=values["--variants"])
     return 0
 
 

@@ -51,6 +51,12 @@ class ModelArguments:
         metadata={"help": "Fast engine: prompt tokens computed per step, so a long prompt never stalls running "
                   "requests for its whole prefill."},
     )
+    infer_variant_cache_mb: int = field(
+        default=256,
+        metadata={"help": "Fast engine serving variants: memory for deltas expanded to float matrices (DeltaQuant "
+                  "codes; 1-bit signs where the packed kernel cannot run, e.g. on a GPU), least recently used "
+                  "dropped first (0: expand on every use)."},
+    )
     infer_prefix_cache_mb: int = field(
         default=256,
         metadata={"help": "Fast engine: memory for the KV of prompt prefixes shared across requests (0: off)."},

@@ -25,6 +25,7 @@ from gym.core.names import split_names
 from gym.data.templates import get_chat_format
 from gym.infer.config import resolve_inference_config
 from gym.infer.engines import build_engine, require_llamacpp, require_vllm
+from gym.infer.fast.bank import VariantSource
 from gym.infer.requests import Engine, Piece, SamplingParams
 from gym.models.loader import (
     generation_defaults,
@@ -43,7 +44,10 @@ Message = dict[str, str]
 class ChatModel:
     """Python entry point: `ChatModel(config).chat(messages)` / `.stream_chat(messages)`."""
 
-    def __init__(self, config: ConfigSource = None, *, max_batch_size: int = 16, max_waiting: int = 256) -> None:
+    def __init__(self, config: ConfigSource = None, *, max_batch_size: int = 16, max_waiting: int = 256,
+                 variants: VariantSource | None = None) -> None:
+        """`variants`: per-user variants of the model a request may ask for (`variant=` in the generation
+        settings), served in the same batches (the fast engine; gym.infer.fast.deltas)."""
         resolved = resolve_inference_config(config)
         self.model_args, self.data_args, _, generating = get_infer_args(
             {k: v for k, v in resolved.items() if k != "output_dir"})
@@ -64,7 +68,8 @@ class ChatModel:
         self.chat_format = get_chat_format(self.tokenizer, self.data_args.template, self.data_args.default_system,
                                            self.data_args.enable_thinking)
         self.decoding: dict[str, Any] = generating.resolve(generation_defaults(self.model_path))
-        self._engine_options = {"max_batch_size": max_batch_size, "max_waiting": max_waiting}
+        self._engine_options: dict[str, Any] = {"max_batch_size": max_batch_size, "max_waiting": max_waiting,
+                                                "variants": variants}
         self._engine: Engine | None = None
 
     def _load_hf_model(self) -> Any:

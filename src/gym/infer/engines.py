@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -25,6 +25,9 @@ from gym.config.model import ModelArguments
 from gym.core.errors import ConfigError
 from gym.infer.hf_engine import HFEngine
 from gym.infer.requests import Engine
+
+if TYPE_CHECKING:
+    from gym.infer.fast.bank import VariantSource
 
 logger = logging.getLogger(__name__)
 
@@ -51,10 +54,14 @@ def fast_unsupported(model: Any) -> str | None:
 
 
 def build_engine(model_args: ModelArguments, *, model: Any, tokenizer: Any, model_path: str, adapters: list[str],
-                 stop_token_ids: list[int], max_batch_size: int = 16, max_waiting: int = 256) -> Engine:
+                 stop_token_ids: list[int], max_batch_size: int = 16, max_waiting: int = 256,
+                 variants: VariantSource | None = None) -> Engine:
     """The engine for a loaded model (fast, hf), a model path (vllm, which loads it itself) or a GGUF file
-    (llamacpp: `model_path` is that file)."""
+    (llamacpp: `model_path` is that file). `variants`: per-user deltas served beside the base (fast only)."""
     backend = model_args.infer_backend
+    if variants is not None and backend not in ("auto", "fast"):
+        raise ConfigError(f"Variants are served by the fast engine (one base, a delta per row); infer_backend: "
+                          f"{backend} cannot. Use infer_backend: auto or fast.")
     if backend == "llamacpp":
         require_llamacpp()
         from gym.infer.llamacpp_engine import LlamaCppEngine  # imports llama_cpp, present only where installed
@@ -63,7 +70,9 @@ def build_engine(model_args: ModelArguments, *, model: Any, tokenizer: Any, mode
     if backend in ("auto", "fast"):
         reason = fast_unsupported(model)
         if reason is None:
-            return _fast_engine(model_args, model, tokenizer, stop_token_ids, max_batch_size, max_waiting)
+            return _fast_engine(model_args, model, tokenizer, stop_token_ids, max_batch_size, max_waiting, variants)
+        if variants is not None:
+            raise ConfigError(f"Variants are served by the fast engine, which cannot serve this model: {reason}.")
         if backend == "fast" or model_args.infer_dtype in QUANTIZED:
             raise ConfigError(f"infer_backend: fast (which infer_dtype {model_args.infer_dtype} needs) cannot serve "
                               f"this model: {reason}. Use infer_backend: hf with a float infer_dtype.")
@@ -84,7 +93,8 @@ def build_engine(model_args: ModelArguments, *, model: Any, tokenizer: Any, mode
 
 
 def _fast_engine(model_args: ModelArguments, model: Any, tokenizer: Any, stop_token_ids: list[int],
-                 max_batch_size: int, max_waiting: int) -> Engine:
+                 max_batch_size: int, max_waiting: int, variants: VariantSource | None = None) -> Engine:
+    from gym.infer.fast.bank import VariantBank
     from gym.infer.fast.engine import FastEngine
     from gym.infer.fast.kernels import kernel_status
 
@@ -102,7 +112,9 @@ def _fast_engine(model_args: ModelArguments, model: Any, tokenizer: Any, stop_to
                 else "")
     return FastEngine(model, tokenizer, stop_token_ids, dtype=dtype, max_batch_size=max_batch_size,
                       max_waiting=max_waiting, prefill_chunk=model_args.infer_prefill_chunk,
-                      prefix_cache_mb=model_args.infer_prefix_cache_mb, compile=model_args.infer_compile)
+                      prefix_cache_mb=model_args.infer_prefix_cache_mb, compile=model_args.infer_compile,
+                      variants=None if variants is None else VariantBank(
+                          variants, model, cache_mb=model_args.infer_variant_cache_mb))
 
 
 def require_vllm() -> None:

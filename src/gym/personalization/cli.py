@@ -26,6 +26,12 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--distill-steps", type=int, default=50, help="BitDelta scale distillation on the user's rows")
     c.add_argument("--replace", action="store_true", help="replace the user's existing variant")
     c.add_argument("keys", nargs="*", help="training keys as key=value (max_steps=30 finetuning_type=full ...)")
+    a = sub.add_parser("add", help="put an existing variant in the store: a delta file or a LoRA adapter folder")
+    a.add_argument("store")
+    a.add_argument("--user", required=True)
+    a.add_argument("--delta", help="a Gym delta file (gym delta compress: BitDelta or DeltaQuant)")
+    a.add_argument("--adapter", help="a LoRA adapter folder (adapter_config.json + adapter_model.safetensors)")
+    a.add_argument("--replace", action="store_true", help="replace the user's existing variant")
     sub.add_parser("list", help="the store's variants").add_argument("store")
     d = sub.add_parser("delete", help="remove a user's variant")
     d.add_argument("store")
@@ -87,6 +93,10 @@ def main(argv: list[str]) -> int:
             kept = "" if record.gain_kept is None else f", gain kept {record.gain_kept:.0%}"
             print(f"{record.user}\t{record.bytes / 1e6:.1f} MB\t{record.created}{kept}")
         return 0
+    if args.verb == "add":
+        record = store.add(args.user, delta=args.delta, adapter=args.adapter, replace=args.replace)
+        print(f"Variant {record.user}: {record.method}, {record.bytes / 1e6:.1f} MB.")
+        return 0
     if args.verb == "delete":
         store.delete(args.user)
         print(f"Deleted {args.user}'s variant from {store.root}.")
@@ -105,10 +115,19 @@ def main(argv: list[str]) -> int:
         print(f"Variant {record.user}: {record.bytes / 1e6:.1f} MB in {record.seconds:.0f} s{kept}.")
         return 0
     if args.verb == "export":
-        from gym.delta.apply import write_applied
+        from gym.delta.apply import save_model_folder, write_applied
+        from gym.delta.weights import load_model
+        from gym.models.loader import resolve_model_path
 
         store.get(args.user)
-        out = write_applied(_base(store, None), store.delta_path(args.user), args.output, overwrite=args.overwrite)
+        adapter = store.adapter_path(args.user)
+        if adapter.is_dir():
+            base = _base(store, None)
+            out = save_model_folder(load_model(str(adapter), base), resolve_model_path(base), args.output,
+                                    {"made_by": "gym variants export", "base_model": base, "adapter": str(adapter)},
+                                    overwrite=args.overwrite)
+        else:
+            out = write_applied(_base(store, None), store.delta_path(args.user), args.output, overwrite=args.overwrite)
         print(f"Wrote {out}.")
         return 0
     trainer = PersonalizedTrainer(_base(store, None), store=store.root)

@@ -18,6 +18,9 @@ def variant_chat_model(store: VariantStore, base_model: str, user_id: str, **con
     from gym.infer.chat import ChatModel
 
     store.get(user_id)  # a clear error for an unknown user before the model loads
+    if store.adapter_path(user_id).is_dir():  # a LoRA variant: merged on load, as any adapter
+        return ChatModel({"model_name_or_path": base_model, "adapter_name_or_path": str(store.adapter_path(user_id)),
+                          **config})
     path = store.delta_path(user_id)
     entries, header = load_delta(path)
     store.check_base(dict(header.get("base", {})), str(path))

@@ -2,7 +2,8 @@
 
     <store>/
       store.json              the base: {"base": {"name", "fingerprint"}}, written by the first variant
-      <user>/delta.safetensors   the user's compressed delta (gym.delta.format)
+      <user>/delta.safetensors   the user's compressed delta (gym.delta.format: BitDelta or DeltaQuant)
+      <user>/adapter/            or: a LoRA adapter folder (adapter_config.json, adapter_model.safetensors)
       <user>/manifest.json       user, base, method, bytes, created, training keys, gain kept, seconds
       .locks/<user>             held while that user's variant is being created
 
@@ -28,8 +29,10 @@ from typing import Any
 
 from gym.core.errors import ConfigError, GymError
 from gym.delta.format import read_header
+from gym.personalization.loading import deltas_from_adapter
 
 DELTA_FILE = "delta.safetensors"
+ADAPTER_DIR = "adapter"
 MANIFEST = "manifest.json"
 STORE_FILE = "store.json"
 MAX_USER_ID = 128
@@ -100,6 +103,9 @@ class VariantStore:
     def delta_path(self, user_id: str) -> Path:
         return self.path(user_id) / DELTA_FILE
 
+    def adapter_path(self, user_id: str) -> Path:
+        return self.path(user_id) / ADAPTER_DIR
+
     def exists(self, user_id: str) -> bool:
         return (self.path(user_id) / MANIFEST).is_file()
 
@@ -152,13 +158,16 @@ class VariantStore:
             lock.unlink(missing_ok=True)
 
     def _commit(self, user_id: str, folder: Path) -> None:
-        header = read_header(folder / DELTA_FILE)  # a whole, readable delta file or an error naming it
-        base = dict(header.get("base", {}))
-        self.check_base(base, str(folder / DELTA_FILE))
         if not (folder / MANIFEST).is_file():
             raise VariantError(f"{folder} has no {MANIFEST}.")
-        if self.base() is None:
-            _write_json(self.root / STORE_FILE, {"base": base})
+        if (folder / ADAPTER_DIR).is_dir():  # a LoRA adapter carries no base fingerprint; shapes are checked on load
+            pass
+        else:
+            header = read_header(folder / DELTA_FILE)  # a whole, readable delta file or an error naming it
+            base = dict(header.get("base", {}))
+            self.check_base(base, str(folder / DELTA_FILE))
+            if self.base() is None:
+                _write_json(self.root / STORE_FILE, {"base": base})
         target = self.path(user_id)
         if target.exists():  # replace: the old variant leaves only once the new one is complete
             old = self.root / f".old-{user_id}-{uuid.uuid4().hex[:8]}"
@@ -167,6 +176,36 @@ class VariantStore:
             shutil.rmtree(old, ignore_errors=True)
         else:
             folder.rename(target)
+
+    def add(self, user_id: str, *, delta: str | os.PathLike[str] | None = None,
+            adapter: str | os.PathLike[str] | None = None, replace: bool = False) -> VariantRecord:
+        """Put an existing variant in the store: a Gym delta file (`gym delta compress`: BitDelta or
+        DeltaQuant) or a LoRA adapter folder, checked and copied whole."""
+        if (delta is None) == (adapter is None):
+            raise ConfigError("Give the variant as a delta file (delta=) or a LoRA adapter folder (adapter=): one.")
+        given = delta if delta is not None else adapter
+        assert given is not None
+        source = Path(given).expanduser()
+        with self.creating(user_id, replace=replace) as folder:
+            if delta is not None:
+                header = read_header(source)
+                self.check_base(dict(header.get("base", {})), str(source))
+                shutil.copyfile(source, folder / DELTA_FILE)
+                method, base = str(header.get("method")), dict(header.get("base", {}))
+            else:
+                for name in ("adapter_config.json", "adapter_model.safetensors"):
+                    if not (source / name).is_file():
+                        raise ConfigError(f"{source} is not a LoRA adapter folder: it has no {name}.")
+                (folder / ADAPTER_DIR).mkdir()
+                for name in ("adapter_config.json", "adapter_model.safetensors"):
+                    shutil.copyfile(source / name, folder / ADAPTER_DIR / name)
+                deltas_from_adapter(folder / ADAPTER_DIR)  # a plain LoRA the engine can serve, or a clear error
+                method, base = "lora", self.base() or {}
+            size = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+            record = VariantRecord(user=user_id, base=base, method=method, bytes=size, created=now(), seconds=0.0,
+                                   training={"added_from": str(source)})
+            write_manifest(folder, record)
+        return record
 
     def delete(self, user_id: str) -> None:
         target = self.path(user_id)

@@ -2,7 +2,9 @@
 
 Routes: GET /health, GET /v1/models, POST /v1/chat/completions, POST /v1/completions, and vLLM's
 POST /tokenize (the prompt ids a request becomes; how a client checks the chat template). Chat
-prompts are rendered by the ChatModel with the template the model was trained with.
+prompts are rendered by the ChatModel with the template the model was trained with. A server with
+variants (`gym api --variants STORE`) also answers `model: "<base>:<user>"` with that user's variant, in
+the same batches as the base; /v1/models lists them (with `parent`: the base, as vLLM lists adapters).
 
 Every failure answers OpenAI's error JSON with a 4xx status (400 bad value, 401 key, 404 route or
 model, 422 malformed body, 429 queue full, 503 shutting down); the engine's bounded queue is what
@@ -27,14 +29,16 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from transformers import AutoConfig
 
+from gym.core.errors import GymError
 from gym.infer.chat import ChatModel
+from gym.infer.fast.bank import VariantBank, VariantNotFound
 from gym.infer.requests import EngineBusy, EngineStopped, Event, Finished, Piece, SamplingParams
 from gym.serve.limits import DEFAULT_MAX_BODY_BYTES, BodyLimit, check_text_length
 from gym.serve.protocol import ApiError, ChatCompletionRequest, CompletionRequest, TokenizeRequest, _Request
 
 _STATUS_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
                  405: "invalid_request_error", 413: "invalid_request_error", 422: "invalid_request_error",
-                 429: "rate_limit_error",
+                 429: "rate_limit_error", 500: "server_error",
                  503: "service_unavailable"}
 
 
@@ -102,32 +106,33 @@ def create_app(chat_model: ChatModel, model_name: str, api_key: str | None = Non
 
     @app.get("/v1/models", dependencies=[Depends(authorize)])
     async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [server.model_card()]}
+        variants = server.variants.names() if server.variants is not None else []
+        return {"object": "list", "data": [server.model_card()] + [server.model_card(user) for user in variants]}
 
     @app.get("/v1/models/{name:path}", dependencies=[Depends(authorize)])
     async def model(name: str) -> dict[str, Any]:
-        server.check_model(name)
-        return server.model_card()
+        return server.model_card(server.check_model(name))
 
     @app.post("/v1/chat/completions", dependencies=[Depends(authorize)])
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
-        server.check_model(body.model)
+        variant = await server.load_variant(body.model)
         body.refuse_unsupported()
         check_text_length([(f"messages.{i}.content", m.text()) for i, m in enumerate(body.messages)],
                           server.context_length)
         messages, system = body.conversation()
         prompt = chat_model.render(messages, system)
-        params = server.params(body, len(prompt), max_tokens=body.max_completion_tokens or body.max_tokens)
+        params = server.params(body, len(prompt), max_tokens=body.max_completion_tokens or body.max_tokens,
+                               variant=variant)
         return await server.respond(body, [prompt], params, request, chat=True)
 
     @app.post("/v1/completions", dependencies=[Depends(authorize)])
     async def completions(body: CompletionRequest, request: Request) -> Any:
-        server.check_model(body.model)
+        variant = await server.load_variant(body.model)
         body.refuse_unsupported()
         texts = [body.prompt] if isinstance(body.prompt, str) else [p for p in body.prompt if isinstance(p, str)]
         check_text_length([("prompt", t) for t in texts], server.context_length)
         prompts = server.encode_prompts(body.prompt)
-        params = server.params(body, max(len(p) for p in prompts), max_tokens=body.max_tokens)
+        params = server.params(body, max(len(p) for p in prompts), max_tokens=body.max_tokens, variant=variant)
         return await server.respond(body, prompts, params, request, chat=False)
 
     @app.post("/tokenize", dependencies=[Depends(authorize)])
@@ -153,14 +158,39 @@ class _Server:
         self.model_name = model_name
         self.created = int(time.time())
         self.context_length = _context_length(chat_model)
+        engine_variants = getattr(chat_model.engine, "variants", None)
+        self.variants: VariantBank | None = engine_variants if isinstance(engine_variants, VariantBank) else None
 
-    def model_card(self) -> dict[str, Any]:
-        return {"id": self.model_name, "object": "model", "created": self.created, "owned_by": "gym"}
+    def model_card(self, variant: str | None = None) -> dict[str, Any]:
+        if variant is None:
+            return {"id": self.model_name, "object": "model", "created": self.created, "owned_by": "gym"}
+        return {"id": f"{self.model_name}:{variant}", "object": "model", "created": self.created, "owned_by": "gym",
+                "root": self.model_name, "parent": self.model_name}
 
-    def check_model(self, name: str) -> None:
-        if name != self.model_name:
-            raise ApiError(404, f"The model '{name}' does not exist; this server serves '{self.model_name}'.",
-                           param="model", code="model_not_found")
+    def check_model(self, name: str) -> str | None:
+        """The variant `name` asks for (None: the base); 404 for a model this server does not serve."""
+        if name == self.model_name:
+            return None
+        base, _, user = name.rpartition(":")  # user ids never hold ':'
+        if base == self.model_name and self.variants is not None and self.variants.has(user):
+            return user
+        served = f"'{self.model_name}'" + (f" and its variants '{self.model_name}:<user>'" if self.variants else "")
+        raise ApiError(404, f"The model '{name}' does not exist; this server serves {served}.",
+                       param="model", code="model_not_found")
+
+    async def load_variant(self, name: str) -> str | None:
+        """check_model, with the variant loaded (off the event loop: a first use reads its file)."""
+        user = self.check_model(name)
+        if user is not None:
+            assert self.variants is not None
+            try:
+                await asyncio.to_thread(self.variants.get, user)
+            except VariantNotFound:
+                raise ApiError(404, f"The model '{name}' does not exist (its variant was just deleted).",
+                               param="model", code="model_not_found") from None
+            except GymError as exc:
+                raise ApiError(500, f"The variant '{name}' could not be loaded: {exc}", param="model") from None
+        return user
 
     def encode_prompts(self, prompt: str | list[str] | list[int]) -> list[list[int]]:
         if isinstance(prompt, str):
@@ -178,7 +208,8 @@ class _Server:
             raise ApiError(400, "A prompt encodes to no tokens.", param="prompt")
         return encoded
 
-    def params(self, body: _Request, prompt_len: int, max_tokens: int | None) -> list[SamplingParams]:
+    def params(self, body: _Request, prompt_len: int, max_tokens: int | None,
+               variant: str | None = None) -> list[SamplingParams]:
         """One SamplingParams per choice; with a seed, choice i samples with seed + i (distinct, reproducible)."""
         room = self.context_length - prompt_len
         if room < 1:
@@ -195,7 +226,8 @@ class _Server:
         max_new = max_tokens or min(self.chat_model.decoding["max_new_tokens"], room)
         stops = body.stops()
         return [self.chat_model.sampling_params(stop=stops, seed=None if body.seed is None else body.seed + i,
-                                                max_new_tokens=max_new, **overrides) for i in range(body.n)]
+                                                max_new_tokens=max_new, variant=variant, **overrides)
+                for i in range(body.n)]
 
     async def respond(self, body: _Request, prompts: list[list[int]], params: list[SamplingParams],
                       request: Request, chat: bool) -> Any:
@@ -264,6 +296,10 @@ class _Server:
             for handle in handles:
                 handle.cancel()
             raise ApiError(503, "The server is shutting down.", type="service_unavailable") from None
+        except VariantNotFound as exc:
+            for handle in handles:
+                handle.cancel()
+            raise ApiError(404, str(exc), param="model", code="model_not_found") from None
         return events, handles
 
     async def _stream(self, events: asyncio.Queue[tuple[int, Event]], handles: list[Any], jobs: list[Any],

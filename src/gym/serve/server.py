@@ -13,9 +13,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import torch
 import uvicorn
 
+from gym.core.errors import ConfigError
+from gym.delta.format import fingerprint
+from gym.delta.weights import parameters
 from gym.infer.chat import ChatModel
+from gym.personalization.source import StoreSource
+from gym.personalization.store import VariantStore
 from gym.serve.app import create_app
 from gym.serve.limits import DEFAULT_MAX_BODY_BYTES
 
@@ -44,10 +50,14 @@ def served_model_name(chat_model: ChatModel, explicit: str | None = None) -> str
 
 def serve(config: dict[str, Any], *, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
           max_batch_size: int = 16, max_waiting: int = 256, model_name: str | None = None,
-          max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+          max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, variants: str | None = None,
           graceful_seconds: float = 30.0) -> None:
+    """`variants`: a variant store (gym.personalization) whose users' variants answer as `<model>:<user>`."""
     api_key = api_key or os.environ.get("GYM_API_KEY") or None
-    chat_model = ChatModel(config, max_batch_size=max_batch_size, max_waiting=max_waiting)
+    source = variant_source(variants) if variants else None
+    chat_model = ChatModel(config, max_batch_size=max_batch_size, max_waiting=max_waiting, variants=source)
+    if source is not None:
+        check_store_base(source.store, chat_model.model)
     _ = chat_model.engine  # start the engine now: a backend that cannot start fails before the port opens
     name = served_model_name(chat_model, model_name)
     app = create_app(chat_model, name, api_key, max_body_bytes=max_body_bytes)
@@ -57,3 +67,26 @@ def serve(config: dict[str, Any], *, host: str = "127.0.0.1", port: int = 8000, 
     DrainingServer(uvicorn.Config(app, host=host, port=port, log_level="info", access_log=False,
                                   timeout_graceful_shutdown=graceful_seconds)).run()  # type: ignore[arg-type]
     logger.info("Stopped.")
+
+
+def variant_source(store_path: str) -> StoreSource:
+    store = VariantStore(store_path)
+    if not store.root.is_dir():
+        raise ConfigError(f"--variants {store_path}: no such variant store (a folder made by `gym variants create` "
+                          "or `gym variants add`).")
+    return StoreSource(store)
+
+
+def check_store_base(store: VariantStore, model: Any) -> None:
+    """Refuse a store of variants of another model: its base fingerprint is checked on the loaded weights where
+    they are as the deltas were made against (float32); a model served in another dtype is only named."""
+    base = store.base()
+    if base is None or model is None:
+        return
+    if next(model.parameters()).dtype != torch.float32:
+        logger.warning("The store's base fingerprint is computed on float32 weights and this model is %s: serving "
+                       "its variants as variants of %r unchecked.", next(model.parameters()).dtype, base.get("name"))
+        return
+    if fingerprint(parameters(model)) != base.get("fingerprint"):
+        raise ConfigError(f"--variants {store.root}: its variants were made from {base.get('name')!r}, whose weights "
+                          "differ from the served model's (base fingerprints differ). Serve that base model.")

@@ -45,6 +45,9 @@ class VariantBank:
     def names(self) -> list[str]:
         return self.source.names()
 
+    def has(self, name: str) -> bool:
+        return self.source.version(name) is not None
+
     def get(self, name: str) -> CompiledVariant:
         """The compiled variant `name` at its current version (loading it if new or replaced)."""
         version = self.source.version(name)

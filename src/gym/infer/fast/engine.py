@@ -127,8 +127,8 @@ class FastEngine(BatchingEngine):
             used += len(chunk)
         done: list[tuple[_Row, torch.Tensor]] = []
         if segments:
-            variants = [row.request.variant for row in rows]
-            for row, (_, chunk, _), logits in zip(rows, segments, self.decoder.prefill_many(segments, variants=variants)):
+            all_logits = self.decoder.prefill_many(segments, variants=[row.request.variant for row in rows])
+            for row, (_, chunk, _), logits in zip(rows, segments, all_logits):
                 row.length += len(chunk)
                 if row.length == len(row.request.prompt_ids):
                     done.append((row, logits))
