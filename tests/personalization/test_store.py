@@ -134,3 +134,46 @@ def test_an_unreadable_manifest_is_named(tmp_path):
     with pytest.raises(VariantError, match=r"alice.manifest\.json"):
         store.get("alice")
     json.loads((tmp_path / "store.json").read_text())  # the store's own description is intact
+
+
+def _delta_file(tmp_path, base: dict[str, str] = BASE):
+    return save_delta(tmp_path / f"{base['fingerprint']}.safetensors", {"w": torch.ones(4)},
+                      {"method": "bitdelta", "base": base})
+
+
+def _adapter(tmp_path, **config):
+    folder = tmp_path / "adapter"
+    folder.mkdir()
+    (folder / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": 2, "lora_alpha": 4, **config}))
+    from safetensors.torch import save_file
+
+    save_file({"base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight": torch.ones(2, 8),
+               "base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight": torch.ones(8, 2)},
+              str(folder / "adapter_model.safetensors"))
+    return folder
+
+
+def test_add_puts_a_delta_file_or_an_adapter_in_the_store(tmp_path):
+    store = VariantStore(tmp_path / "store")
+    record = store.add("alice", delta=_delta_file(tmp_path))
+    assert record.method == "bitdelta" and store.delta_path("alice").is_file()
+    assert store.base() == BASE
+    record = store.add("bob", adapter=_adapter(tmp_path))
+    assert record.method == "lora" and (store.adapter_path("bob") / "adapter_model.safetensors").is_file()
+    assert store.users() == ["alice", "bob"]
+    with pytest.raises(GymError, match="already has a variant"):
+        store.add("bob", adapter=tmp_path / "adapter")
+
+
+def test_add_refuses_another_base_and_adapters_it_cannot_serve(tmp_path):
+    store = VariantStore(tmp_path / "store")
+    mine = _delta_file(tmp_path)
+    store.add("alice", delta=mine)
+    other = {"name": "other", "fingerprint": "f" * 64}
+    with pytest.raises(GymError, match="fingerprints differ"):
+        store.add("eve", delta=_delta_file(tmp_path, other))
+    with pytest.raises(ConfigError, match="use_dora"):
+        store.add("dora", adapter=_adapter(tmp_path, use_dora=True))
+    with pytest.raises(ConfigError, match="one"):
+        store.add("both", delta=mine, adapter=tmp_path / "adapter")
+    assert store.users() == ["alice"]  # nothing half-added

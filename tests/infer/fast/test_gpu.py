@@ -198,3 +198,43 @@ def test_chunked_prefill_and_prefix_hits_give_one_shot_tokens_on_cuda():
 def test_the_cpu_weight_formats_are_refused_on_a_gpu_model():
     with pytest.raises(ValueError, match="int8"):
         _engine(build("llama", device="cuda"), dtype="int8")
+
+
+@cuda
+def test_variant_rows_on_cuda_equal_their_merged_model():
+    """Per-row deltas on the GPU (1-bit expanded into the cache, a LoRA), with graphs on for the base steps:
+    a mixed step's rows equal the merged model's and the base's, and a base-only step still replays a graph."""
+    import copy
+
+    from gym.delta.apply import apply_delta
+    from gym.delta.bitdelta import BitDeltaConfig, BitDeltaQuantizer
+    from gym.delta.format import load_delta
+    from gym.infer.fast.deltas import UnpackedCache, compile_variant
+    from gym.personalization.loading import deltas_from_file
+
+    base = build("qwen3")
+    tuned = copy.deepcopy(base)
+    with torch.no_grad():
+        for _, param in tuned.named_parameters():
+            param.add_(torch.randn_like(param) * 0.05)
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        path = BitDeltaQuantizer(BitDeltaConfig(distill_steps=0)).compress(base, tuned, progress=False).save(
+            f"{folder}/d.safetensors")
+        entries, header = load_delta(path)
+        merged = apply_delta(copy.deepcopy(base), entries, header, path).cuda()
+        deltas = deltas_from_file(path)[0]
+    base = base.cuda()
+    variant = compile_variant("v", "1", deltas, base, UnpackedCache(256 << 20), "cuda")
+    decoder, alone = GpuDecoder(base, slots=4), GpuDecoder(merged, slots=4)
+    prompts = [[5, 6, 7, 8], [9, 10, 11]]
+    for slot, prompt in enumerate(prompts):
+        decoder.prefill(slot, prompt, 0, variant=variant if slot == 0 else None)
+    alone.prefill(0, prompts[0], 0)
+    mixed = decoder.decode([1, 2], [4, 3], [variant, None])
+    torch.testing.assert_close(mixed[0], alone.decode([1], [4])[0], atol=2e-3, rtol=1e-3)
+    base_only = GpuDecoder(base, slots=4)
+    base_only.prefill(0, prompts[1], 0)
+    torch.testing.assert_close(mixed[1], base_only.decode([2], [3])[0], atol=2e-3, rtol=1e-3)
+    assert decoder.use_graphs

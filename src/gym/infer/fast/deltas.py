@@ -123,6 +123,11 @@ class UnpackedCache:
                 self.evictions += 1
         return value
 
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
+            self.used = 0
+
     def drop(self, owner: int) -> None:
         """Forget every matrix of one variant (keys start with its uid)."""
         with self._lock:
@@ -197,6 +202,9 @@ class CompiledVariant:
         self.vectors: dict[str, torch.Tensor] = {}
         self.embed: ParamDelta | None = None
         self.nbytes = 0
+        # 1-bit deltas through the packed kernel (CPU, float32 activations); False: expanded into the cache,
+        # which costs memory (a float matrix per layer) and buys a plain matrix product (bench/variants.py).
+        self.packed = True
 
     def matrix(self, key: str, delta: ParamDelta, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
         """The delta as a dense [out, in] matrix, through the shared cache."""
@@ -311,7 +319,7 @@ class RowDeltas:
                 continue
             rows = rows.to(x.device)
             if plan.sign is not None:
-                if y.device.type == "cpu" and y.dtype == torch.float32:
+                if variant.packed and y.device.type == "cpu" and y.dtype == torch.float32:
                     packed_rows.append(rows)
                     bits += [plan.sign.bits] * len(rows)
                     scales += [plan.sign.scales] * len(rows)

@@ -1,0 +1,1 @@
+"""The `zoo` namespace of the seeds' examples: `from zoo.gym import ...` is `from gym import ...`."""
