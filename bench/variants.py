@@ -29,6 +29,7 @@ run through the GPU decoder, whose 1-bit deltas are expanded into the cache (no 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import gc
 import os
@@ -50,10 +51,8 @@ def resident_bytes(device: torch.device) -> int:
     GPU memory on a GPU."""
     if device.type == "cuda":
         return torch.cuda.memory_allocated(device)
-    try:
+    with contextlib.suppress(OSError):
         ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except OSError:
-        pass
     with open("/proc/self/statm") as statm:
         return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
@@ -206,7 +205,7 @@ def main() -> None:
         held = sum(variant.nbytes for variant in compiled)
         process = resident_bytes(device)
         mixed = step_seconds(decoder, args.batch, args.prompt_tokens, args.steps,
-                             lambda s: [compiled[(s * args.batch + r) % n] for r in range(args.batch)], device)
+                             lambda s, n=n: [compiled[(s * args.batch + r) % n] for r in range(args.batch)], device)
         groups = min(n, args.batch)
         merged_step = groups * rows_time[max(1, args.batch // groups)]
         merged_memory = n * served_bytes

@@ -39,7 +39,8 @@ def _bitdelta(tiny_model_dir, folder, seed: int):
 
 def _adapter(tiny_model_dir, folder):
     torch.manual_seed(5)
-    lora = get_peft_model(_base(tiny_model_dir), LoraConfig(r=4, lora_alpha=16, target_modules=["q_proj", "v_proj", "up_proj", "down_proj"]))
+    targets = ["q_proj", "v_proj", "up_proj", "down_proj"]
+    lora = get_peft_model(_base(tiny_model_dir), LoraConfig(r=4, lora_alpha=16, target_modules=targets))
     with torch.no_grad():
         for name, param in lora.named_parameters():
             if "lora_B" in name:
