@@ -12,6 +12,17 @@ import torch
 class SlotCache(ABC):
     keys: list[torch.Tensor]
     values: list[torch.Tensor]
+    capacity: int
+
+    def _install(self, index: int, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Layer `index`'s cache becomes the larger keys/values, which take over what it held so far."""
+        if self.capacity:
+            keys[:, :, :self.capacity] = self.keys[index]
+            values[:, :, :self.capacity] = self.values[index]
+            self.keys[index], self.values[index] = keys, values
+        else:
+            self.keys.append(keys)
+            self.values.append(values)
 
     @abstractmethod
     def grow(self, length: int) -> None:

@@ -204,13 +204,7 @@ class GpuDecoder(SlotCache):
         for index in range(len(self.layers)):
             keys = torch.zeros(shape, dtype=self.model_dtype, device=self.device)
             values = torch.zeros(shape, dtype=self.model_dtype, device=self.device)
-            if self.capacity:
-                keys[:, :, :self.capacity] = self.keys[index]
-                values[:, :, :self.capacity] = self.values[index]
-                self.keys[index], self.values[index] = keys, values
-            else:
-                self.keys.append(keys)
-                self.values.append(values)
+            self._install(index, keys, values)
         self.capacity = capacity
 
     # -- the layer's pieces shared by decode and prefill ------------------------------------------------

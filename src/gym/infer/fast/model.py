@@ -149,13 +149,7 @@ class FastDecoder(SlotCache):
             # positions past each row's length, and a masked garbage NaN would still poison its sum.
             keys, values = (torch.empty(shape), torch.empty(shape)) if self.compiled else (torch.zeros(shape),
                                                                                           torch.zeros(shape))
-            if self.capacity:
-                keys[:, :, :self.capacity] = self.keys[index]
-                values[:, :, :self.capacity] = self.values[index]
-                self.keys[index], self.values[index] = keys, values
-            else:
-                self.keys.append(keys)
-                self.values.append(values)
+            self._install(index, keys, values)
         self.capacity = capacity
 
     # -- forward passes ----------------------------------------------------------------------------------
