@@ -7,7 +7,7 @@ machine's own read bandwidth, all measured in one run (the baseline for issue #1
   gym-fast    Gym's fast engine (gym.infer.fast) with weights as each of --fast-dtypes
   ttft        time to the first token for a --long-prompt-token prompt, through the engine
   llama.cpp   with --llamacpp (`make bench-llamacpp`): llama.cpp built from the llama-cpp-python sdist
-              (bench/llamacpp.py), the same model written by its own quantizer as F32 / Q8_0 / Q4_0;
+              (bench/llamacpp.py), the same model written by its own quantizer as F32 / Q8_0 / Q4_0 / Q4_1;
               1 stream and TTFT from llama-bench (tg --tokens, pp --long-prompt-tokens), the concurrent
               streams through llama-server with that many parallel slots and the same client load
 Each dtype in --dtypes is measured (bfloat16 only where the CPU has native bf16). Effective bandwidth is
@@ -83,7 +83,7 @@ def main() -> None:
     parser.add_argument("--dtypes", default="float32,bfloat16", help="transformers / HFEngine dtypes")
     parser.add_argument("--fast-dtypes", default="float32,bfloat16,int8,int4", help="Gym's fast engine formats")
     parser.add_argument("--llamacpp", action="store_true", help="also measure llama.cpp (built once, ~10 min)")
-    parser.add_argument("--gguf-types", default="F32,Q8_0,Q4_0", help="llama.cpp weight types with --llamacpp")
+    parser.add_argument("--gguf-types", default="F32,Q8_0,Q4_0,Q4_1", help="llama.cpp weight types with --llamacpp")
     args = parser.parse_args()
 
     from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -1,9 +1,12 @@
 """The served weight formats hold the embedded model's quality: perplexity on the demo data within 1% of
-float32 for int8 and bfloat16, and int8's greedy answers equal float32's for 16 tokens.
+float32 for int8 and bfloat16 and within 5% for int4 (issue #13's bounds), and int8's greedy answers
+agree with float32's.
 
-int4 is held to 20%, not the 5% issue #13 asks: on this 135M-parameter model, 4-bit blocks with one
-scale each (even with the LM head and down projections kept at int8) cost ~15% perplexity; see
-docs/inference.md.
+int4 is fitted on llama.cpp's Q4_1 grid (a step and a minimum per block of 32). The embedded model was
+converted from a Q4_1 GGUF, so its weights are already on such a grid and come back exact: what int4
+costs here is only the activations' rounding in the kernels (and the LM head at int8). On weights that
+were never 4-bit the format costs more; tests/infer/fast/test_kernels.py bounds its error on Gaussian
+weights, and docs/inference.md says so.
 """
 
 from __future__ import annotations
@@ -25,10 +28,12 @@ REPO = Path(__file__).resolve().parents[3]
 
 pytestmark = pytest.mark.slow
 
-# Not "What is the capital of France?": with no system prompt, float32's two best first tokens there are
-# 0.08 logits apart (25.33 vs 25.24), a near-tie that int8's rounding flips (the answer then differs).
+# Everyday prompts, none chosen for how int8 does on it: four of them meet a near-tie within 16 tokens (float32's
+# two best logits 0.006-0.08 apart; "What is the capital of France?" already at its first token).
 PROMPTS = ["Write a haiku about autumn leaves.", "Explain what a binary search does.", "List three uses of copper.",
-           "Who wrote Romeo and Juliet?"]
+           "Who wrote Romeo and Juliet?", "What is the capital of France?", "Give me a tip for learning Python.",
+           "What is photosynthesis?", "Name a famous painter."]
+NEAR_TIE = 0.1  # logits: float32's best two this close are a coin toss for any rounding (0.4% of their scale)
 
 
 @pytest.fixture(scope="module")
@@ -57,32 +62,61 @@ def test_perplexity_of_each_format_against_float32(embedded, tokenizer):
         reference = math.exp(float(embedded(ids, labels=ids).loss))
     assert exact == pytest.approx(reference, rel=1e-4)  # the fast decoder is the model
     assert perplexity(embedded, tokenizer, "int8") == pytest.approx(exact, rel=0.01)
-    assert perplexity(embedded, tokenizer, "int4") == pytest.approx(exact, rel=0.20)
+    assert perplexity(embedded, tokenizer, "int4") == pytest.approx(exact, rel=0.05)
     assert perplexity(embedded, tokenizer, "bfloat16") == pytest.approx(exact, rel=0.01)
 
 
-def test_int8_picks_float32s_greedy_tokens(embedded, tokenizer):
-    """Teacher-forced on float32's own 16-token greedy answers, int8 picks the same next token at >= 90% of
-    the positions. (Free-running answers diverge for good after the first flip, at near-ties: issue #13
-    asks for 16 equal tokens, which int8 blocks with one scale each do not give on this small model;
-    docs/inference.md records it.)"""
+def greedy_answers(model, tokenizer, dtype: str) -> list[tuple[list[int], list[int]]]:
+    """(prompt ids, 16 greedy tokens) for each prompt, from the engine at `dtype`."""
     params = SamplingParams(max_new_tokens=16, do_sample=False)
     chat = get_chat_format(tokenizer)
-    engine = FastEngine(embedded, tokenizer, [], dtype="float32")
+    engine = FastEngine(model, tokenizer, [], dtype=dtype)
     try:
-        sequences = []
+        answers = []
         for prompt in PROMPTS:
-            text = chat.render_prompt([{"role": "user", "content": prompt}], None)
-            ids = tokenizer.encode(text, add_special_tokens=False)
+            ids = tokenizer.encode(chat.render_prompt([{"role": "user", "content": prompt}], None),
+                                   add_special_tokens=False)
             request = engine.submit(ids, params)
             list(request.events())
-            sequences.append((ids, request.generated))
+            answers.append((ids, request.generated))
     finally:
         engine.shutdown()
+    return answers
+
+
+@pytest.fixture(scope="module")
+def float32_answers(embedded, tokenizer):
+    return greedy_answers(embedded, tokenizer, "float32")
+
+
+def test_int8_greedy_answers_equal_float32s_up_to_a_near_tie(embedded, tokenizer, float32_answers):
+    """Free-running, int8's greedy answer is float32's token for token, except that it may part from it at a
+    near-tie of float32's (and then for good): on at least three prompts all 16 tokens are equal (issue #13),
+    and no answer parts where float32 had a clear choice."""
+    int8_answers = greedy_answers(embedded, tokenizer, "int8")
+    reference = FastDecoder(embedded, "float32", slots=1)
+    equal = 0
+    for (ids, answer), (_, quantized) in zip(float32_answers, int8_answers, strict=True):
+        with torch.inference_mode():
+            logits = reference.prefill(0, ids + answer[:-1], 0, every_position=True)[len(ids) - 1:]
+        best_two = logits.topk(2, dim=-1).values
+        margins = (best_two[:, 0] - best_two[:, 1]).tolist()
+        parted = next((i for i, (a, b) in enumerate(zip(answer, quantized)) if a != b), None)
+        if parted is None:
+            equal += 1
+        else:
+            assert min(margins[:parted + 1]) < NEAR_TIE, (
+                f"int8 parted from float32 at token {parted} with no near-tie before it (margins {margins})")
+    assert equal >= 3, f"only {equal} of {len(PROMPTS)} int8 answers equal float32's for 16 tokens"
+
+
+def test_int8_picks_float32s_greedy_tokens(embedded, float32_answers):
+    """Teacher-forced on float32's own 16-token greedy answers (so a near-tie costs one position, not the
+    rest of the answer), int8 picks the same next token at >= 90% of the positions."""
     agree = total = 0
     int8 = FastDecoder(embedded, "int8", slots=1)
     with torch.inference_mode():
-        for ids, answer in sequences:
+        for ids, answer in float32_answers:
             logits = int8.prefill(0, ids + answer[:-1], 0, every_position=True)[len(ids) - 1:]
             agree += int((logits.argmax(-1) == torch.tensor(answer)).sum())
             total += len(answer)

@@ -125,17 +125,42 @@ def pack_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def pack_int4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Symmetric int4 per block of 32 (values -8..7) -> (uint8 [N, K/2] two per byte, float16 scales
-    [N, K/32]), tiled. Byte i of a block holds weight i (low nibble) and weight i + 16 (high nibble)."""
+    """Asymmetric int4 per block of 32, w ~ d * q + m with q in 0..15 (llama.cpp's Q4_1 grid) ->
+    (uint8 [N, K/2] two per byte, float16 [N, K/16]: each block's d then m), tiled. Byte i of a block
+    holds weight i (low nibble) and weight i + 16 (high nibble).
+
+    The block's own minimum and maximum start the fit; a few least-squares refits of (d, m) to the
+    codes then lower the error (~30% less squared error than a symmetric scale on Gaussian weights).
+    Weights already on such a grid (a model from a Q4_1 GGUF, like the embedded one) come back exact."""
     n, k = weight.shape
     blocks = weight.detach().float().reshape(n, k // BLOCK, BLOCK)
-    # The starting scale maps the weight of largest magnitude onto -8, using the whole range.
-    extreme = blocks.gather(-1, blocks.abs().argmax(-1, keepdim=True)).squeeze(-1)
-    scale = (extreme / -8).half().float()
-    inverse = torch.where(scale != 0, 1 / scale, torch.zeros_like(scale))
-    q = (torch.round(blocks * inverse[..., None]).clamp(-8, 7) + 8).to(torch.uint8)
+    step = ((blocks.amax(-1) - blocks.amin(-1)) / 15).half().float()
+    low = blocks.amin(-1).half().float()
+    codes, error = _int4_codes(blocks, step, low)
+    sum_b, count = blocks.sum(-1), float(BLOCK)
+    for _ in range(4):
+        sum_q, sum_qq, sum_qb = codes.sum(-1), (codes * codes).sum(-1), (codes * blocks).sum(-1)
+        det = count * sum_qq - sum_q * sum_q
+        solvable = det > 0
+        fit_step = torch.where(solvable, (count * sum_qb - sum_q * sum_b) / torch.where(solvable, det, 1.0), step)
+        fit_step = fit_step.half().float()
+        fit_low = torch.where(solvable, (sum_b - fit_step * sum_q) / count, low).half().float()
+        fit_codes, fit_error = _int4_codes(blocks, fit_step, fit_low)
+        better = fit_error < error
+        step, low = torch.where(better, fit_step, step), torch.where(better, fit_low, low)
+        codes, error = torch.where(better[..., None], fit_codes, codes), torch.where(better, fit_error, error)
+    q = codes.to(torch.uint8)
     packed = (q[..., :16] | (q[..., 16:] << 4)).view(n, k // 2)
-    return _tiled(packed, k // BLOCK), _tiled(scale.half(), k // BLOCK)
+    params = torch.stack([step, low], dim=-1).half().view(n, k // BLOCK * 2)
+    return _tiled(packed, k // BLOCK), _tiled(params, k // BLOCK)
+
+
+def _int4_codes(blocks: torch.Tensor, step: torch.Tensor, low: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The nearest codes 0..15 of each block for (step, low), and each block's squared error."""
+    inverse = torch.where(step != 0, 1 / step, torch.zeros_like(step))
+    codes = torch.round((blocks - low[..., None]) * inverse[..., None]).clamp(0, 15)
+    error = ((codes * step[..., None] + low[..., None] - blocks) ** 2).sum(-1)
+    return codes, error
 
 
 def unpack_int8(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -144,12 +169,13 @@ def unpack_int8(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return (rows.view(n, k // BLOCK, BLOCK).float() * scales.float()[..., None]).view(n, k)
 
 
-def unpack_int4(packed: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+def unpack_int4(packed: torch.Tensor, params: torch.Tensor) -> torch.Tensor:
     n, half = packed.shape
     blocks = half * 2 // BLOCK
-    rows, scales = _untiled(packed, blocks).view(n, blocks, BLOCK // 2), _untiled(scale, blocks)
-    values = torch.cat([(rows & 0x0F), (rows >> 4)], dim=-1).float() - 8
-    return (values * scales.float()[..., None]).view(n, half * 2)
+    rows = _untiled(packed, blocks).view(n, blocks, BLOCK // 2)
+    step_low = _untiled(params, blocks).view(n, blocks, 2).float()
+    codes = torch.cat([(rows & 0x0F), (rows >> 4)], dim=-1).float()
+    return (codes * step_low[..., :1] + step_low[..., 1:]).view(n, half * 2)
 
 
 def quantize_activations(x: torch.Tensor) -> torch.Tensor:

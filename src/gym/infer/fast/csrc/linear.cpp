@@ -260,7 +260,7 @@ inline __m256i unpack_q4(const uint8_t* p) {
   const __m128i mask = _mm_set1_epi8(0x0f);
   const __m128i lo = _mm_and_si128(raw, mask);
   const __m128i hi = _mm_and_si128(_mm_srli_epi16(raw, 4), mask);
-  return _mm256_sub_epi8(_mm256_set_m128i(hi, lo), _mm256_set1_epi8(8));
+  return _mm256_set_m128i(hi, lo);
 }
 #endif
 
@@ -297,53 +297,71 @@ void dot_float(const float* x, int64_t ldx, const void* w, int64_t ldw, int64_t 
 
 // The same for quantized weights, stored tile-major so that a tile streams from one contiguous run of
 // memory: for each group of kTile output rows, block j of each of its rows, one after the other
-// ([N / kTile][K / 32][kTile][bytes per block]), and the float16 scales likewise ([N / kTile][K / 32][kTile]).
-// xq/xs are the activations as int8 with one float scale per block.
+// ([N / kTile][K / 32][kTile][bytes per block]), and the float16 scales likewise ([N / kTile][K / 32][kTile]
+// for int8; [N / kTile][K / 32][kTile][2], each block's step d then minimum m, for int4: w = d * q + m,
+// q in 0..15). xq/xs are the activations as int8 with one float scale per block, xm each block's sum
+// (xs * sum of xq), which carries the int4 minimum: sum(x * (d q + m)) = d sum(x q) + m sum(x).
 constexpr int kTile = 4;
 
 template <bool int4, int R>
-void dot_quant_tile(const int8_t* xq, const float* xs, int64_t K, const uint8_t* w, const uint16_t* ws, float* out) {
+void dot_quant_tile(const int8_t* xq, const float* xs, const float* xm, int64_t K, const uint8_t* w,
+                    const uint16_t* ws, float* out) {
   const int64_t blocks = K / kBlock;
   constexpr int64_t bytes = int4 ? kBlock / 2 : kBlock;
+  constexpr int params = int4 ? 2 : 1;
   constexpr int T = kTile;
+  float mins[T * R] = {};
 #ifdef GYM_AVX2
   __m256 acc[T * R];
   for (int i = 0; i < T * R; ++i) acc[i] = _mm256_setzero_ps();
   for (int64_t j = 0; j < blocks; ++j) {
     __m256i wv[T];
-    float wscale[T];
+    float wscale[T], wmin[T];
     for (int t = 0; t < T; ++t) {
       const uint8_t* p = w + (j * T + t) * bytes;
       wv[t] = int4 ? unpack_q4(p) : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-      wscale[t] = half_to_float(ws[j * T + t]);
+      wscale[t] = half_to_float(ws[(j * T + t) * params]);
+      wmin[t] = int4 ? half_to_float(ws[(j * T + t) * params + 1]) : 0.f;
     }
     for (int r = 0; r < R; ++r) {
       const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + r * K + j * kBlock));
-      const __m256i ax = _mm256_sign_epi8(xv, xv);
       const float xscale = xs[r * blocks + j];
-      for (int t = 0; t < T; ++t) {
-        const __m256 d = _mm256_cvtepi32_ps(dot_u8s8(ax, _mm256_sign_epi8(wv[t], xv)));
-        acc[t * R + r] = _mm256_fmadd_ps(d, _mm256_set1_ps(wscale[t] * xscale), acc[t * R + r]);
+      if constexpr (int4) {
+        // The codes are unsigned, which is what the instructions want on the left: no sign moves.
+        const float xsum = xm[r * blocks + j];
+        for (int t = 0; t < T; ++t) {
+          const __m256 d = _mm256_cvtepi32_ps(dot_u8s8(wv[t], xv));
+          acc[t * R + r] = _mm256_fmadd_ps(d, _mm256_set1_ps(wscale[t] * xscale), acc[t * R + r]);
+          mins[t * R + r] += wmin[t] * xsum;
+        }
+      } else {
+        const __m256i ax = _mm256_sign_epi8(xv, xv);
+        for (int t = 0; t < T; ++t) {
+          const __m256 d = _mm256_cvtepi32_ps(dot_u8s8(ax, _mm256_sign_epi8(wv[t], xv)));
+          acc[t * R + r] = _mm256_fmadd_ps(d, _mm256_set1_ps(wscale[t] * xscale), acc[t * R + r]);
+        }
       }
     }
   }
-  for (int i = 0; i < T * R; ++i) out[i] = hsum(acc[i]);
+  for (int i = 0; i < T * R; ++i) out[i] = hsum(acc[i]) + mins[i];
 #else
   for (int i = 0; i < T * R; ++i) out[i] = 0.f;
   for (int64_t j = 0; j < blocks; ++j) {
     for (int t = 0; t < T; ++t) {
       const uint8_t* p = w + (j * T + t) * bytes;
-      const float wscale = half_to_float(ws[j * T + t]);
+      const float wscale = half_to_float(ws[(j * T + t) * params]);
       for (int r = 0; r < R; ++r) {
         int32_t dot = 0;
         for (int64_t i = 0; i < kBlock; ++i) {
-          const int32_t wi = int4 ? int32_t(i < 16 ? (p[i] & 0x0f) : (p[i - 16] >> 4)) - 8 : int32_t(int8_t(p[i]));
+          const int32_t wi = int4 ? int32_t(i < 16 ? (p[i] & 0x0f) : (p[i - 16] >> 4)) : int32_t(int8_t(p[i]));
           dot += wi * int32_t(xq[r * K + j * kBlock + i]);
         }
         out[t * R + r] += float(dot) * wscale * xs[r * blocks + j];
+        if constexpr (int4) mins[t * R + r] += half_to_float(ws[(j * T + t) * 2 + 1]) * xm[r * blocks + j];
       }
     }
   }
+  for (int i = 0; i < T * R; ++i) out[i] += mins[i];
 #endif
 }
 
@@ -421,8 +439,9 @@ at::Tensor linear_float(const at::Tensor& x, const at::Tensor& w) {
   return y;
 }
 
-// Symmetric per-block int8 quantization of the activations (scale = max|x| / 127).
-void quantize_rows(const float* x, int64_t B, int64_t K, int8_t* xq, float* xs) {
+// Symmetric per-block int8 quantization of the activations (scale = max|x| / 127), and each block's sum
+// as the quantized values give it.
+void quantize_rows(const float* x, int64_t B, int64_t K, int8_t* xq, float* xs, float* xm) {
   const int64_t blocks = K / kBlock;
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t j = 0; j < blocks; ++j) {
@@ -433,7 +452,12 @@ void quantize_rows(const float* x, int64_t B, int64_t K, int8_t* xq, float* xs) 
       const float inv = scale > 0.f ? 1.f / scale : 0.f;
       xs[b * blocks + j] = scale;
       int8_t* dst = xq + b * K + j * kBlock;
-      for (int64_t i = 0; i < kBlock; ++i) dst[i] = static_cast<int8_t>(std::nearbyint(src[i] * inv));
+      int32_t total = 0;
+      for (int64_t i = 0; i < kBlock; ++i) {
+        dst[i] = static_cast<int8_t>(std::nearbyint(src[i] * inv));
+        total += dst[i];
+      }
+      xm[b * blocks + j] = scale * float(total);
     }
   }
 }
@@ -445,16 +469,18 @@ at::Tensor linear_quant(const at::Tensor& x, const at::Tensor& wq, const at::Ten
   const int64_t B = x.size(0), N = wq.size(0);
   const int64_t K = int4 ? wq.size(1) * 2 : wq.size(1);
   TORCH_CHECK(K % kBlock == 0 && N % kTile == 0, "quantized weights need K % 32 == 0 and N % 4 == 0");
-  TORCH_CHECK(ws.size(0) == N && ws.size(1) == K / kBlock, "scales shape does not match the packed weight");
+  constexpr int64_t params = int4 ? 2 : 1;  // int4 blocks carry a minimum beside their step
+  TORCH_CHECK(ws.size(0) == N && ws.size(1) == params * K / kBlock, "scales shape does not match the packed weight");
   check_input(x, K);
   std::vector<int8_t> xq(B * K);
   std::vector<float> xs(B * (K / kBlock));
-  quantize_rows(x.data_ptr<float>(), B, K, xq.data(), xs.data());
+  std::vector<float> xm(B * (K / kBlock));
+  quantize_rows(x.data_ptr<float>(), B, K, xq.data(), xs.data(), xm.data());
   at::Tensor y = at::empty({B, N}, x.options());
   float* yp = y.data_ptr<float>();
   const auto* wp = static_cast<const uint8_t*>(wq.data_ptr());
   const auto* sp = static_cast<const uint16_t*>(ws.data_ptr());
-  const int64_t row_bytes = wq.size(1), row_scales = K / kBlock;
+  const int64_t row_bytes = wq.size(1), row_blocks = K / kBlock, row_scales = params * row_blocks;
   const int64_t tiles = N / kTile;
   const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 16) / (row_bytes * kTile));
   parallel_for(0, tiles, grain, [&](int64_t t0, int64_t t1) {
@@ -465,12 +491,13 @@ at::Tensor linear_quant(const at::Tensor& x, const at::Tensor& wq, const at::Ten
         const int64_t rows = std::min<int64_t>(kMaxRows, B - b);
         float part[kTile * kMaxRows];
         const int8_t* xr = xq.data() + b * K;
-        const float* sr = xs.data() + b * row_scales;
+        const float* sr = xs.data() + b * row_blocks;
+        const float* mr = xm.data() + b * row_blocks;
         switch (rows) {
-          case 1: dot_quant_tile<int4, 1>(xr, sr, K, w, s, part); break;
-          case 2: dot_quant_tile<int4, 2>(xr, sr, K, w, s, part); break;
-          case 3: dot_quant_tile<int4, 3>(xr, sr, K, w, s, part); break;
-          default: dot_quant_tile<int4, 4>(xr, sr, K, w, s, part); break;
+          case 1: dot_quant_tile<int4, 1>(xr, sr, mr, K, w, s, part); break;
+          case 2: dot_quant_tile<int4, 2>(xr, sr, mr, K, w, s, part); break;
+          case 3: dot_quant_tile<int4, 3>(xr, sr, mr, K, w, s, part); break;
+          default: dot_quant_tile<int4, 4>(xr, sr, mr, K, w, s, part); break;
         }
         for (int t = 0; t < kTile; ++t)
           for (int64_t r = 0; r < rows; ++r) yp[(b + r) * N + tile * kTile + t] = part[t * rows + r];
