@@ -1,6 +1,5 @@
 """The decode kernels: weight packing (tile-major int8, and int4 on llama.cpp's Q4_1 grid), the compiled C++ ops
-against plain torch math,
-and the torch reference path that runs where nothing could be compiled.
+against plain torch math, and the torch reference path that runs where nothing could be compiled.
 
 Every tensor comes from a seeded generator, so the tests are deterministic; the shapes are small, so the whole
 file runs in seconds once the kernels are built (a first build on a new machine takes longer).
