@@ -127,24 +127,32 @@ def test_an_evicting_cache_keeps_answers_identical(variants):
     torch.testing.assert_close(tight, roomy, atol=0, rtol=0)
 
 
-def test_packed_kernel_equals_unpacked_reference():
-    g = torch.Generator().manual_seed(0)
-    out_features, in_features = 48, 64
+@pytest.mark.parametrize(("out_features", "in_features", "group"), [
+    (48, 64, 16),  # whole tiles of four outputs, 16-wide steps only
+    (50, 72, 72),  # two outputs past the last four, and a row that ends eight activations into a 16-wide step
+    (50, 72, 24),  # groups that each end eight into a step
+    (36, 576, 576),  # the embedded model's width, one scale per row
+])
+def test_packed_kernel_equals_unpacked_reference(out_features, in_features, group):
+    """Rows of one variant alone (four outputs at a time), and runs of rows sharing a variant, against x @ W.T."""
+    g = torch.Generator().manual_seed(out_features + in_features + group)
     x = torch.randn(5, in_features, generator=g)
     bits = [torch.randint(0, 256, (out_features * in_features // 8,), dtype=torch.uint8, generator=g)
-            for _ in range(2)]
-    scales = [torch.rand(out_features, 1, generator=g), torch.rand(out_features, 4, generator=g)]
-    rows = torch.tensor([0, 3, 4])
-    entries = ([bits[0], bits[1], bits[1]], [scales[0], scales[1], scales[1]], [in_features, 16, 16])
+            for _ in range(3)]
+    per_row, grouped = torch.rand(out_features, 1, generator=g), torch.rand(out_features, -(-in_features // group),
+                                                                           generator=g)
+    rows = torch.tensor([0, 1, 3, 4])
+    entries = ([bits[0], bits[2], bits[1], bits[1]], [per_row, grouped, grouped, grouped],
+               [in_features, group, group, group])
     y = torch.zeros(5, out_features)
     kernels.sign_matmul_add_(y, x, rows, *entries)
     want = torch.zeros(5, out_features)
     for e, row in enumerate(rows.tolist()):
         matrix = kernels.unpack_signs(entries[0][e], out_features, in_features) * kernels.expand_groups(
             entries[1][e], entries[2][e], in_features)
-        want[row] = x[row] @ matrix.T
-    torch.testing.assert_close(y, want, atol=1e-5, rtol=1e-5)
-    assert y[1].abs().sum() == 0 and y[2].abs().sum() == 0
+        want[row] = x[row].double() @ matrix.double().T
+    torch.testing.assert_close(y, want, atol=1e-4, rtol=1e-5)
+    assert y[2].abs().sum() == 0
 
 
 def _family(kind: str):

@@ -184,9 +184,16 @@ def test_int8_round_trip_within_half_a_step(n, k, magnitude):
 
 
 def int4_params(params: torch.Tensor, blocks: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Tiled int4 parameters [N, 2 * blocks] -> (step, minimum), each [N, blocks] float32."""
-    rows = untile(params, blocks).float().reshape(params.shape[0], blocks, 2)
-    return rows[..., 0], rows[..., 1]
+    """Tiled int4 parameters [N/4][blocks][2][4] (a tile's four steps, then its four minimums, block by block)
+    -> (step, minimum), each [N, blocks] float32."""
+    n = params.shape[0]
+    step, low = torch.empty(n, blocks), torch.empty(n, blocks)
+    view = params.float().reshape(n // TILE, blocks, 2, TILE)
+    for tile in range(n // TILE):
+        for j in range(blocks):
+            for t in range(TILE):
+                step[tile * TILE + t, j], low[tile * TILE + t, j] = view[tile, j, 0, t], view[tile, j, 1, t]
+    return step, low
 
 
 def min_max_fit_error(w: torch.Tensor) -> torch.Tensor:
@@ -278,17 +285,17 @@ def test_int8_layout_is_tile_major():
 
 def test_int4_layout_is_tile_major_low_nibble_first():
     """Byte b of a block holds weight b (low nibble) and weight b + 16 (high nibble), each as its code 0..15;
-    the parameters are [N/4][K/32][4][2]: each block's step, then its minimum."""
+    the parameters are [N/4][K/32][2][4]: the tile's four steps, then its four minimums."""
     n, k = 8, 64
     w = randn(n, k, seed=8)
     packed, params = kernels.pack_int4(w)
     dense = kernels.unpack_int4(packed, params)
     p_tiles = packed.reshape(n // TILE, k // BLOCK, TILE, BLOCK // 2)
-    s_tiles = params.reshape(n // TILE, k // BLOCK, TILE, 2)
+    s_tiles = params.reshape(n // TILE, k // BLOCK, 2, TILE)
     for i in range(n // TILE):
         for j in range(k // BLOCK):
             for t in range(TILE):
-                step, low = s_tiles[i, j, t].float()
+                step, low = s_tiles[i, j, :, t].float()
                 codes = torch.round((dense[TILE * i + t, j * BLOCK:(j + 1) * BLOCK] - low) / step).to(torch.uint8)
                 byte = p_tiles[i, j, t]
                 assert torch.equal(byte & 0x0F, codes[:16])
@@ -305,14 +312,17 @@ def test_packing_reorders_storage_but_unpack_restores_rows(fmt):
                                                                                     kernels.unpack_int4)
     weights, scale = pack(w)
     # Stored tile-major, the scales are not in row order.
-    rows_scale = untile(scale, k // BLOCK)
-    assert not torch.equal(scale, rows_scale)
     if fmt == "int8":  # row 0 of the storage holds rows 0 and 1, block 0
+        rows_scale = untile(scale, k // BLOCK)
+        assert not torch.equal(scale, rows_scale)
         assert scale[0, 0] == rows_scale[0, 0] and scale[0, 1] == rows_scale[1, 0] and scale[1, 0] == rows_scale[2, 0]
         assert torch.equal(rows_scale[:, 0], 2 * rows_scale[:, 1])
-    else:  # (step, minimum) pairs: storage row 0 holds rows 0 and 1 of block 0, storage row 1 rows 2 and 3
-        assert scale[0, 1] == rows_scale[0, 1] and scale[0, 3] == rows_scale[1, 1] and scale[1, 1] == rows_scale[2, 1]
-        assert torch.equal(rows_scale[:, 1], -2 * rows_scale[:, 3])  # constant blocks: the minimum is the value
+    else:  # 4 per storage row: block 0's steps of rows 0-3, their minimums, then block 1's steps and minimums
+        step, low = int4_params(scale, k // BLOCK)
+        assert torch.equal(scale[1].float(), low[:TILE, 0]) and torch.equal(scale[3].float(), low[:TILE, 1])
+        assert not torch.equal(scale.float(), torch.stack([step, low], dim=-1).reshape(n, -1))
+        assert torch.equal(low[:, 0], -2 * low[:, 1])  # constant blocks: step 0, the minimum is the value
+        assert torch.all(step == 0)
     dense = unpack(weights, scale)
     torch.testing.assert_close(dense, w, rtol=2e-3, atol=0)
     # Row for row: each restored row is the nearest original row.

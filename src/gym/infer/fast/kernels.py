@@ -126,8 +126,8 @@ def pack_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def pack_int4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Asymmetric int4 per block of 32, w ~ d * q + m with q in 0..15 (llama.cpp's Q4_1 grid) ->
-    (uint8 [N, K/2] two per byte, float16 [N, K/16]: each block's d then m), tiled. Byte i of a block
-    holds weight i (low nibble) and weight i + 16 (high nibble).
+    (uint8 [N, K/2] two per byte, float16 [N, K/16]), tiled: each tile's block holds its four rows' d, then
+    their four m. Byte i of a block holds weight i (low nibble) and weight i + 16 (high nibble).
 
     The block's own minimum and maximum start the fit; a few least-squares refits of (d, m) to the
     codes then lower the error (~30% less squared error than a symmetric scale on Gaussian weights).
@@ -151,8 +151,15 @@ def pack_int4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         codes, error = torch.where(better[..., None], fit_codes, codes), torch.where(better, fit_error, error)
     q = codes.to(torch.uint8)
     packed = (q[..., :16] | (q[..., 16:] << 4)).view(n, k // 2)
-    params = torch.stack([step, low], dim=-1).half().view(n, k // BLOCK * 2)
-    return _tiled(packed, k // BLOCK), _tiled(params, k // BLOCK)
+    # [N/4][K/32][2][4]: for each tile and block, its four rows' steps, then their four minimums.
+    params = torch.stack([_tile_columns(step), _tile_columns(low)], dim=2).half()
+    return _tiled(packed, k // BLOCK), params.reshape(n, k // BLOCK * 2)
+
+
+def _tile_columns(values: torch.Tensor) -> torch.Tensor:
+    """[N, blocks] -> [N/4, blocks, 4]: each tile's rows side by side, block by block."""
+    n, blocks = values.shape
+    return values.view(n // TILE, TILE, blocks).transpose(1, 2)
 
 
 def _int4_codes(blocks: torch.Tensor, step: torch.Tensor, low: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -173,9 +180,9 @@ def unpack_int4(packed: torch.Tensor, params: torch.Tensor) -> torch.Tensor:
     n, half = packed.shape
     blocks = half * 2 // BLOCK
     rows = _untiled(packed, blocks).view(n, blocks, BLOCK // 2)
-    step_low = _untiled(params, blocks).view(n, blocks, 2).float()
+    step, low = params.view(n // TILE, blocks, 2, TILE).float().permute(2, 0, 3, 1).reshape(2, n, blocks, 1)
     codes = torch.cat([(rows & 0x0F), (rows >> 4)], dim=-1).float()
-    return (codes * step_low[..., :1] + step_low[..., 1:]).view(n, half * 2)
+    return (codes * step + low).view(n, half * 2)
 
 
 def quantize_activations(x: torch.Tensor) -> torch.Tensor:

@@ -298,8 +298,8 @@ void dot_float(const float* x, int64_t ldx, const void* w, int64_t ldw, int64_t 
 // The same for quantized weights, stored tile-major so that a tile streams from one contiguous run of
 // memory: for each group of kTile output rows, block j of each of its rows, one after the other
 // ([N / kTile][K / 32][kTile][bytes per block]), and the float16 scales likewise ([N / kTile][K / 32][kTile]
-// for int8; [N / kTile][K / 32][kTile][2], each block's step d then minimum m, for int4: w = d * q + m,
-// q in 0..15). xq/xs are the activations as int8 with one float scale per block, xm each block's sum
+// for int8; [N / kTile][K / 32][2][kTile], the tile's four steps d then its four minimums m, for int4:
+// w = d * q + m, q in 0..15). xq/xs are the activations as int8 with one float scale per block, xm each block's sum
 // (xs * sum of xq), which carries the int4 minimum: sum(x * (d q + m)) = d sum(x q) + m sum(x).
 constexpr int kTile = 4;
 
@@ -308,48 +308,56 @@ void dot_quant_tile(const int8_t* xq, const float* xs, const float* xm, int64_t 
                     const uint16_t* ws, float* out) {
   const int64_t blocks = K / kBlock;
   constexpr int64_t bytes = int4 ? kBlock / 2 : kBlock;
-  constexpr int params = int4 ? 2 : 1;
   constexpr int T = kTile;
-  float mins[T * R] = {};
 #ifdef GYM_AVX2
+  static_assert(T == 4, "the int4 minimums of a tile are one 128-bit vector");
   __m256 acc[T * R];
+  __m128 mins[R];  // per row, the four outputs' sum of m * sum(x) over the blocks so far
   for (int i = 0; i < T * R; ++i) acc[i] = _mm256_setzero_ps();
+  for (int r = 0; r < R; ++r) mins[r] = _mm_setzero_ps();
   for (int64_t j = 0; j < blocks; ++j) {
     __m256i wv[T];
-    float wscale[T], wmin[T];
+    alignas(32) float wparams[2 * T];  // the steps (int8: scales), then for int4 the minimums
+    if constexpr (int4) {
+      _mm256_store_ps(wparams, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ws + j * 2 * T))));
+    } else {
+      _mm_store_ps(wparams, _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(ws + j * T))));
+    }
     for (int t = 0; t < T; ++t) {
       const uint8_t* p = w + (j * T + t) * bytes;
       wv[t] = int4 ? unpack_q4(p) : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-      wscale[t] = half_to_float(ws[(j * T + t) * params]);
-      wmin[t] = int4 ? half_to_float(ws[(j * T + t) * params + 1]) : 0.f;
     }
     for (int r = 0; r < R; ++r) {
       const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + r * K + j * kBlock));
       const float xscale = xs[r * blocks + j];
       if constexpr (int4) {
         // The codes are unsigned, which is what the instructions want on the left: no sign moves.
-        const float xsum = xm[r * blocks + j];
+        mins[r] = _mm_fmadd_ps(_mm_load_ps(wparams + T), _mm_set1_ps(xm[r * blocks + j]), mins[r]);
         for (int t = 0; t < T; ++t) {
           const __m256 d = _mm256_cvtepi32_ps(dot_u8s8(wv[t], xv));
-          acc[t * R + r] = _mm256_fmadd_ps(d, _mm256_set1_ps(wscale[t] * xscale), acc[t * R + r]);
-          mins[t * R + r] += wmin[t] * xsum;
+          acc[t * R + r] = _mm256_fmadd_ps(d, _mm256_set1_ps(wparams[t] * xscale), acc[t * R + r]);
         }
       } else {
         const __m256i ax = _mm256_sign_epi8(xv, xv);
         for (int t = 0; t < T; ++t) {
           const __m256 d = _mm256_cvtepi32_ps(dot_u8s8(ax, _mm256_sign_epi8(wv[t], xv)));
-          acc[t * R + r] = _mm256_fmadd_ps(d, _mm256_set1_ps(wscale[t] * xscale), acc[t * R + r]);
+          acc[t * R + r] = _mm256_fmadd_ps(d, _mm256_set1_ps(wparams[t] * xscale), acc[t * R + r]);
         }
       }
     }
   }
-  for (int i = 0; i < T * R; ++i) out[i] = hsum(acc[i]) + mins[i];
+  for (int r = 0; r < R; ++r) {
+    alignas(16) float m[T];
+    _mm_store_ps(m, mins[r]);
+    for (int t = 0; t < T; ++t) out[t * R + r] = hsum(acc[t * R + r]) + m[t];
+  }
 #else
+  float mins[T * R] = {};
   for (int i = 0; i < T * R; ++i) out[i] = 0.f;
   for (int64_t j = 0; j < blocks; ++j) {
     for (int t = 0; t < T; ++t) {
       const uint8_t* p = w + (j * T + t) * bytes;
-      const float wscale = half_to_float(ws[(j * T + t) * params]);
+      const float wscale = half_to_float(ws[int4 ? j * 2 * T + t : j * T + t]);
       for (int r = 0; r < R; ++r) {
         int32_t dot = 0;
         for (int64_t i = 0; i < kBlock; ++i) {
@@ -357,7 +365,7 @@ void dot_quant_tile(const int8_t* xq, const float* xs, const float* xm, int64_t 
           dot += wi * int32_t(xq[r * K + j * kBlock + i]);
         }
         out[t * R + r] += float(dot) * wscale * xs[r * blocks + j];
-        if constexpr (int4) mins[t * R + r] += half_to_float(ws[(j * T + t) * 2 + 1]) * xm[r * blocks + j];
+        if constexpr (int4) mins[t * R + r] += half_to_float(ws[j * 2 * T + T + t]) * xm[r * blocks + j];
       }
     }
   }
@@ -724,6 +732,81 @@ inline void masked_sums(const uint8_t* bits, const float* const* x, int64_t k0, 
 #endif
 }
 
+// The signed dot products of one activation row with four consecutive sign rows (the common case: one
+// row per variant in a batch), out[o] = sum_g s[o][g] * (x . sign_o over group g). Each activation vector
+// loaded feeds all four rows, and each group's partial sums are scaled while still vectors, so the
+// horizontal reduction, which costs about as much as the masked adds of a 576-wide row, is done once for
+// all four outputs instead of once per output and group.
+inline void sign_dot4(const uint8_t* bits, int64_t row_bytes, const float* s, int64_t G, int64_t size, int64_t K,
+                      const float* x, const float* group_sum, float* out) {
+  float offset[4] = {0.f, 0.f, 0.f, 0.f};  // sum_g s[g] * sum(x over g): x . sign = 2 (x . b) - sum(x)
+  for (int o = 0; o < 4; ++o)
+    for (int64_t g = 0; g < G; ++g) offset[o] += s[o * G + g] * group_sum[g];
+#if defined(__AVX512F__)
+  __m512 total[4];
+  for (int o = 0; o < 4; ++o) total[o] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < G; ++g) {
+    const int64_t k0 = g * size, k1 = std::min(K, k0 + size);
+    __m512 acc[4];
+    for (int o = 0; o < 4; ++o) acc[o] = _mm512_setzero_ps();
+    int64_t k = k0;
+    for (; k + 16 <= k1; k += 16) {
+      const __m512 xv = _mm512_loadu_ps(x + k);
+      for (int o = 0; o < 4; ++o) {
+        uint16_t lanes;
+        std::memcpy(&lanes, bits + o * row_bytes + (k >> 3), 2);
+        acc[o] = _mm512_mask_add_ps(acc[o], __mmask16(lanes), acc[o], xv);
+      }
+    }
+    if (k < k1) {  // group bounds are multiples of 8: eight activations and one byte of bits are left
+      const __m512 xv = _mm512_maskz_loadu_ps(__mmask16(0x00ff), x + k);
+      for (int o = 0; o < 4; ++o) acc[o] = _mm512_mask_add_ps(acc[o], __mmask16(bits[o * row_bytes + (k >> 3)]), acc[o], xv);
+    }
+    for (int o = 0; o < 4; ++o) total[o] = _mm512_fmadd_ps(_mm512_set1_ps(2.f * s[o * G + g]), acc[o], total[o]);
+  }
+  __m256 half[4];
+  for (int o = 0; o < 4; ++o)
+    half[o] = _mm256_add_ps(_mm512_castps512_ps256(total[o]),
+                            _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(total[o]), 1)));
+#elif defined(GYM_AVX2)
+  const MaskTable& table = mask_table();
+  __m256 half[4];
+  for (int o = 0; o < 4; ++o) half[o] = _mm256_setzero_ps();
+  for (int64_t g = 0; g < G; ++g) {
+    const int64_t k0 = g * size, k1 = std::min(K, k0 + size);
+    __m256 acc[4];
+    for (int o = 0; o < 4; ++o) acc[o] = _mm256_setzero_ps();
+    for (int64_t k = k0; k < k1; k += 8) {
+      const __m256 xv = _mm256_loadu_ps(x + k);
+      for (int o = 0; o < 4; ++o) {
+        const __m256 mask = _mm256_load_ps(reinterpret_cast<const float*>(table.lanes[bits[o * row_bytes + (k >> 3)]]));
+        acc[o] = _mm256_add_ps(acc[o], _mm256_and_ps(mask, xv));
+      }
+    }
+    for (int o = 0; o < 4; ++o) half[o] = _mm256_fmadd_ps(_mm256_set1_ps(2.f * s[o * G + g]), acc[o], half[o]);
+  }
+#endif
+#if defined(__AVX512F__) || defined(GYM_AVX2)
+  // Four horizontal sums at once: pairwise adds leave [o0 o1 o2 o3] in each 128-bit half.
+  const __m256 pairs = _mm256_hadd_ps(_mm256_hadd_ps(half[0], half[1]), _mm256_hadd_ps(half[2], half[3]));
+  const __m128 sums = _mm_add_ps(_mm256_castps256_ps128(pairs), _mm256_extractf128_ps(pairs, 1));
+  alignas(16) float lanes_out[4];
+  _mm_store_ps(lanes_out, sums);
+  for (int o = 0; o < 4; ++o) out[o] = lanes_out[o] - offset[o];
+#else
+  for (int o = 0; o < 4; ++o) {
+    float dot = 0.f;
+    for (int64_t g = 0; g < G; ++g) {
+      float masked = 0.f;
+      for (int64_t k = g * size; k < std::min(K, (g + 1) * size); ++k)
+        if ((bits[o * row_bytes + (k >> 3)] >> (k & 7)) & 1) masked += x[k];
+      dot += 2.f * s[o * G + g] * masked;
+    }
+    out[o] = dot - offset[o];
+  }
+#endif
+}
+
 void sign_matmul_add_(at::Tensor& y, const at::Tensor& x, const at::Tensor& rows, at::TensorList bits,
                       at::TensorList scales, at::IntArrayRef group_sizes) {
   const int64_t E = rows.numel(), K = x.size(1), N = y.size(1);
@@ -775,7 +858,17 @@ void sign_matmul_add_(at::Tensor& y, const at::Tensor& x, const at::Tensor& rows
       const float* xs[4];
       for (int r = 0; r < R; ++r) xs[r] = xp + row[first + r] * K;
       const int64_t G = groups[first], size = group_sizes[first];
-      for (int64_t n = t0 * kOutputs; n < std::min(N, t1 * kOutputs); ++n) {
+      const int64_t end = std::min(N, t1 * kOutputs);
+      int64_t n = t0 * kOutputs;
+      if (R == 1) {
+        for (; n + 4 <= end; n += 4) {
+          float out[4];
+          sign_dot4(bit_ptr[first] + n * row_bytes, row_bytes, scale_ptr[first] + n * G, G, size, K, xs[0],
+                    group_sum[first].data(), out);
+          for (int o = 0; o < 4; ++o) yp[row[first] * N + n + o] += out[o];
+        }
+      }
+      for (; n < end; ++n) {
         const uint8_t* b = bit_ptr[first] + n * row_bytes;
         const float* s = scale_ptr[first] + n * G;
         float out[4] = {0.f, 0.f, 0.f, 0.f};
