@@ -131,10 +131,14 @@ def test_an_evicting_cache_keeps_answers_identical(variants):
     (48, 64, 16),  # whole tiles of four outputs, 16-wide steps only
     (50, 72, 72),  # two outputs past the last four, and a row that ends eight activations into a 16-wide step
     (50, 72, 24),  # groups that each end eight into a step
-    (36, 576, 576),  # the embedded model's width, one scale per row
+    (36, 576, 576),  # the embedded model's width, one scale per row (table lookups: whole blocks of 32)
+    (40, 96, 96),  # table lookups: sixteen outputs, sixteen more, then the last eight
+    (40, 192, 64),  # table lookups with three groups per row, scales gathered per group
+    (16, 64, 32),  # table lookups, one block per group
 ])
 def test_packed_kernel_equals_unpacked_reference(out_features, in_features, group):
-    """Rows of one variant alone (four outputs at a time), and runs of rows sharing a variant, against x @ W.T."""
+    """Rows of one variant alone, and runs of rows sharing a variant, against x @ W.T (AVX-512 CPUs take
+    rows of whole blocks of 32 through table lookups, others through masked adds four outputs at a time)."""
     g = torch.Generator().manual_seed(out_features + in_features + group)
     x = torch.randn(5, in_features, generator=g)
     bits = [torch.randint(0, 256, (out_features * in_features // 8,), dtype=torch.uint8, generator=g)
