@@ -115,7 +115,7 @@ class FastDecoder(SlotCache):
             post_norm=layer.post_attention_layernorm.weight.detach().float(),
             qkv=FastLinear.fused([attention.q_proj, attention.k_proj, attention.v_proj], dtype),
             o=linear(attention.o_proj), gate_up=FastLinear.fused([mlp.gate_proj, mlp.up_proj], dtype),
-            down=FastLinear(mlp.down_proj.weight, mlp.down_proj.bias, dtype),
+            down=linear(mlp.down_proj),
             q_norm=q_norm.weight.detach().float() if q_norm is not None else None,
             k_norm=k_norm.weight.detach().float() if k_norm is not None else None,
         )
