@@ -736,39 +736,14 @@ inline void masked_sums(const uint8_t* bits, const float* const* x, int64_t k0, 
 // row per variant in a batch), out[o] = sum_g s[o][g] * (x . sign_o over group g). Each activation vector
 // loaded feeds all four rows, and each group's partial sums are scaled while still vectors, so the
 // horizontal reduction, which costs about as much as the masked adds of a 576-wide row, is done once for
-// all four outputs instead of once per output and group.
+// all four outputs instead of once per output and group. AVX-512 CPUs take rows of whole blocks of 32
+// through the table lookups below and only odd widths through this (AVX2) form.
 inline void sign_dot4(const uint8_t* bits, int64_t row_bytes, const float* s, int64_t G, int64_t size, int64_t K,
                       const float* x, const float* group_sum, float* out) {
   float offset[4] = {0.f, 0.f, 0.f, 0.f};  // sum_g s[g] * sum(x over g): x . sign = 2 (x . b) - sum(x)
   for (int o = 0; o < 4; ++o)
     for (int64_t g = 0; g < G; ++g) offset[o] += s[o * G + g] * group_sum[g];
-#if defined(__AVX512F__)
-  __m512 total[4];
-  for (int o = 0; o < 4; ++o) total[o] = _mm512_setzero_ps();
-  for (int64_t g = 0; g < G; ++g) {
-    const int64_t k0 = g * size, k1 = std::min(K, k0 + size);
-    __m512 acc[4];
-    for (int o = 0; o < 4; ++o) acc[o] = _mm512_setzero_ps();
-    int64_t k = k0;
-    for (; k + 16 <= k1; k += 16) {
-      const __m512 xv = _mm512_loadu_ps(x + k);
-      for (int o = 0; o < 4; ++o) {
-        uint16_t lanes;
-        std::memcpy(&lanes, bits + o * row_bytes + (k >> 3), 2);
-        acc[o] = _mm512_mask_add_ps(acc[o], __mmask16(lanes), acc[o], xv);
-      }
-    }
-    if (k < k1) {  // group bounds are multiples of 8: eight activations and one byte of bits are left
-      const __m512 xv = _mm512_maskz_loadu_ps(__mmask16(0x00ff), x + k);
-      for (int o = 0; o < 4; ++o) acc[o] = _mm512_mask_add_ps(acc[o], __mmask16(bits[o * row_bytes + (k >> 3)]), acc[o], xv);
-    }
-    for (int o = 0; o < 4; ++o) total[o] = _mm512_fmadd_ps(_mm512_set1_ps(2.f * s[o * G + g]), acc[o], total[o]);
-  }
-  __m256 half[4];
-  for (int o = 0; o < 4; ++o)
-    half[o] = _mm256_add_ps(_mm512_castps512_ps256(total[o]),
-                            _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(total[o]), 1)));
-#elif defined(GYM_AVX2)
+#ifdef GYM_AVX2
   const MaskTable& table = mask_table();
   __m256 half[4];
   for (int o = 0; o < 4; ++o) half[o] = _mm256_setzero_ps();
@@ -786,7 +761,7 @@ inline void sign_dot4(const uint8_t* bits, int64_t row_bytes, const float* s, in
     for (int o = 0; o < 4; ++o) half[o] = _mm256_fmadd_ps(_mm256_set1_ps(2.f * s[o * G + g]), acc[o], half[o]);
   }
 #endif
-#if defined(__AVX512F__) || defined(GYM_AVX2)
+#ifdef GYM_AVX2
   // Four horizontal sums at once: pairwise adds leave [o0 o1 o2 o3] in each 128-bit half.
   const __m256 pairs = _mm256_hadd_ps(_mm256_hadd_ps(half[0], half[1]), _mm256_hadd_ps(half[2], half[3]));
   const __m128 sums = _mm_add_ps(_mm256_castps256_ps128(pairs), _mm256_extractf128_ps(pairs, 1));
