@@ -45,13 +45,14 @@ class FastEngine(BatchingEngine):
     """The Engine protocol over FastDecoder (CPU) or GpuDecoder (a model on a CUDA GPU); `dtype` is the
     served weight format on the CPU (float32, bfloat16, float16, int8, int4); a GPU serves the model's own.
     `compile`: on a GPU, whether to torch.compile the decode step before capturing it (infer_compile).
+    `prefill_chunk`: prompt tokens per step; 0 takes the decoder's own choice (its `prefill_chunk`).
     `variants`: the per-user variants a request may name (SamplingParams.variant), served in the same
     batches as the base (gym.infer.fast.deltas)."""
 
     thread_name = "gym-fast-engine"
 
     def __init__(self, model: Any, tokenizer: Any, stop_token_ids: list[int], *, dtype: str = "float32",
-                 max_batch_size: int = 16, max_waiting: int = 256, prefill_chunk: int = 256,
+                 max_batch_size: int = 16, max_waiting: int = 256, prefill_chunk: int = 0,
                  prefix_cache_mb: int = 256, max_length: int | None = None, compile: bool = False,
                  variants: VariantBank | None = None) -> None:
         super().__init__(tokenizer, stop_token_ids, max_batch_size=max_batch_size, max_waiting=max_waiting)
@@ -66,7 +67,7 @@ class FastEngine(BatchingEngine):
         else:
             self.decoder = FastDecoder(model, dtype, slots=self.max_batch_size, max_length=max_length)
         self.prefix = PrefixCache(self.decoder, prefix_cache_mb << 20)
-        self.prefill_chunk = max(1, prefill_chunk)
+        self.prefill_chunk = prefill_chunk if prefill_chunk > 0 else self.decoder.prefill_chunk
         self.variants = variants
         self.dtype = dtype
         self._decoding: list[_Row] = []

@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from gym.infer.fast.cache import SlotCache
 from gym.infer.fast.deltas import CompiledVariant, RowDeltas
@@ -39,6 +40,9 @@ from gym.infer.fast.deltas import CompiledVariant, RowDeltas
 logger = logging.getLogger(__name__)
 
 MIN_LENGTH_BUCKET = 256
+# Not cuDNN's attention: it builds a plan for every new shape (~100 ms each on the H100), so every new
+# prompt length paid it in its time to first token (docs/benchmarks.md, GPU section).
+ATTENTION_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 @dataclass
@@ -102,6 +106,10 @@ class GpuDecoder(SlotCache):
     `graphs`: capture decode steps as CUDA graphs (on CUDA by default; elsewhere the step runs eagerly,
     which is what the CPU tests check); `compile`: torch.compile the step first."""
 
+    # Prompt tokens per engine step: a prefill chunk is launch-bound on the GPU (the H100 took ~20 ms for
+    # 256 tokens and for 1,024), so small chunks only multiply a long prompt's time to first token.
+    prefill_chunk = 2048
+
     def __init__(self, model: Any, *, slots: int, max_length: int | None = None, graphs: bool | None = None,
                  compile: bool = False) -> None:
         config = model.config
@@ -133,10 +141,16 @@ class GpuDecoder(SlotCache):
         self._pool: Any = None
         self.graph_seconds = 0.0  # time spent capturing graphs (and compiling for them)
         self.compile_reason: str | None = None
-        self._step: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int], torch.Tensor] = self._decode_step
-        if compile:
-            self._step = self._compiled_step()
+        self.compile_seconds = 0.0
+        # Wrapped so that the compiled frames hold no int arguments (dynamic=True would make them symbolic).
+        self._eager: tuple[Callable[..., Any], ...] = (
+            lambda x, layer, cos, sin: self._qkv(x, layer, cos, sin),
+            lambda x, attended, layer: self._residual(x, attended, layer),
+            lambda x: self._logits(x, None))
+        self._pieces = self._eager
         self.grow(min(MIN_LENGTH_BUCKET, self.max_length))
+        if compile:
+            self._pieces = self._compiled_pieces()
 
     def _layer(self, layer: Any) -> GpuLayer:
         attention, mlp = layer.self_attn, layer.mlp
@@ -163,22 +177,37 @@ class GpuDecoder(SlotCache):
         # transformers computes the tables in float32 and casts them to the activations' dtype.
         return cos[0].to(self.model_dtype).contiguous(), sin[0].to(self.model_dtype).contiguous()
 
-    def _compiled_step(self) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int], torch.Tensor]:
+    def _compiled_pieces(self) -> tuple[Callable[..., Any], ...]:
+        """The three base-row pieces of a layer step, compiled. Each takes its layer's weights as
+        arguments and its sizes from its tensors, so one compiled program serves every layer, decode and
+        prefill alike (dynamic in the row count): compiling costs a few programs, not the whole unrolled
+        model (that took more than five minutes for 28 layers on the H100 machine)."""
         try:
             import torch._dynamo
 
-            torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
-            return torch.compile(self._decode_step, dynamic=True, fullgraph=True)
+            started = time.perf_counter()
+            pieces = tuple(torch.compile(piece, dynamic=True, fullgraph=True) for piece in self._eager)
+            # Compile now, through the real decode and prefill paths (their inputs' layouts are part of
+            # what a program is specialized on), for one row and for many (the size-1 case is its own
+            # program), writing only the scratch slot: start-up pays for it and says how long it took,
+            # and a failure (no Triton, a compiler error) is found here.
+            self._pieces = pieces
+            for rows in (1, 2):
+                self._prefill_one(self.slots, [0] * rows, 0, False, None)
+                zeros = torch.zeros(rows, dtype=torch.long, device=self.device)
+                self._decode_step(zeros, zeros, torch.full_like(zeros, self.slots), MIN_LENGTH_BUCKET)
+            self.compile_seconds = time.perf_counter() - started
+            logger.info("Compiled the layer step with torch.compile in %.1fs", self.compile_seconds)
+            return pieces
         except Exception as exc:  # no Triton/compiler here: the graphs still remove the launch overhead
-            self.compile_reason = f"{type(exc).__name__}: {exc}"
-            logger.warning("torch.compile is not available for the decode step (%s); capturing eager kernels.",
-                           self.compile_reason)
-            return self._decode_step
+            self.compile_reason = f"{type(exc).__name__}: {exc}".splitlines()[0]
+            logger.warning("torch.compile failed on the layer step (%s); running eager kernels.", self.compile_reason)
+            return self._eager
 
     @property
     def compiled(self) -> bool:
-        """Whether decode steps run torch.compile's kernels."""
-        return self._step != self._decode_step
+        """Whether steps run torch.compile's kernels."""
+        return self._pieces is not self._eager
 
     @property
     def weight_bytes(self) -> int:
@@ -226,6 +255,25 @@ class GpuDecoder(SlotCache):
         gate, up = self._linear(h, layer.gate_up, f"{index}.gate_up", deltas).chunk(2, dim=-1)
         return self._linear(F.silu(gate) * up, layer.down, f"{index}.down", deltas)
 
+    def _residual(self, x: torch.Tensor, attended: torch.Tensor, layer: GpuLayer, index: int = 0,
+                  deltas: RowDeltas | None = None) -> torch.Tensor:
+        """x after the layer's attention output projection and MLP, each added to the residual stream."""
+        x = x + self._linear(attended, layer.o, f"{index}.o", deltas)
+        return x + self._mlp(x, layer, index, deltas)
+
+    # Base rows (no variant deltas) go through these three, compiled (infer_compile) or not; variant rows
+    # through the eager pieces with their deltas.
+    def _attention_inputs(self, x: torch.Tensor, layer: GpuLayer, cos: torch.Tensor, sin: torch.Tensor, index: int,
+                          deltas: RowDeltas | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return self._qkv(x, layer, cos, sin, index, deltas) if deltas else self._pieces[0](x, layer, cos, sin)
+
+    def _attention_output(self, x: torch.Tensor, attended: torch.Tensor, layer: GpuLayer, index: int,
+                          deltas: RowDeltas | None) -> torch.Tensor:
+        return self._residual(x, attended, layer, index, deltas) if deltas else self._pieces[1](x, attended, layer)
+
+    def _output(self, x: torch.Tensor, deltas: RowDeltas | None) -> torch.Tensor:
+        return self._logits(x, deltas) if deltas else self._pieces[2](x)
+
     def _norm(self, x: torch.Tensor, weight: torch.Tensor, key: str, deltas: RowDeltas | None) -> torch.Tensor:
         normed = _rms_norm(x, weight, self.eps)
         return deltas.norm(key, x, normed, self.eps) if deltas else normed
@@ -254,18 +302,19 @@ class GpuDecoder(SlotCache):
         cos, sin = self.cos[positions][:, None, :], self.sin[positions][:, None, :]
         mask = (torch.arange(length, device=tokens.device)[None, :] <= positions[:, None])[:, None, None, :]
         for index, layer in enumerate(self.layers):
-            q, k, v = self._qkv(x, layer, cos, sin, index, deltas)
+            q, k, v = self._attention_inputs(x, layer, cos, sin, index, deltas)
             keys, values = self.keys[index], self.values[index]
             keys[slots, :, positions] = k
             values[slots, :, positions] = v
             # The query heads sharing a key head attend as that head's "queries" (transformers' repeat_kv
             # maps query head h to key head h // group): no copy of the cache per group, and any SDPA
             # kernel that takes a mask serves it.
-            attended = F.scaled_dot_product_attention(q.reshape(rows, kv, heads // kv, dim), keys[:rows, :, :length],
-                                                      values[:rows, :, :length], attn_mask=mask)
-            x = x + self._linear(attended.reshape(rows, heads * dim), layer.o, f"{index}.o", deltas)
-            x = x + self._mlp(x, layer, index, deltas)
-        return self._logits(x, deltas)
+            with sdpa_kernel(ATTENTION_BACKENDS):
+                attended = F.scaled_dot_product_attention(q.reshape(rows, kv, heads // kv, dim),
+                                                          keys[:rows, :, :length], values[:rows, :, :length],
+                                                          attn_mask=mask)
+            x = self._attention_output(x, attended.reshape(rows, heads * dim), layer, index, deltas)
+        return self._output(x, deltas)
 
     def _length_bucket(self, needed: int) -> int:
         bucket = MIN_LENGTH_BUCKET
@@ -286,7 +335,7 @@ class GpuDecoder(SlotCache):
         if deltas or not self.use_graphs:
             args = (torch.tensor(tokens, device=self.device), torch.tensor(lengths, device=self.device),
                     torch.arange(rows, device=self.device), length)
-            return self._decode_step(*args, deltas) if deltas else self._step(*args)
+            return self._decode_step(*args, deltas)
         size = next(b for b in buckets(self.slots) if b >= rows)
         graph = self._graphs.get((size, length))
         if graph is None:
@@ -306,24 +355,14 @@ class GpuDecoder(SlotCache):
         side = torch.cuda.Stream(device=self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):  # compile, autotune and allocate outside the capture
-            try:
-                for _ in range(2):
-                    self._step(tokens, positions, scratch, length)
-            except Exception as exc:  # torch.compile fails on first use (no Triton, a compiler error)
-                if not self.compiled:
-                    raise
-                self.compile_reason = f"{type(exc).__name__}: {exc}".splitlines()[0]
-                logger.warning("torch.compile failed on the decode step (%s); capturing eager kernels.",
-                               self.compile_reason)
-                self._step = self._decode_step
-                for _ in range(2):
-                    self._step(tokens, positions, scratch, length)
+            for _ in range(2):
+                self._decode_step(tokens, positions, scratch, length)
         torch.cuda.current_stream(self.device).wait_stream(side)
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
-            logits = self._step(tokens, positions, scratch, length)
+            logits = self._decode_step(tokens, positions, scratch, length)
         captured = _Graph(graph, tokens, positions, scratch, logits)
         self._graphs[(size, length)] = captured
         seconds = time.perf_counter() - started
@@ -367,18 +406,17 @@ class GpuDecoder(SlotCache):
         mask = None if start == 0 else (torch.arange(end, device=self.device)[None, :]
                                         <= torch.arange(start, end, device=self.device)[:, None])
         for index, layer in enumerate(self.layers):
-            q, k, v = self._qkv(x, layer, cos, sin, index, deltas)
+            q, k, v = self._attention_inputs(x, layer, cos, sin, index, deltas)
             keys, values = self.keys[index], self.values[index]
             keys[slot, :, start:end] = k.transpose(0, 1)
             values[slot, :, start:end] = v.transpose(0, 1)
-            attended = F.scaled_dot_product_attention(
-                q.transpose(0, 1)[None], keys[slot:slot + 1, :, :end], values[slot:slot + 1, :, :end],
-                attn_mask=mask, is_causal=mask is None, enable_gqa=True)
-            x = x + self._linear(attended[0].transpose(0, 1).reshape(count, heads * dim), layer.o, f"{index}.o",
-                                 deltas)
-            x = x + self._mlp(x, layer, index, deltas)
+            with sdpa_kernel(ATTENTION_BACKENDS):
+                attended = F.scaled_dot_product_attention(
+                    q.transpose(0, 1)[None], keys[slot:slot + 1, :, :end], values[slot:slot + 1, :, :end],
+                    attn_mask=mask, is_causal=mask is None, enable_gqa=True)
+            x = self._attention_output(x, attended[0].transpose(0, 1).reshape(count, heads * dim), layer, index, deltas)
         if not every_position:
             x = x[-1:]
             deltas = RowDeltas([variant]) if variant is not None else None
-        logits = self._logits(x, deltas)
+        logits = self._output(x, deltas)
         return logits if every_position else logits[0]

@@ -74,6 +74,10 @@ class Layer:
 class FastDecoder(SlotCache):
     """Forward passes over a KV cache of `slots` rows; weights as `dtype` (gym.infer.fast.linear)."""
 
+    # Prompt tokens per engine step: a 256-token chunk costs a couple of decode steps' time here, so running
+    # rows are not held up for long by a prompt joining the batch.
+    prefill_chunk = 256
+
     def __init__(self, model: Any, dtype: str, *, slots: int, max_length: int | None = None) -> None:
         # The compiled kernels when they build (once per machine), else their torch reference.
         self.compiled = kernels.kernel_status() is None
