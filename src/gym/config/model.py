@@ -41,10 +41,11 @@ class ModelArguments:
                   "llama-cpp-python, if installed), or auto (fast where it runs, else hf)."},
     )
     infer_compile: bool = field(
-        default=False,
-        metadata={"help": "Fast engine on a CUDA GPU: torch.compile the decode step before capturing it as CUDA "
-                  "graphs (fewer, fused kernels per step; compiling a 28-layer model takes minutes, so it is "
-                  "opt-in). No effect on the CPU, whose kernels are Gym's own."},
+        default=True,
+        metadata={"help": "Fast engine on a CUDA GPU: torch.compile the layer step before capturing it as CUDA "
+                  "graphs (fused kernels: about twice the single-stream decode speed; ~20 s more start-up, "
+                  "less once torch's compile cache is warm). false: eager kernels, start in a second. No "
+                  "effect on the CPU, whose kernels are Gym's own."},
     )
     infer_prefill_chunk: int = field(
         default=0,

@@ -46,6 +46,19 @@ def test_float32_greedy_tokens_equal_transformers_generate(tiny, tokenizer):
         engine.shutdown()
 
 
+def test_prefill_chunk_zero_is_the_decoders_own_choice(tiny, tokenizer):
+    """infer_prefill_chunk's default (0) takes the decoder's chunk: 256 on the CPU (a GPU's is larger,
+    gym.infer.fast.gpu); a positive value is kept."""
+    assert ModelArguments().infer_prefill_chunk == 0
+    for asked, expected in ((0, FastDecoder.prefill_chunk), (7, 7)):
+        engine = FastEngine(tiny, tokenizer, [], dtype="float32", prefill_chunk=asked)
+        try:
+            assert engine.prefill_chunk == expected
+        finally:
+            engine.shutdown()
+    assert FastDecoder.prefill_chunk == 256
+
+
 def test_concurrent_requests_each_get_their_own_answer(tiny, tokenizer):
     """Rows join and leave a running batch (different prompt and answer lengths) and still decode exactly
     what each would alone."""

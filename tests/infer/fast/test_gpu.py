@@ -92,6 +92,54 @@ def test_padding_rows_write_only_the_scratch_slot():
         assert keys[2, :, 0].abs().sum() > 0  # ... and the padding row wrote the scratch slot
 
 
+def test_prompts_prefilled_together_equal_each_prefilled_alone():
+    """prefill_many walks the layers once for every segment: fresh prompts and a later chunk of one, in other
+    slots, give each the logits and cache contents of its own prefill."""
+    model = build("qwen3")
+    g = torch.Generator().manual_seed(4)
+    first, second, third = (torch.randint(0, VOCAB, (n,), generator=g).tolist() for n in (9, 23, 14))
+    alone, together = GpuDecoder(model, slots=4), GpuDecoder(model, slots=4)
+    with torch.no_grad():
+        alone.prefill(2, third[:6], 0)
+        together.prefill(2, third[:6], 0)
+        expected = [alone.prefill(0, first, 0, every_position=True), alone.prefill(1, second, 0, every_position=True),
+                    alone.prefill(2, third[6:], 6, every_position=True)]
+        got = together.prefill_many([(0, first, 0), (1, second, 0), (2, third[6:], 6)], every_position=True)
+        lasts = together.prefill_many([(0, first, 0), (1, second, 0), (2, third[6:], 6)])
+    for want, have, last in zip(expected, got, lasts):
+        assert have.shape == want.shape
+        assert (have - want).abs().max() < 1e-5
+        assert (last - have[-1]).abs().max() < 1e-5
+    for keys, reference in zip(together.keys, alone.keys):
+        assert (keys[:3, :, :23] - reference[:3, :, :23]).abs().max() < 1e-5
+
+
+@pytest.mark.slow
+def test_compiled_layer_pieces_serve_every_layer_and_give_the_eager_logits():
+    """infer_compile compiles one layer's pieces, not the unrolled model: a model with four times the layers
+    compiles no more programs, and the compiled steps give the eager logits (float32, on the CPU here; the
+    CUDA test below adds the graphs)."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    prompt = torch.randint(0, VOCAB, (40,), generator=torch.Generator().manual_seed(6)).tolist()
+    programs = []
+    for layers in (2, 8):
+        torch._dynamo.reset()
+        counters.clear()
+        torch.manual_seed(0)
+        model = Qwen3ForCausalLM(Qwen3Config(**{**SHAPE, "num_hidden_layers": layers}, head_dim=32)).eval()
+        compiled = GpuDecoder(model, slots=3, compile=True)
+        assert compiled.compiled, compiled.compile_reason
+        with torch.no_grad():
+            got = walk(compiled, prompt, 17, 6)
+            reference = walk(GpuDecoder(model, slots=3), prompt, 17, 6)
+        programs.append(counters["stats"]["unique_graphs"])
+        assert (got - reference).abs().max() < 1e-4
+        assert torch.equal(got.argmax(-1), reference.argmax(-1))
+    assert programs[0] == programs[1] > 0
+
+
 def test_batch_buckets_cover_every_size_up_to_the_slots():
     assert buckets(16) == [1, 2, 4, 8, 16]
     assert buckets(12) == [1, 2, 4, 8, 12]
@@ -192,6 +240,22 @@ def test_chunked_prefill_and_prefix_hits_give_one_shot_tokens_on_cuda():
         finally:
             engine.shutdown()
     assert all(answer == answers[0] for answer in answers)
+
+
+@cuda
+def test_prefill_attention_never_runs_cudnn_which_plans_per_shape():
+    """cuDNN's attention builds a plan for each new shape (~0.1-1 s on the H100), which every new prompt
+    length paid in its time to first token; prefills of new lengths, fresh and continued, must not use it."""
+    from torch.profiler import ProfilerActivity, profile
+
+    decoder = GpuDecoder(build("qwen3", dtype=torch.bfloat16, device="cuda"), slots=2)
+    with torch.no_grad(), profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for length in (37, 53):
+            decoder.prefill(0, list(range(length)), 0)
+            decoder.prefill(0, list(range(9)), length)
+        torch.cuda.synchronize()
+    kernels = [event.key for event in prof.key_averages()]
+    assert kernels and not [name for name in kernels if "cudnn" in name.lower()]
 
 
 @cuda
