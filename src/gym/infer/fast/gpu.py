@@ -4,19 +4,20 @@ A decode step of a small model on a GPU is launch-bound, not bandwidth-bound: Qw
 ~600 small kernels, each a few microseconds of work behind ~5 µs of Python dispatch and launch. So the
 step is captured once per (batch bucket, cache-length bucket) as a CUDA graph, and each later step is
 one replay: inputs copied into the graph's static tensors, every kernel launched by the driver at once.
-With `compile` (infer_compile: true) the step is first compiled with torch.compile (Triton fuses the
-norms, rotary and SiLU gate: fewer kernels per graph); where that fails, the reason is logged and the
-graph holds the eager kernels. It is opt-in because compiling a 28-layer model's step with dynamic
-shapes took more than five minutes on the H100 machine (docs/benchmarks.md), a start-up no one
-expects from a chat command.
+With `compile` (infer_compile: true) the layer's three pieces (norm, projections, q/k norms and rotary;
+output projection and MLP; final norm and head) are compiled with torch.compile first, Triton fusing
+the glue between the products: one program per piece serves every layer, because weights are
+arguments, so compiling costs seconds where the unrolled 28-layer step took more than five minutes on
+the H100 machine (docs/benchmarks.md). Where it fails, the reason is logged and the graphs hold the
+eager kernels.
 
 The buckets bound what is captured: batch sizes round up to a power of two (at most the slot count),
 and attention reads the cache up to the next power of two above the longest row (at least 256), so
 a short conversation does not read a long cache's worth of keys. Padding rows write their keys to a
 scratch slot past the real ones, so they never touch a request's cache.
 
-Prefill runs eagerly (its matrix products are large enough to hide the launches), each prompt chunk
-through its own products and causal attention. The interface is FastDecoder's (decode, prefill_many,
+Prefill runs outside the graphs (through the same compiled pieces), every prompt segment of a step in
+one walk through the layers. The interface is FastDecoder's (decode, prefill_many,
 move_slot, read_block, write_block, grow), so FastEngine, chunked prefill and the prefix cache run on
 it unchanged. Weights stay in the model's dtype (bfloat16 on GPUs that have it): the CPU's int8/int4
 formats are not offered here.
