@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from gym.infer.requests import Request, SamplingParams
-from gym.infer.sampling import sample_rows
+from gym.infer.sampling import _nucleus_pick, sample_rows
 
 
 def _reference(logits: torch.Tensor, params: SamplingParams, draw: float) -> int:
@@ -61,3 +61,19 @@ def test_greedy_rows_take_the_argmax_and_seeded_rows_ignore_their_neighbours():
                         logits.clone())
     assert mixed[0] == int(logits[0].argmax())
     assert mixed[1] == alone
+
+
+def test_the_candidate_shortcut_serves_peaked_rows_and_leaves_flat_ones_to_topk():
+    """A trained model's peaked row is sampled from its likely tokens alone; a near-uniform row, whose
+    likely tokens are most of the vocabulary, goes the batched topk way. Both give the reference's pick."""
+    torch.manual_seed(2)
+    peaked, flat = torch.randn(20000) * 6, torch.randn(20000) * 0.01
+    params = SamplingParams(do_sample=True, temperature=0.7, top_p=0.9, top_k=0)
+    for logits in (peaked, flat):
+        probs = torch.softmax(logits / params.temperature, -1)
+        for draw in (0.0, 0.37, 0.999):
+            pick = _nucleus_pick(probs.numpy(), params.top_p, draw)
+            if logits is flat:
+                assert pick is None
+            else:
+                assert pick == _reference(logits, params, draw)

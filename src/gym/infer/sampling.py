@@ -1,10 +1,11 @@
 """Choosing each row's next token from its logits, for a whole batch at once.
 
 Every request has its own settings (temperature, top_k, top_p, repetition_penalty) and its own seeded
-generator, and its token must not depend on which other requests share the batch. The work that is
-the same for every row (softmax, sorting for top-p, the cumulative sums) runs once on the batch; only
-the random draw is per row: one uniform number from the row's generator, turned into a token by
-inverse-CDF over the row's kept probabilities. A seeded request therefore samples the same answer alone
+generator, and its token must not depend on which other requests share the batch. The softmax runs
+once on the batch; a top-p row's nucleus is then found among its likely tokens in numpy (for a 49k
+vocabulary torch's small ops cost more in thread hand-offs than in work: bench/sampling_speed.py), or
+by a batched topk where those do not hold it. The random draw is per row: one uniform number from the
+row's generator, turned into a token by inverse-CDF over the row's kept probabilities. A seeded request therefore samples the same answer alone
 or in any batch. The cumulative sums are in float64: torch sums a lone row and a row of a batch in
 different orders, and over a near-uniform 49k-token distribution float32's rounding moves the CDF by
 more than a token's width, so a draw would land on different tokens alone and in a batch.
@@ -12,6 +13,7 @@ more than a token's width, so a draw would land on different tokens alone and in
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from gym.infer.requests import Request
@@ -24,36 +26,88 @@ def apply_repetition_penalty(scores: torch.Tensor, seen: list[int], penalty: flo
     scores[index] = torch.where(picked > 0, picked / penalty, picked * penalty)
 
 
+# The nucleus of a top-p row is looked for first among the tokens at least this fraction as likely as the
+# likeliest one (a few dozen for a trained model's peaked distribution); when they do not hold top_p of
+# the mass, or are more than MAX_CANDIDATES, the row goes the batched topk way.
+NUCLEUS_CUT = 1e-4
+MAX_CANDIDATES = 4096
+
+
 def sample_rows(requests: list[Request], logits: torch.Tensor) -> list[int]:
     """The next token of each request; `logits` is [rows, vocab] float32 on any device (modified in place)."""
     for row, request in enumerate(requests):
         if request.params.repetition_penalty != 1.0:
             apply_repetition_penalty(logits[row], request.prompt_ids + request.generated,
                                      request.params.repetition_penalty)
-    tokens = logits.argmax(-1).tolist()
+    tokens = [0] * len(requests)
+    greedy = [row for row, request in enumerate(requests) if request.params.greedy]
+    if greedy:
+        rows = logits if len(greedy) == len(requests) else logits[torch.tensor(greedy, device=logits.device)]
+        for row, token in zip(greedy, _argmax(rows)):
+            tokens[row] = token
     sampled = [row for row, request in enumerate(requests) if not request.params.greedy]
     if not sampled:
         return tokens
     params = [requests[row].params for row in sampled]
     # The sampled rows come to the CPU (a GPU engine's logits are on the GPU): the requests' seeded
     # generators are CPU generators, and a draw must not depend on the device that computed the logits.
-    chosen = logits[torch.tensor(sampled, device=logits.device)].cpu()
-    probs = torch.softmax(chosen / torch.tensor([p.temperature for p in params])[:, None], -1)
-    draws = torch.cat([torch.rand(1, generator=requests[row].generator) for row in sampled])
-    ks = torch.tensor([p.top_k if p.top_k and p.top_k > 0 else 0 for p in params])
-    top_p = torch.tensor([min(p.top_p, 1.0) for p in params])
-    unfiltered = (ks == 0) & (top_p >= 1.0)
-    picks = torch.empty(len(sampled), dtype=torch.long)
-    if unfiltered.any():  # plain temperature sampling needs no candidate order: inverse CDF over the vocabulary
+    chosen = logits if len(sampled) == len(requests) else logits[torch.tensor(sampled, device=logits.device)]
+    probs = torch.softmax(chosen.cpu() / torch.tensor([p.temperature for p in params])[:, None], -1)
+    draws = [float(torch.rand(1, generator=requests[row].generator)) for row in sampled]
+    ks = [p.top_k if p.top_k and p.top_k > 0 else 0 for p in params]
+    top_p = [min(p.top_p, 1.0) for p in params]
+    picks = [-1] * len(sampled)  # -1: not picked yet
+    rows_probs = probs.numpy()
+    for i in range(len(sampled)):
+        if not ks[i] and top_p[i] < 1.0:
+            pick = _nucleus_pick(rows_probs[i], top_p[i], draws[i])
+            picks[i] = -1 if pick is None else pick
+    # Plain temperature sampling needs no candidate order: inverse CDF over the vocabulary.
+    unfiltered = [i for i in range(len(sampled)) if not ks[i] and top_p[i] >= 1.0]
+    if unfiltered:
         cdf = probs[unfiltered].double().cumsum(-1)
-        target = (draws[unfiltered] * cdf[:, -1])[:, None]
-        picks[unfiltered] = torch.searchsorted(cdf, target).squeeze(-1).clamp(max=probs.shape[-1] - 1)
-    filtered = ~unfiltered
-    if filtered.any():
-        picks[filtered] = _sample_filtered(probs[filtered], ks[filtered], top_p[filtered], draws[filtered])
+        target = (torch.tensor([draws[i] for i in unfiltered], dtype=torch.float64) * cdf[:, -1])[:, None]
+        chosen_tokens = torch.searchsorted(cdf, target).squeeze(-1).clamp(max=probs.shape[-1] - 1).tolist()
+        for i, token in zip(unfiltered, chosen_tokens):
+            picks[i] = token
+    rest = [i for i in range(len(sampled)) if picks[i] < 0]
+    if rest:
+        tokens_rest = _sample_filtered(probs[rest], torch.tensor([ks[i] for i in rest]),
+                                       torch.tensor([top_p[i] for i in rest]),
+                                       torch.tensor([draws[i] for i in rest], dtype=torch.float64)).tolist()
+        for i, token in zip(rest, tokens_rest):
+            picks[i] = token
     for i, row in enumerate(sampled):
-        tokens[row] = int(picks[i])
+        tokens[row] = picks[i]
     return tokens
+
+
+def _argmax(logits: torch.Tensor) -> list[int]:
+    # On the CPU, numpy's single-threaded argmax: torch's parallel one over a 49k vocabulary costs ~40 µs of
+    # thread hand-offs for ~3 µs of work, every token.
+    if logits.device.type == "cpu" and logits.dtype in (torch.float32, torch.float64):
+        return logits.detach().numpy().argmax(-1).tolist()
+    return logits.argmax(-1).tolist()
+
+
+def _nucleus_pick(probs: np.ndarray, top_p: float, draw: float) -> int | None:
+    """Top-p sampling of one row from its likely tokens only, or None where they may not hold its nucleus.
+    Every token outside the candidates is less likely than every candidate, so once the candidates hold
+    top_p of the mass the nucleus is among them; the arithmetic after that is _sample_filtered's (float64
+    cumulative sums in descending order), so the pick is the same. One row at a time in numpy: over a
+    49k vocabulary torch's topk and friends cost ~0.5 ms per token, mostly thread hand-offs."""
+    candidates = np.flatnonzero(probs >= probs.max() * NUCLEUS_CUT)
+    if len(candidates) > MAX_CANDIDATES:
+        return None
+    values = probs[candidates].astype(np.float64)
+    if values.sum() < top_p + 1e-6:  # a margin for the different order of summation
+        return None
+    order = np.argsort(-values, kind="stable")
+    candidates, values = candidates[order], values[order]
+    cumulative = np.cumsum(values)
+    values[(cumulative - values) >= top_p] = 0.0
+    cdf = np.cumsum(values)
+    return int(candidates[min(int((cdf < draw * cdf[-1]).sum()), len(values) - 1)])
 
 
 def _sample_filtered(probs: torch.Tensor, ks: torch.Tensor, top_p: torch.Tensor, draws: torch.Tensor) -> torch.Tensor:
