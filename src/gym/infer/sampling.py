@@ -1,14 +1,15 @@
 """Choosing each row's next token from its logits, for a whole batch at once.
 
 Every request has its own settings (temperature, top_k, top_p, repetition_penalty) and its own seeded
-generator, and its token must not depend on which other requests share the batch. The softmax runs
-once on the batch; a top-p row's nucleus is then found among its likely tokens in numpy (for a 49k
-vocabulary torch's small ops cost more in thread hand-offs than in work: bench/sampling_speed.py), or
-by a batched topk where those do not hold it. The random draw is per row: one uniform number from the
-row's generator, turned into a token by inverse-CDF over the row's kept probabilities. A seeded request therefore samples the same answer alone
-or in any batch. The cumulative sums are in float64: torch sums a lone row and a row of a batch in
-different orders, and over a near-uniform 49k-token distribution float32's rounding moves the CDF by
-more than a token's width, so a draw would land on different tokens alone and in a batch.
+generator, and its token must not depend on which other requests share the batch. The softmax runs once
+on the batch; a top-p row's nucleus is then found among its likely tokens in numpy (for a 49k vocabulary
+torch's small ops cost more in thread hand-offs than in work: bench/sampling_speed.py), or by a batched
+topk where those do not hold it. The random draw is per row: one uniform number from the row's
+generator, turned into a token by inverse-CDF over the row's kept probabilities. A seeded request
+therefore samples the same answer alone or in any batch. The cumulative sums are in float64: torch sums
+a lone row and a row of a batch in different orders, and over a near-uniform 49k-token distribution
+float32's rounding moves the CDF by more than a token's width, so a draw would land on different tokens
+alone and in a batch.
 """
 
 from __future__ import annotations
