@@ -237,3 +237,29 @@ def test_prompts_prefilled_together_equal_prompts_prefilled_alone(tiny):
         torch.testing.assert_close(have, want, rtol=1e-4, atol=1e-4)
     for slot, length in ((0, len(first)), (1, len(second)), (2, len(third))):
         torch.testing.assert_close(together.keys[1][slot, :, :length], alone.keys[1][slot, :, :length])
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int8", "int4"])
+def test_the_one_call_decode_step_equals_the_layer_by_layer_one(tiny, kind, dtype):
+    """With the kernels built, a decode step of base rows runs every layer in one kernel call
+    (kernels.decode_layers). Its logits and cache writes must be exactly those of the layer-by-layer walk
+    through the same kernels: q/k norms (qwen3), q/k/v biases (qwen2), every weight format."""
+    from gym.infer.fast.kernels import kernel_status
+
+    if kernel_status() is not None:
+        pytest.skip(f"the kernels did not build: {kernel_status()}")
+    model = tiny if kind == "llama" else _tiny_qwen(kind)
+    fused, walked = FastDecoder(model, dtype, slots=3), FastDecoder(model, dtype, slots=3)
+    walked.compiled = False  # the layer-by-layer walk (its kernels are still the compiled ones)
+    batch = [[token % 500 for token in prompt] for prompt in prompts(3)]  # the qwen models have 512 tokens
+    for decoder in (fused, walked):
+        for slot, prompt in enumerate(batch):
+            decoder.prefill(slot, prompt[:-3], 0)
+    for step in range(3):
+        tokens = [prompt[-3 + step] for prompt in batch]
+        lengths = [len(prompt) - 3 + step for prompt in batch]
+        assert torch.equal(fused.decode(tokens, lengths), walked.decode(tokens, lengths))
+    for keys, reference in zip(fused.keys, walked.keys):
+        for slot, prompt in enumerate(batch):
+            assert torch.equal(keys[slot, :, :len(prompt)], reference[slot, :, :len(prompt)])

@@ -37,6 +37,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from gym.infer.fast.cache import SlotCache
 from gym.infer.fast.deltas import CompiledVariant, RowDeltas
+from gym.infer.fast.gpu_layer import GpuLayer, gpu_layer, rms_norm, rotate
 
 logger = logging.getLogger(__name__)
 
@@ -47,49 +48,12 @@ ATTENTION_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION
 
 
 @dataclass
-class GpuLayer:
-    input_norm: torch.Tensor
-    post_norm: torch.Tensor
-    qkv: torch.Tensor  # q, k and v projections side by side
-    qkv_bias: torch.Tensor | None
-    o: torch.Tensor
-    gate_up: torch.Tensor  # gate and up projections side by side
-    down: torch.Tensor
-    q_norm: torch.Tensor | None
-    k_norm: torch.Tensor | None
-
-
-@dataclass
 class _Graph:
     graph: Any  # torch.cuda.CUDAGraph
     tokens: torch.Tensor
     positions: torch.Tensor
     slots: torch.Tensor
     logits: torch.Tensor
-
-
-def _fused(modules: list[Any]) -> torch.Tensor:
-    """The modules' weights side by side; the modules then view into it, so the model is not held twice."""
-    weight = torch.cat([m.weight.detach() for m in modules])
-    start = 0
-    for module in modules:
-        rows = module.weight.shape[0]
-        module.weight.data = weight[start:start + rows]
-        start += rows
-    return weight
-
-
-def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    # transformers' order of operations: normalize in float32, back to the model dtype, then scale.
-    h = x.float()
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * h.to(x.dtype)
-
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
 
 
 def buckets(limit: int) -> list[int]:
@@ -130,7 +94,7 @@ class GpuDecoder(SlotCache):
         with torch.no_grad():
             self.embed = inner.embed_tokens.weight.detach()
             self.norm = inner.norm.weight.detach()
-            self.layers = [self._layer(layer) for layer in inner.layers]
+            self.layers = [gpu_layer(layer) for layer in inner.layers]
             self.head = model.get_output_embeddings().weight.detach()
             self.cos, self.sin = self._rotary_tables(inner.rotary_emb)
         self.dtype = str(self.model_dtype).removeprefix("torch.")
@@ -152,24 +116,6 @@ class GpuDecoder(SlotCache):
         self.grow(min(MIN_LENGTH_BUCKET, self.max_length))
         if compile:
             self._pieces = self._compiled_pieces()
-
-    def _layer(self, layer: Any) -> GpuLayer:
-        attention, mlp = layer.self_attn, layer.mlp
-        projections = (attention.q_proj, attention.k_proj, attention.v_proj)
-        qkv_bias = None if all(m.bias is None for m in projections) else torch.cat([
-            m.bias.detach() if m.bias is not None else torch.zeros_like(m.weight[:, 0]) for m in projections])
-        for module in (attention.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj):
-            if getattr(module, "bias", None) is not None:
-                raise ValueError("the GPU decoder implements bias-free o/MLP projections")
-        q_norm = getattr(attention, "q_norm", None)
-        k_norm = getattr(attention, "k_norm", None)
-        return GpuLayer(
-            input_norm=layer.input_layernorm.weight.detach(), post_norm=layer.post_attention_layernorm.weight.detach(),
-            qkv=_fused([attention.q_proj, attention.k_proj, attention.v_proj]), qkv_bias=qkv_bias,
-            o=attention.o_proj.weight.detach(), gate_up=_fused([mlp.gate_proj, mlp.up_proj]),
-            down=mlp.down_proj.weight.detach(),
-            q_norm=q_norm.weight.detach() if q_norm is not None else None,
-            k_norm=k_norm.weight.detach() if k_norm is not None else None)
 
     def _rotary_tables(self, rotary: Any) -> tuple[torch.Tensor, torch.Tensor]:
         positions = torch.arange(self.max_length, device=self.device)[None, :]
@@ -249,7 +195,7 @@ class GpuDecoder(SlotCache):
         if layer.q_norm is not None and layer.k_norm is not None:
             q = self._norm(q, layer.q_norm, f"{index}.q_norm", deltas)
             k = self._norm(k, layer.k_norm, f"{index}.k_norm", deltas)
-        return _rotate(q, cos, sin), _rotate(k, cos, sin), v
+        return rotate(q, cos, sin), rotate(k, cos, sin), v
 
     def _mlp(self, x: torch.Tensor, layer: GpuLayer, index: int = 0, deltas: RowDeltas | None = None) -> torch.Tensor:
         h = self._norm(x, layer.post_norm, f"{index}.post_norm", deltas)
@@ -276,7 +222,7 @@ class GpuDecoder(SlotCache):
         return self._logits(x, deltas) if deltas else self._pieces[2](x)
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor, key: str, deltas: RowDeltas | None) -> torch.Tensor:
-        normed = _rms_norm(x, weight, self.eps)
+        normed = rms_norm(x, weight, self.eps)
         return deltas.norm(key, x, normed, self.eps) if deltas else normed
 
     @staticmethod

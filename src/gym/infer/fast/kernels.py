@@ -253,6 +253,16 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: to
     return attended[:, :, 0]
 
 
+def decode_layers(x: torch.Tensor, tensors: list[torch.Tensor], formats: list[int], cos: torch.Tensor,
+                  sin: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor], lengths: torch.Tensor,
+                  heads: int, kv_heads: int, dim: int, eps: float, scale: float) -> torch.Tensor:
+    """Every layer of a decode step in one call (FastDecoder.step_tensors says what `tensors` and `formats`
+    hold); the compiled kernels only: without them the decoder walks its layers itself."""
+    out: torch.Tensor = torch.ops.gym_kernels.decode_layers(x, tensors, formats, cos, sin, keys, values, lengths,
+                                                            heads, kv_heads, dim, eps, scale)
+    return out
+
+
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     if _state.get("ok"):
         out: torch.Tensor = torch.ops.gym_kernels.silu_mul(gate_up)

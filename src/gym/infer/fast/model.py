@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from gym.infer.fast import kernels
 from gym.infer.fast.cache import SlotCache
 from gym.infer.fast.deltas import CompiledVariant, RowDeltas
-from gym.infer.fast.linear import FastLinear
+from gym.infer.fast.linear import KERNEL_ROWS, FastLinear
 
 SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
@@ -105,6 +105,7 @@ class FastDecoder(SlotCache):
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
         self.grow(min(256, self.max_length))
+        self._step_tensors, self._step_formats = self._step_arguments()
 
     def _layer(self, layer: Any, dtype: str) -> Layer:
         attention, mlp = layer.self_attn, layer.mlp
@@ -123,6 +124,21 @@ class FastDecoder(SlotCache):
             q_norm=q_norm.weight.detach().float() if q_norm is not None else None,
             k_norm=k_norm.weight.detach().float() if k_norm is not None else None,
         )
+
+    def _step_arguments(self) -> tuple[list[torch.Tensor], list[int]]:
+        """The layers' tensors and product formats as the kernels' decode_layers takes them."""
+        none = torch.empty(0)
+        formats = {"int8": 1, "int4": 2}
+        tensors: list[torch.Tensor] = []
+        codes: list[int] = []
+        for layer in self.layers:
+            tensors += [layer.input_norm, layer.post_norm, none if layer.q_norm is None else layer.q_norm,
+                        none if layer.k_norm is None else layer.k_norm]
+            for linear in (layer.qkv, layer.o, layer.gate_up, layer.down):
+                tensors += [linear.weight, none if linear.scale is None else linear.scale,
+                            none if linear.bias is None else linear.bias]
+                codes.append(formats.get(linear.dtype, 0))
+        return tensors, codes
 
     def _rotary_tables(self, rotary: Any) -> tuple[torch.Tensor, torch.Tensor]:
         positions = torch.arange(self.max_length)[None, :]
@@ -201,6 +217,11 @@ class FastDecoder(SlotCache):
         x = self._embed(tokens, deltas)
         cos, sin = self.cos[positions], self.sin[positions]
         scale = dim ** -0.5
+        if self.compiled and not deltas and rows <= KERNEL_ROWS:
+            # Base rows only: every layer in one kernel call, the same kernels in the same order as below.
+            x = kernels.decode_layers(x, self._step_tensors, self._step_formats, cos, sin, self.keys, self.values,
+                                      positions, heads, kv, dim, self.eps, scale)
+            return self._linear(self.head, self._norm(x, self.norm, "norm", deltas), "head", deltas)
         for index, layer in enumerate(self.layers):
             h = self._norm(x, layer.input_norm, f"{index}.input_norm", deltas)
             qkv = self._linear(layer.qkv, h, f"{index}.qkv", deltas).view(rows, heads + 2 * kv, dim)

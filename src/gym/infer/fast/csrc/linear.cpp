@@ -28,6 +28,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <tuple>
 #include <condition_variable>
 #include <cstdint>
 #include <cstring>
@@ -649,6 +650,55 @@ at::Tensor silu_mul(const at::Tensor& gate_up) {
   return y;
 }
 
+// -- a decode step's layers in one call -------------------------------------------------------------------
+// The same kernels as the per-layer calls from Python, in the same order, so the numbers are the same; a
+// decode step of a 30-layer model makes ~14 calls a layer, and each one from Python costs microseconds of
+// dispatch that add up to a good part of a small model's step.
+at::Tensor apply_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& s, const at::Tensor& b,
+                        int64_t format) {
+  at::Tensor y = format == 1 ? linear_q8(x, w, s) : format == 2 ? linear_q4(x, w, s) : linear_float(x, w);
+  if (b.numel()) y.add_(b);
+  return y;
+}
+
+constexpr int64_t kLayerTensors = 16;
+
+// x [rows, hidden] through every layer: per layer `tensors` holds input norm, post-attention norm, q norm,
+// k norm (empty: none), then weight, scales (empty for float formats) and bias (empty: none) of qkv, o,
+// gate_up and down; `formats` holds each of the four products' format (0 float, 1 int8, 2 int4).
+at::Tensor decode_layers(const at::Tensor& x0, at::TensorList tensors, at::IntArrayRef formats, const at::Tensor& cos,
+                         const at::Tensor& sin, at::TensorList keys, at::TensorList values, const at::Tensor& lengths,
+                         int64_t heads, int64_t kv_heads, int64_t dim, double eps, double scale) {
+  const int64_t layers = static_cast<int64_t>(keys.size());
+  TORCH_CHECK(static_cast<int64_t>(tensors.size()) == layers * kLayerTensors &&
+              static_cast<int64_t>(formats.size()) == layers * 4 && static_cast<int64_t>(values.size()) == layers,
+              "decode_layers: ", kLayerTensors, " tensors and 4 formats per layer");
+  const int64_t rows = x0.size(0);
+  at::Tensor x = x0;
+  for (int64_t l = 0; l < layers; ++l) {
+    const at::Tensor* t = tensors.data() + l * kLayerTensors;
+    const int64_t* f = formats.data() + l * 4;
+    at::Tensor qkv = apply_linear(rms_norm(x, t[0], eps), t[4], t[5], t[6], f[0]).view({rows, heads + 2 * kv_heads, dim});
+    if (t[2].numel() && t[3].numel()) {
+      for (const auto& [weight, first, count] : {std::tuple<const at::Tensor&, int64_t, int64_t>{t[2], 0, heads},
+                                                 std::tuple<const at::Tensor&, int64_t, int64_t>{t[3], heads, kv_heads}}) {
+        at::Tensor part = qkv.narrow(1, first, count);
+        part.copy_(rms_norm(part.reshape({-1, dim}).contiguous(), weight, eps).view({rows, count, dim}));
+      }
+    }
+    rope_(qkv, cos, sin, heads + kv_heads);
+    at::Tensor layer_keys = keys[l], layer_values = values[l];
+    at::Tensor attended = decode_attention(qkv.narrow(1, 0, heads).contiguous(),
+                                           qkv.narrow(1, heads, kv_heads).contiguous(),
+                                           qkv.narrow(1, heads + kv_heads, kv_heads).contiguous(), layer_keys,
+                                           layer_values, lengths, scale);
+    x = x.add(apply_linear(attended.view({rows, heads * dim}), t[7], t[8], t[9], f[1]));
+    at::Tensor gate_up = apply_linear(rms_norm(x, t[1], eps), t[10], t[11], t[12], f[2]);
+    x = x.add(apply_linear(silu_mul(gate_up), t[13], t[14], t[15], f[3]));
+  }
+  return x;
+}
+
 // -- per-row 1-bit deltas ----------------------------------------------------------------------------
 // y[row_e, n] += sum_g scale_e[n, g] * sum_{k in group g} x[row_e, k] * sign_e[n, k] for each entry e: a
 // BitDelta variant's correction alpha * (x @ sign.T), on the rows of the batch that use that variant.
@@ -965,6 +1015,9 @@ TORCH_LIBRARY(gym_kernels, m) {
   m.def("decode_attention(Tensor q, Tensor k, Tensor v, Tensor(a!) keys, Tensor(b!) values, Tensor lengths, "
         "float scale) -> Tensor", &decode_attention);
   m.def("silu_mul(Tensor gate_up) -> Tensor", &silu_mul);
+  m.def("decode_layers(Tensor x, Tensor[] tensors, int[] formats, Tensor cos, Tensor sin, Tensor(a!)[] keys, "
+        "Tensor(b!)[] values, Tensor lengths, int heads, int kv_heads, int dim, float eps, float scale) -> Tensor",
+        &decode_layers);
   m.def("sign_matmul_add_(Tensor(a!) y, Tensor x, Tensor rows, Tensor[] bits, Tensor[] scales, int[] group_sizes) -> ()",
         &sign_matmul_add_);
 }
