@@ -1,7 +1,7 @@
 """The fast engine's decoder on a GPU: a static KV cache and a decode step replayed as a CUDA graph.
 
 A decode step of a small model on a GPU is launch-bound, not bandwidth-bound: Qwen3-0.6B's step is
-~600 small kernels, each a few microseconds of work behind ~5 µs of Python dispatch and launch. So the
+~1,100 small kernels, each a few microseconds of work behind ~5 µs of Python dispatch and launch. So the
 step is captured once per (batch bucket, cache-length bucket) as a CUDA graph, and each later step is
 one replay: inputs copied into the graph's static tensors, every kernel launched by the driver at once.
 With `compile` (infer_compile: true) the layer's three pieces (norm, projections, q/k norms and rotary;
@@ -42,7 +42,7 @@ from gym.infer.fast.gpu_layer import GpuLayer, gpu_layer, rms_norm, rotate
 logger = logging.getLogger(__name__)
 
 MIN_LENGTH_BUCKET = 256
-# Not cuDNN's attention: it builds a plan for every new shape (~100 ms each on the H100), so every new
+# Not cuDNN's attention: it builds a plan for every new shape (0.6-1.2 s each on the H100), so every new
 # prompt length paid it in its time to first token (docs/benchmarks.md, GPU section).
 ATTENTION_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
