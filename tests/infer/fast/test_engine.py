@@ -97,6 +97,44 @@ def test_chunked_prefill_gives_the_tokens_of_one_shot_prefill(tiny, tokenizer):
     assert answers[0] == answers[1] == answers[2] == reference(tiny, prompt, 12)
 
 
+def test_an_idle_engine_prefills_several_chunks_in_one_step_with_the_same_numbers(tiny, tokenizer):
+    """With no request decoding, a long prompt's chunks share one step (one walk through the layers, int8
+    weights expanded once); with one decoding, they take a step each so it is not held up. The chunks are
+    the same either way, and so is the answer."""
+    prompt = prompts(1, length=200)[0]
+
+    def engine_recording_steps() -> tuple[FastEngine, list[list[tuple[int, int]]]]:
+        engine = FastEngine(tiny, tokenizer, [], dtype="int8", prefill_chunk=70, prefix_cache_mb=0)
+        steps: list[list[tuple[int, int]]] = []
+        inner = engine.decoder.prefill_many
+
+        def recording(segments, **options):
+            steps.append([(start, len(tokens)) for _, tokens, start in segments])
+            return inner(segments, **options)
+
+        engine.decoder.prefill_many = recording
+        return engine, steps
+
+    idle, idle_steps = engine_recording_steps()
+    try:
+        alone = _answer(idle, prompt)
+    finally:
+        idle.shutdown()
+    assert idle_steps == [[(0, 70), (70, 70), (140, 60)]]
+
+    busy, busy_steps = engine_recording_steps()
+    try:
+        running = busy.submit(prompts(1, length=10)[0], SamplingParams(max_new_tokens=60, do_sample=False))
+        events = running.events()
+        next(events)  # the first request is decoding
+        beside = _answer(busy, prompt)
+        list(events)
+    finally:
+        busy.shutdown()
+    assert [(0, 70)] in busy_steps and [(70, 70)] in busy_steps and [(140, 60)] in busy_steps
+    assert beside == alone
+
+
 def _answer(engine, prompt, params=GREEDY) -> list[int]:
     request = engine.submit(prompt, params)
     list(request.events())

@@ -33,6 +33,9 @@ from gym.infer.sampling import sample_rows
 
 logger = logging.getLogger(__name__)
 
+# Prefill chunks one step may take when no request is decoding (see FastEngine._prefill_step).
+IDLE_CHUNKS = 16
+
 
 @dataclass
 class _Row:
@@ -104,11 +107,15 @@ class FastEngine(BatchingEngine):
         self._decoding, self._prefilling = [], []
 
     def _prefill_step(self) -> None:
-        """The next chunk of the requests being prefilled, oldest first, as many as fit this step's budget
-        of `prefill_chunk` tokens (at least one), in one walk through the layers. A request's chunks are
-        always [k * prefill_chunk, (k + 1) * prefill_chunk) of its own prompt (after what the prefix cache
-        restored), whatever else is prefilling, so its numbers never depend on the load. Because the
-        oldest request is served first, requests finish prefilling in the order they came."""
+        """The next chunks of the requests being prefilled, oldest first, as many as fit this step's budget
+        (at least one). A request's chunks are always [k * prefill_chunk, (k + 1) * prefill_chunk) of its own
+        prompt (after what the prefix cache restored), whatever else is prefilling, so its numbers never
+        depend on the load. Because the oldest request is served first, requests finish prefilling in the
+        order they came. The budget is `prefill_chunk` tokens while requests are decoding (they wait for
+        the step); with none, there is no one to hold up, and up to IDLE_CHUNKS chunks (of one request or
+        several) share the step: one walk through the layers, int weights expanded once per layer for all
+        of them instead of once per chunk."""
+        budget = self.prefill_chunk * (1 if self._decoding else IDLE_CHUNKS)
         segments: list[tuple[int, list[int], int]] = []
         rows: list[_Row] = []
         used = 0
@@ -120,12 +127,17 @@ class FastEngine(BatchingEngine):
                 continue
             if row.length == 0:
                 row.length = self.prefix.restore(row.slot, prompt, _namespace(request))
-            chunk = prompt[row.length:row.length + self.prefill_chunk]
-            if segments and used + len(chunk) > self.prefill_chunk:
+            start = row.length
+            while start < len(prompt):
+                chunk = prompt[start:start + self.prefill_chunk]
+                if segments and used + len(chunk) > budget:
+                    break
+                segments.append((row.slot, chunk, start))
+                rows.append(row)
+                used += len(chunk)
+                start += len(chunk)
+            if start < len(prompt):
                 break
-            segments.append((row.slot, chunk, row.length))
-            rows.append(row)
-            used += len(chunk)
         done: list[tuple[_Row, torch.Tensor]] = []
         if segments:
             all_logits = self.decoder.prefill_many(segments, variants=[row.request.variant for row in rows])
