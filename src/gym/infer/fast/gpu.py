@@ -29,7 +29,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -54,6 +54,15 @@ class _Graph:
     positions: torch.Tensor
     slots: torch.Tensor
     logits: torch.Tensor
+
+
+class _Pieces(NamedTuple):
+    """A layer step's base-row pieces, eager or compiled: norm + q/k/v (+ q/k norms, rotary); output
+    projection + MLP with their residual adds; final norm + head."""
+
+    qkv: Callable[..., Any]
+    residual: Callable[..., Any]
+    logits: Callable[..., Any]
 
 
 def buckets(limit: int) -> list[int]:
@@ -108,11 +117,10 @@ class GpuDecoder(SlotCache):
         self.compile_reason: str | None = None
         self.compile_seconds = 0.0
         # Wrapped so that the compiled frames hold no int arguments (dynamic=True would make them symbolic).
-        self._eager: tuple[Callable[..., Any], ...] = (
-            lambda x, layer, cos, sin: self._qkv(x, layer, cos, sin),
-            lambda x, attended, layer: self._residual(x, attended, layer),
-            lambda x: self._logits(x, None))
-        self._pieces: tuple[Callable[..., Any], ...] = self._eager
+        self._eager = _Pieces(qkv=lambda x, layer, cos, sin: self._qkv(x, layer, cos, sin),
+                              residual=lambda x, attended, layer: self._residual(x, attended, layer),
+                              logits=lambda x: self._logits(x, None))
+        self._pieces = self._eager
         self.grow(min(MIN_LENGTH_BUCKET, self.max_length))
         if compile:
             self._pieces = self._compiled_pieces()
@@ -124,7 +132,7 @@ class GpuDecoder(SlotCache):
         # transformers computes the tables in float32 and casts them to the activations' dtype.
         return cos[0].to(self.model_dtype).contiguous(), sin[0].to(self.model_dtype).contiguous()
 
-    def _compiled_pieces(self) -> tuple[Callable[..., Any], ...]:
+    def _compiled_pieces(self) -> _Pieces:
         """The three base-row pieces of a layer step, compiled. Each takes its layer's weights as
         arguments and its sizes from its tensors, so one compiled program serves every layer, decode and
         prefill alike (dynamic in the row count): compiling costs a few programs, not the whole unrolled
@@ -133,7 +141,7 @@ class GpuDecoder(SlotCache):
             import torch._dynamo
 
             started = time.perf_counter()
-            pieces = tuple(torch.compile(piece, dynamic=True, fullgraph=True) for piece in self._eager)
+            pieces = _Pieces(*(torch.compile(piece, dynamic=True, fullgraph=True) for piece in self._eager))
             # Compile now, through the real decode and prefill paths (their inputs' layouts are part of
             # what a program is specialized on), for one row and for many (the size-1 case is its own
             # program), writing only the scratch slot: start-up pays for it and says how long it took,
@@ -212,14 +220,16 @@ class GpuDecoder(SlotCache):
     # through the eager pieces with their deltas.
     def _attention_inputs(self, x: torch.Tensor, layer: GpuLayer, cos: torch.Tensor, sin: torch.Tensor, index: int,
                           deltas: RowDeltas | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        return self._qkv(x, layer, cos, sin, index, deltas) if deltas else self._pieces[0](x, layer, cos, sin)
+        return self._qkv(x, layer, cos, sin, index, deltas) if deltas else self._pieces.qkv(x, layer, cos, sin)
 
     def _attention_output(self, x: torch.Tensor, attended: torch.Tensor, layer: GpuLayer, index: int,
                           deltas: RowDeltas | None) -> torch.Tensor:
-        return self._residual(x, attended, layer, index, deltas) if deltas else self._pieces[1](x, attended, layer)
+        if deltas:
+            return self._residual(x, attended, layer, index, deltas)
+        return self._pieces.residual(x, attended, layer)
 
     def _output(self, x: torch.Tensor, deltas: RowDeltas | None) -> torch.Tensor:
-        return self._logits(x, deltas) if deltas else self._pieces[2](x)
+        return self._logits(x, deltas) if deltas else self._pieces.logits(x)
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor, key: str, deltas: RowDeltas | None) -> torch.Tensor:
         normed = rms_norm(x, weight, self.eps)
