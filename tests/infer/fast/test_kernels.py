@@ -1,5 +1,6 @@
-"""The decode kernels: weight packing (tile-major int8, and int4 on llama.cpp's Q4_1 grid), the compiled C++ ops
-against plain torch math, and the torch reference path that runs where nothing could be compiled.
+"""The decode kernels: weight packing (int8 in groups of 16 interleaved rows, and int4 on llama.cpp's Q4_1
+grid), the compiled C++ ops against plain torch math, and the torch reference path that runs where nothing
+could be compiled.
 
 Every tensor comes from a seeded generator, so the tests are deterministic; the shapes are small, so the whole
 file runs in seconds once the kernels are built (a first build on a new machine takes longer).
@@ -14,9 +15,10 @@ import torch
 
 from gym.infer.fast import kernels
 
-BLOCK, TILE = kernels.BLOCK, kernels.TILE
-ROWS = (1, 2, 3, 5, 16, 17)  # one to four rows share a weight load; 5, 16 and 17 leave remainders of 1, 0, 1
-QUANT_SHAPES = ((36, 96), (64, 64), (4, 32))  # (N, K): N % 4 == 0, K % 32 == 0
+BLOCK, GROUP = kernels.BLOCK, kernels.GROUP
+# Rows share each weight load four (float, AVX2) or eight (AVX512-VNNI) at a time: every remainder shows up.
+ROWS = (1, 2, 3, 5, 9, 16, 17)
+QUANT_SHAPES = ((48, 96), (64, 64), (16, 32))  # (N, K): N % 16 == 0, K % 32 == 0
 FLOAT_SHAPES = ((36, 96), (64, 64), (36, 70), (37, 70), (3, 5))  # float kernels take any N and K
 
 
@@ -53,15 +55,33 @@ def expand_scales(scale: torch.Tensor) -> torch.Tensor:
     return scale.float().repeat_interleave(BLOCK, dim=1)
 
 
-def untile(t: torch.Tensor, blocks: int) -> torch.Tensor:
-    """Tile-major [N/4][blocks][4][b] (as csrc/linear.cpp reads it) -> row-major [N, blocks * b]."""
-    n, width = t.shape
-    out = torch.empty_like(t)
-    view = t.reshape(n // TILE, blocks, TILE, width // blocks)
-    for tile in range(n // TILE):
+def ungroup(t: torch.Tensor, k: int) -> torch.Tensor:
+    """Int8 codes in the kernels' layout [N/16][K/32][8 quads][16 rows][4] (as csrc/linear.cpp reads them)
+    -> row-major [N, K]."""
+    n = t.shape[0]
+    view = t.reshape(n // GROUP, k // BLOCK, BLOCK // 4, GROUP, 4)
+    out = torch.empty(n, k, dtype=t.dtype)
+    for g in range(n // GROUP):
+        for j in range(k // BLOCK):
+            for quad in range(BLOCK // 4):
+                for o in range(GROUP):
+                    start = j * BLOCK + quad * 4
+                    out[g * GROUP + o, start:start + 4] = view[g, j, quad, o]
+    return out
+
+
+def group_params(params: torch.Tensor, count: int) -> list[torch.Tensor]:
+    """Per-block parameters stored [N/16][blocks][count][16] (int8: the scales; int4: the steps, then the
+    minimums) -> `count` tensors [N, blocks] float32."""
+    n = params.shape[0]
+    blocks = params.shape[1] // count
+    view = params.float().reshape(n // GROUP, blocks, count, GROUP)
+    out = [torch.empty(n, blocks) for _ in range(count)]
+    for g in range(n // GROUP):
         for j in range(blocks):
-            for r in range(TILE):
-                out[tile * TILE + r, j * (width // blocks):(j + 1) * (width // blocks)] = view[tile, j, r]
+            for i in range(count):
+                for o in range(GROUP):
+                    out[i][g * GROUP + o, j] = view[g, j, i, o]
     return out
 
 
@@ -166,12 +186,12 @@ def test_the_kernels_build_wherever_a_compiler_is_present():
 
 
 # -- packing ----------------------------------------------------------------------------------------------
-def test_packable_needs_whole_tiles_and_blocks():
-    assert kernels.packable(torch.zeros(36, 96))
-    assert kernels.packable(torch.zeros(4, 32))
-    assert not kernels.packable(torch.zeros(37, 96))  # N not a multiple of TILE
-    assert not kernels.packable(torch.zeros(36, 70))  # K not a multiple of BLOCK
-    assert not kernels.packable(torch.zeros(36, 16))
+def test_packable_needs_whole_groups_and_blocks():
+    assert kernels.packable(torch.zeros(48, 96))
+    assert kernels.packable(torch.zeros(16, 32))
+    assert not kernels.packable(torch.zeros(36, 96))  # N not a multiple of GROUP
+    assert not kernels.packable(torch.zeros(48, 70))  # K not a multiple of BLOCK
+    assert not kernels.packable(torch.zeros(48, 16))
     assert not kernels.packable(torch.zeros(96))  # not a matrix
     assert not kernels.packable(torch.zeros(2, 4, 32))
 
@@ -183,26 +203,13 @@ def test_int8_round_trip_within_half_a_step(n, k, magnitude):
     q, scale = kernels.pack_int8(w)
     assert q.dtype == torch.int8 and q.shape == (n, k)
     assert scale.dtype == torch.float16 and scale.shape == (n, k // BLOCK)
-    rows_scale = untile(scale, k // BLOCK)
+    (rows_scale,) = group_params(scale, 1)
     # One scale per block of 32: max|w| / 127 (in float16).
-    torch.testing.assert_close(rows_scale, (block_view(w).abs().amax(-1) / 127).half(), rtol=0, atol=0)
+    torch.testing.assert_close(rows_scale, (block_view(w).abs().amax(-1) / 127).half().float(), rtol=0, atol=0)
     assert q.abs().max() <= 127
     err = (kernels.unpack_int8(q, scale) - w).abs()
     step = expand_scales(rows_scale)
     assert torch.all(err <= step / 2 + 1e-6 * w.abs().max()), float((err - step / 2).max())
-
-
-def int4_params(params: torch.Tensor, blocks: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Tiled int4 parameters [N/4][blocks][2][4] (a tile's four steps, then its four minimums, block by block)
-    -> (step, minimum), each [N, blocks] float32."""
-    n = params.shape[0]
-    step, low = torch.empty(n, blocks), torch.empty(n, blocks)
-    view = params.float().reshape(n // TILE, blocks, 2, TILE)
-    for tile in range(n // TILE):
-        for j in range(blocks):
-            for t in range(TILE):
-                step[tile * TILE + t, j], low[tile * TILE + t, j] = view[tile, j, 0, t], view[tile, j, 1, t]
-    return step, low
 
 
 def min_max_fit_error(w: torch.Tensor) -> torch.Tensor:
@@ -222,7 +229,7 @@ def test_int4_round_trip_is_a_fitted_q4_1_grid(n, k, magnitude):
     packed, params = kernels.pack_int4(w)
     assert packed.dtype == torch.uint8 and packed.shape == (n, k // 2)
     assert params.dtype == torch.float16 and params.shape == (n, 2 * k // BLOCK)
-    step, low = int4_params(params, k // BLOCK)
+    step, low = group_params(params, 2)
     dense = kernels.unpack_int4(packed, params)
     # Every weight is a code 0..15 of its block's grid.
     codes = (block_view(dense) - low[..., None]) / torch.where(step > 0, step, 1)[..., None]
@@ -243,14 +250,14 @@ def test_int4_round_trip_is_a_fitted_q4_1_grid(n, k, magnitude):
 
 def test_int4_weights_already_on_a_q4_1_grid_come_back_exact():
     """A model converted from a Q4_1 GGUF (the embedded SmolLM2 is one) holds exactly such weights."""
-    n, k = 8, 64
+    n, k = 16, 64
     step = rand(n, k // BLOCK, seed=31, low=0.001, high=0.01).half().float()
     low = rand(n, k // BLOCK, seed=32, low=-0.08, high=-0.01).half().float()
     codes = torch.randint(0, 16, (n, k // BLOCK, BLOCK), generator=torch.Generator().manual_seed(33)).float()
     codes[..., 0], codes[..., 1] = 0, 15  # each block spans the whole grid, as a Q4_1 block does
     w = (codes * step[..., None] + low[..., None]).reshape(n, k)
     assert torch.equal(kernels.unpack_int4(*kernels.pack_int4(w)), w)
-    constant = torch.full((4, 32), -0.25)  # one value: step 0, the minimum is the value
+    constant = torch.full((16, 32), -0.25)  # one value: step 0, the minimum is the value
     assert torch.equal(kernels.unpack_int4(*kernels.pack_int4(constant)), constant)
 
 
@@ -259,12 +266,12 @@ def test_tiny_weights_lose_precision_only_to_float16_scales(magnitude):
     """Below max|w| ~ 8e-3 a block's scale is a float16 subnormal (spacing 2**-24) and below ~4e-6 it is 0:
     the error stays within half a step plus what rounding the scale to float16 can cost (127 or 15 codes times
     half the subnormal spacing), and nothing becomes nan or inf."""
-    n, k = 8, 128
+    n, k = 16, 128
     w = randn(n, k, seed=200, scale=magnitude)
     slack = 2.0 ** -25
     q, scale = kernels.pack_int8(w)
     dense = kernels.unpack_int8(q, scale)
-    step = expand_scales(untile(scale, k // BLOCK))
+    step = expand_scales(group_params(scale, 1)[0])
     assert torch.isfinite(dense).all()
     assert torch.all((dense - w).abs() <= step / 2 + 127 * slack + 1e-12)
     dense = kernels.unpack_int4(*kernels.pack_int4(w))
@@ -277,58 +284,65 @@ def test_tiny_weights_lose_precision_only_to_float16_scales(magnitude):
     assert torch.all(error <= BLOCK * per_weight ** 2 * (1 + 1e-5))
 
 
-def test_int8_layout_is_tile_major():
-    """Block j of rows 4i..4i+3 lie one after the other: [N/4][K/32][4][32], scales [N/4][K/32][4]."""
-    n, k = 8, 96
+def test_int8_layout_is_groups_of_16_rows_by_quads():
+    """Per group of 16 rows and block of 32 inputs: eight quads of 4 inputs, each the 16 rows' 4 codes side by
+    side ([N/16][K/32][8][16][4]); scales [N/16][K/32][16]."""
+    n, k = 32, 96
     w = randn(n, k, seed=7)
     q, scale = kernels.pack_int8(w)
     row_scale = (block_view(w).abs().amax(-1) / 127).half()
     row_q = torch.round(block_view(w) / row_scale.float()[..., None]).clamp(-127, 127).to(torch.int8).reshape(n, k)
-    q_tiles, s_tiles = q.reshape(n // TILE, k // BLOCK, TILE, BLOCK), scale.reshape(n // TILE, k // BLOCK, TILE)
-    for i in range(n // TILE):
+    q_groups = q.reshape(n // GROUP, k // BLOCK, BLOCK // 4, GROUP, 4)
+    s_groups = scale.reshape(n // GROUP, k // BLOCK, GROUP)
+    for g in range(n // GROUP):
         for j in range(k // BLOCK):
-            for t in range(TILE):
-                assert torch.equal(q_tiles[i, j, t], row_q[TILE * i + t, j * BLOCK:(j + 1) * BLOCK])
-                assert s_tiles[i, j, t] == row_scale[TILE * i + t, j]
+            for o in range(GROUP):
+                assert s_groups[g, j, o] == row_scale[GROUP * g + o, j]
+                for quad in range(BLOCK // 4):
+                    start = j * BLOCK + 4 * quad
+                    assert torch.equal(q_groups[g, j, quad, o], row_q[GROUP * g + o, start:start + 4])
 
 
-def test_int4_layout_is_tile_major_low_nibble_first():
-    """Byte b of a block holds weight b (low nibble) and weight b + 16 (high nibble), each as its code 0..15;
-    the parameters are [N/4][K/32][2][4]: the tile's four steps, then its four minimums."""
-    n, k = 8, 64
+def test_int4_layout_puts_quad_c_plus_4_in_the_high_nibbles_of_quad_c():
+    """The int8 layout's quads 0-3 in the low nibbles and quads 4-7 in the high nibbles of 4 x 64 bytes per
+    group and block, each weight as its code 0..15; the parameters are [N/16][K/32][2][16]: the group's 16
+    steps, then its 16 minimums."""
+    n, k = 32, 64
     w = randn(n, k, seed=8)
     packed, params = kernels.pack_int4(w)
     dense = kernels.unpack_int4(packed, params)
-    p_tiles = packed.reshape(n // TILE, k // BLOCK, TILE, BLOCK // 2)
-    s_tiles = params.reshape(n // TILE, k // BLOCK, 2, TILE)
-    for i in range(n // TILE):
+    p_groups = packed.reshape(n // GROUP, k // BLOCK, 4, GROUP, 4)
+    s_groups = params.reshape(n // GROUP, k // BLOCK, 2, GROUP)
+    for g in range(n // GROUP):
         for j in range(k // BLOCK):
-            for t in range(TILE):
-                step, low = s_tiles[i, j, :, t].float()
-                codes = torch.round((dense[TILE * i + t, j * BLOCK:(j + 1) * BLOCK] - low) / step).to(torch.uint8)
-                byte = p_tiles[i, j, t]
-                assert torch.equal(byte & 0x0F, codes[:16])
-                assert torch.equal(byte >> 4, codes[16:])
+            for o in range(GROUP):
+                step, low = s_groups[g, j, :, o].float()
+                row = dense[GROUP * g + o, j * BLOCK:(j + 1) * BLOCK]
+                codes = torch.round((row - low) / step).to(torch.uint8)
+                for c in range(4):
+                    byte = p_groups[g, j, c, o]
+                    assert torch.equal(byte & 0x0F, codes[4 * c:4 * c + 4])
+                    assert torch.equal(byte >> 4, codes[4 * c + 16:4 * c + 20])
 
 
 @pytest.mark.parametrize("fmt", ["int8", "int4"])
 def test_packing_reorders_storage_but_unpack_restores_rows(fmt):
-    n, k = 12, 64
+    n = 32
     # Row r is the constant r + 1 in its first block and -(r + 1) / 2 in its second: every row is distinct.
     w = torch.cat([torch.arange(1, n + 1.0)[:, None].expand(n, BLOCK),
                    -torch.arange(1, n + 1.0)[:, None].expand(n, BLOCK) / 2], dim=1).contiguous()
     pack, unpack = (kernels.pack_int8, kernels.unpack_int8) if fmt == "int8" else (kernels.pack_int4,
                                                                                     kernels.unpack_int4)
     weights, scale = pack(w)
-    # Stored tile-major, the scales are not in row order.
+    # Stored by groups of rows, the scales are not in row order.
     if fmt == "int8":  # row 0 of the storage holds rows 0 and 1, block 0
-        rows_scale = untile(scale, k // BLOCK)
+        (rows_scale,) = group_params(scale, 1)
         assert not torch.equal(scale, rows_scale)
         assert scale[0, 0] == rows_scale[0, 0] and scale[0, 1] == rows_scale[1, 0] and scale[1, 0] == rows_scale[2, 0]
         assert torch.equal(rows_scale[:, 0], 2 * rows_scale[:, 1])
-    else:  # 4 per storage row: block 0's steps of rows 0-3, their minimums, then block 1's steps and minimums
-        step, low = int4_params(scale, k // BLOCK)
-        assert torch.equal(scale[1].float(), low[:TILE, 0]) and torch.equal(scale[3].float(), low[:TILE, 1])
+    else:  # 4 per storage row: block 0's steps of rows 0-15 (storage rows 0-3), their minimums (4-7), block 1's
+        step, low = group_params(scale, 2)
+        assert torch.equal(scale[4].float(), low[:4, 0]) and torch.equal(scale[12].float(), low[:4, 1])
         assert not torch.equal(scale.float(), torch.stack([step, low], dim=-1).reshape(n, -1))
         assert torch.equal(low[:, 0], -2 * low[:, 1])  # constant blocks: step 0, the minimum is the value
         assert torch.all(step == 0)
@@ -340,7 +354,7 @@ def test_packing_reorders_storage_but_unpack_restores_rows(fmt):
 
 
 def test_pack_handles_zero_blocks():
-    w = torch.zeros(4, 64)
+    w = torch.zeros(16, 64)
     w[1, 40] = 3.0
     dense = kernels.unpack_int8(*kernels.pack_int8(w))
     assert torch.isfinite(dense).all()
@@ -349,7 +363,7 @@ def test_pack_handles_zero_blocks():
     dense = kernels.unpack_int4(*kernels.pack_int4(w))
     assert torch.isfinite(dense).all()
     torch.testing.assert_close(dense, w, rtol=1e-3, atol=1e-4)
-    assert torch.all(dense[[0, 2, 3]] == 0)  # all-zero blocks stay exactly zero
+    assert torch.all(dense[torch.arange(16) != 1] == 0)  # all-zero blocks stay exactly zero
 
 
 # -- compiled kernels against plain torch ------------------------------------------------------------------
@@ -416,7 +430,7 @@ def test_compiled_linear_quantized_zero_activation_blocks(ops):
     x = randn(5, 96, seed=11)
     x[0] = 0  # a whole row of zeros
     x[2, 32:64] = 0  # one block of zeros (its scale is 0)
-    w = randn(36, 96, seed=12)
+    w = randn(48, 96, seed=12)
     for pack, unpack, op in ((kernels.pack_int8, kernels.unpack_int8, ops.linear_q8),
                              (kernels.pack_int4, kernels.unpack_int4, ops.linear_q4)):
         weights, scale = pack(w)
@@ -428,7 +442,7 @@ def test_compiled_linear_quantized_zero_activation_blocks(ops):
 
 def test_compiled_linear_rejects_bad_shapes(ops):
     x = randn(2, 64, seed=13)
-    weights, scale = kernels.pack_int8(randn(8, 64, seed=14))
+    weights, scale = kernels.pack_int8(randn(16, 64, seed=14))
     with pytest.raises(RuntimeError, match="does not match"):
         ops.linear_q8(randn(2, 96, seed=15), weights, scale)
     with pytest.raises(RuntimeError, match="int8"):
@@ -527,14 +541,14 @@ def test_reference_linear_float(reference_path, rows):
 def test_reference_linear_quantized(reference_path, rows, fmt):
     x = randn(rows, 96, seed=rows + 96)
     x[0, :32] = 0  # a zero block
-    w = randn(36, 96, seed=rows + 97)
+    w = randn(48, 96, seed=rows + 97)
     if fmt == "int8":
         weights, scale = kernels.pack_int8(w)
         dense, got = kernels.unpack_int8(weights, scale), kernels.linear_int8(x, weights, scale)
     else:
         weights, scale = kernels.pack_int4(w)
         dense, got = kernels.unpack_int4(weights, scale), kernels.linear_int4(x, weights, scale)
-    assert got.shape == (rows, 36) and torch.isfinite(got).all()
+    assert got.shape == (rows, 48) and torch.isfinite(got).all()
     assert rel_err(got, quant_linear_exact(x, dense)) < 1e-5
     err = (got.double() - x.double() @ w.double().T).abs()
     assert torch.all(err <= quant_error_bound(x, w, dense) * (1 + 1e-4) + 1e-5)

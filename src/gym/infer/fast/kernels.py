@@ -26,7 +26,8 @@ from gym.models.loader import gym_home
 logger = logging.getLogger(__name__)
 
 BLOCK = 32  # weights per quantization block (one float16 scale each)
-TILE = 4  # output rows stored interleaved, so a tile of rows streams from one contiguous run of memory
+GROUP = 16  # output rows stored interleaved, so that a vector's lanes are 16 outputs (see csrc/linear.cpp)
+QUAD = 4  # inputs per output side by side in the interleaved layout: what one 32-bit lane multiplies
 
 _SOURCE = Path(__file__).parent / "csrc" / "linear.cpp"
 _lock = threading.Lock()
@@ -83,21 +84,35 @@ def _load() -> dict[str, str | bool]:
 
 
 # -- packing ---------------------------------------------------------------------------------------------
-def _tiled(rows: torch.Tensor, blocks: int) -> torch.Tensor:
-    """[N, blocks * b] row-major -> tile-major: tile i holds block j of its TILE rows one after the other."""
-    n, width = rows.shape
-    per_block = width // blocks
-    return rows.view(n // TILE, TILE, blocks, per_block).transpose(1, 2).contiguous().view(n, width)
+def _grouped(codes: torch.Tensor) -> torch.Tensor:
+    """Codes [N, K] row-major -> [N/16][K/32][8 quads][16 rows][4 inputs], the kernels' int8 layout."""
+    n, k = codes.shape
+    view = codes.view(n // GROUP, GROUP, k // BLOCK, BLOCK // QUAD, QUAD)
+    return view.permute(0, 2, 3, 1, 4).contiguous().view(n, k)
 
 
-def _untiled(rows: torch.Tensor, blocks: int) -> torch.Tensor:
-    n, width = rows.shape
-    per_block = width // blocks
-    return rows.view(n // TILE, blocks, TILE, per_block).transpose(1, 2).contiguous().view(n, width)
+def _ungrouped(grouped: torch.Tensor) -> torch.Tensor:
+    n, k = grouped.shape
+    view = grouped.view(n // GROUP, k // BLOCK, BLOCK // QUAD, GROUP, QUAD)
+    return view.permute(0, 3, 1, 2, 4).contiguous().view(n, k)
+
+
+def _grouped_params(values: list[torch.Tensor]) -> torch.Tensor:
+    """Per-block parameters [N, blocks] each -> [N/16][blocks][len(values)][16] float16, as [N, blocks * len]."""
+    n, blocks = values[0].shape
+    stacked = torch.stack([v.reshape(n // GROUP, GROUP, blocks).transpose(1, 2) for v in values], dim=2)
+    return stacked.half().contiguous().view(n, blocks * len(values))
+
+
+def _ungrouped_params(params: torch.Tensor, count: int) -> list[torch.Tensor]:
+    n = params.shape[0]
+    blocks = params.shape[1] // count
+    view = params.view(n // GROUP, blocks, count, GROUP).float()
+    return [view[:, :, i].transpose(1, 2).reshape(n, blocks) for i in range(count)]
 
 
 def packable(weight: torch.Tensor) -> bool:
-    return weight.dim() == 2 and weight.shape[1] % BLOCK == 0 and weight.shape[0] % TILE == 0
+    return weight.dim() == 2 and weight.shape[1] % BLOCK == 0 and weight.shape[0] % GROUP == 0
 
 
 def _best_scales(blocks: torch.Tensor, base: torch.Tensor, low: int, high: int) -> torch.Tensor:
@@ -115,19 +130,20 @@ def _best_scales(blocks: torch.Tensor, base: torch.Tensor, low: int, high: int) 
 
 
 def pack_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Symmetric int8 per block of 32 -> (int8 [N, K], float16 scales [N, K/32]), tiled."""
+    """Symmetric int8 per block of 32 -> (int8 [N, K], float16 scales [N, K/32]), in the kernels' group layout."""
     n, k = weight.shape
     blocks = weight.detach().float().reshape(n, k // BLOCK, BLOCK)
     scale = _best_scales(blocks, blocks.abs().amax(-1) / 127, -127, 127)
     inverse = torch.where(scale != 0, 1 / scale, torch.zeros_like(scale))
     q = torch.round(blocks * inverse[..., None]).clamp(-127, 127).to(torch.int8).view(n, k)
-    return _tiled(q, k // BLOCK), _tiled(scale.half(), k // BLOCK)
+    return _grouped(q), _grouped_params([scale])
 
 
 def pack_int4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Asymmetric int4 per block of 32, w ~ d * q + m with q in 0..15 (llama.cpp's Q4_1 grid) ->
-    (uint8 [N, K/2] two per byte, float16 [N, K/16]), tiled: each tile's block holds its four rows' d, then
-    their four m. Byte i of a block holds weight i (low nibble) and weight i + 16 (high nibble).
+    (uint8 [N, K/2] two per byte, float16 [N, K/16]) in the kernels' group layout: per group of 16 rows and
+    block, the int8 layout's eight quads with quad c + 4 in the high nibbles of quad c; the parameters are
+    each group's 16 steps d, then its 16 minimums m, block by block.
 
     The block's own minimum and maximum start the fit; a few least-squares refits of (d, m) to the
     codes then lower the error (~30% less squared error than a symmetric scale on Gaussian weights).
@@ -149,17 +165,9 @@ def pack_int4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         better = fit_error < error
         step, low = torch.where(better, fit_step, step), torch.where(better, fit_low, low)
         codes, error = torch.where(better[..., None], fit_codes, codes), torch.where(better, fit_error, error)
-    q = codes.to(torch.uint8)
-    packed = (q[..., :16] | (q[..., 16:] << 4)).view(n, k // 2)
-    # [N/4][K/32][2][4]: for each tile and block, its four rows' steps, then their four minimums.
-    params = torch.stack([_tile_columns(step), _tile_columns(low)], dim=2).half()
-    return _tiled(packed, k // BLOCK), params.reshape(n, k // BLOCK * 2)
-
-
-def _tile_columns(values: torch.Tensor) -> torch.Tensor:
-    """[N, blocks] -> [N/4, blocks, 4]: each tile's rows side by side, block by block."""
-    n, blocks = values.shape
-    return values.view(n // TILE, TILE, blocks).transpose(1, 2)
+    grouped = _grouped(codes.to(torch.uint8).view(n, k)).view(n // GROUP, k // BLOCK, 2, BLOCK // 2 * GROUP)
+    packed = grouped[:, :, 0] | (grouped[:, :, 1] << 4)
+    return packed.contiguous().view(n, k // 2), _grouped_params([step, low])
 
 
 def _int4_codes(blocks: torch.Tensor, step: torch.Tensor, low: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -172,17 +180,18 @@ def _int4_codes(blocks: torch.Tensor, step: torch.Tensor, low: torch.Tensor) -> 
 
 def unpack_int8(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     n, k = q.shape
-    rows, scales = _untiled(q, k // BLOCK), _untiled(scale, k // BLOCK)
-    return (rows.view(n, k // BLOCK, BLOCK).float() * scales.float()[..., None]).view(n, k)
+    (scales,) = _ungrouped_params(scale, 1)
+    return (_ungrouped(q).view(n, k // BLOCK, BLOCK).float() * scales[..., None]).view(n, k)
 
 
 def unpack_int4(packed: torch.Tensor, params: torch.Tensor) -> torch.Tensor:
     n, half = packed.shape
-    blocks = half * 2 // BLOCK
-    rows = _untiled(packed, blocks).view(n, blocks, BLOCK // 2)
-    step, low = params.view(n // TILE, blocks, 2, TILE).float().permute(2, 0, 3, 1).reshape(2, n, blocks, 1)
-    codes = torch.cat([(rows & 0x0F), (rows >> 4)], dim=-1).float()
-    return (codes * step + low).view(n, half * 2)
+    k = half * 2
+    step, low = _ungrouped_params(params, 2)
+    nibbles = packed.view(n // GROUP, k // BLOCK, 1, BLOCK // 2 * GROUP)
+    codes = torch.cat([nibbles & 0x0F, nibbles >> 4], dim=2).view(n, k)
+    rows = _ungrouped(codes).view(n, k // BLOCK, BLOCK).float()
+    return (rows * step[..., None] + low[..., None]).view(n, k)
 
 
 def quantize_activations(x: torch.Tensor) -> torch.Tensor:
