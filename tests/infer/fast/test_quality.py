@@ -28,11 +28,14 @@ REPO = Path(__file__).resolve().parents[3]
 
 pytestmark = pytest.mark.slow
 
-# Everyday prompts, none chosen for how int8 does on it: four of them meet a near-tie within 16 tokens (float32's
-# two best logits 0.006-0.08 apart; "What is the capital of France?" already at its first token).
+# Everyday prompts, none chosen for how int8 does on it. Near-ties are common: with the first eight alone, four to
+# six of them (depending on float summation order in the kernels) meet one within 16 tokens (float32's two best
+# logits 0.006-0.08 apart; "What is the capital of France?" already at its first token), so the last four were
+# added to keep the count of whole answers equal from hanging on one coin toss.
 PROMPTS = ["Write a haiku about autumn leaves.", "Explain what a binary search does.", "List three uses of copper.",
            "Who wrote Romeo and Juliet?", "What is the capital of France?", "Give me a tip for learning Python.",
-           "What is photosynthesis?", "Name a famous painter."]
+           "What is photosynthesis?", "Name a famous painter.", "How do I boil an egg?", "What does a compiler do?",
+           "Describe the water cycle.", "Why is the sky blue?"]
 NEAR_TIE = 0.1  # logits: float32's best two this close are a coin toss for any rounding (0.4% of their scale)
 
 
