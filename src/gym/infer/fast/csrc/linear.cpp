@@ -169,7 +169,12 @@ inline void parallel_for(int64_t begin, int64_t end, int64_t grain, const F& bod
 
 
 constexpr int64_t kBlock = 32;  // weights per quantization block, and activations per activation scale
-constexpr int kMaxRows = 4;  // activation rows that share each loaded weight vector
+// Activation rows that share each float weight vector loaded: 4 x 6 accumulators fit AVX-512's 32 registers.
+#if defined(__AVX512F__)
+constexpr int kMaxRows = 6;
+#else
+constexpr int kMaxRows = 4;
+#endif
 
 inline float half_to_float(uint16_t h) {
 #ifdef GYM_AVX2
@@ -221,6 +226,20 @@ inline float weight_at(const void* w, int64_t i) {
     return half_to_float(static_cast<const uint16_t*>(w)[i]);
   }
 }
+
+#if defined(__AVX512F__)
+template <WeightKind kind>
+inline __m512 load16(const void* w, int64_t i) {
+  if constexpr (kind == WeightKind::F32) {
+    return _mm512_loadu_ps(static_cast<const float*>(w) + i);
+  } else if constexpr (kind == WeightKind::BF16) {
+    const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(w) + i));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+  } else {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(w) + i)));
+  }
+}
+#endif
 
 #ifdef GYM_AVX2
 inline float hsum(__m256 v) {
@@ -286,6 +305,25 @@ void dot_float(const float* x, int64_t ldx, const void* w, int64_t ldw, int64_t 
   const char* wb = static_cast<const char*>(w);
   int64_t k = 0;
   float sums[T * R] = {};
+#if defined(__AVX512F__)
+  // Many rows (a batch of streams) are bound by the multiply-adds, where 512-bit vectors do twice the work per
+  // instruction: 1.1-1.35x on the embedded model's products at 8-16 rows. One or two rows stream the weights
+  // at memory speed either way, and there the 256-bit loop below keeps up with the prefetcher better (the LM
+  // head at one row: 3.1 vs 3.9 ms).
+  if constexpr (T > 1 || R > 2) {
+    __m512 acc[T * R];
+    for (int i = 0; i < T * R; ++i) acc[i] = _mm512_setzero_ps();
+    for (; k + 16 <= K; k += 16) {
+      __m512 wv[T];
+      for (int t = 0; t < T; ++t) wv[t] = load16<kind>(wb + t * ldw * elem, k);
+      for (int r = 0; r < R; ++r) {
+        const __m512 xv = _mm512_loadu_ps(x + r * ldx + k);
+        for (int t = 0; t < T; ++t) acc[t * R + r] = _mm512_fmadd_ps(wv[t], xv, acc[t * R + r]);
+      }
+    }
+    for (int i = 0; i < T * R; ++i) sums[i] = _mm512_reduce_add_ps(acc[i]);
+  }
+#endif
 #ifdef GYM_AVX2
   __m256 acc[T * R];
   for (int i = 0; i < T * R; ++i) acc[i] = _mm256_setzero_ps();
@@ -297,7 +335,7 @@ void dot_float(const float* x, int64_t ldx, const void* w, int64_t ldw, int64_t 
       for (int t = 0; t < T; ++t) acc[t * R + r] = _mm256_fmadd_ps(wv[t], xv, acc[t * R + r]);
     }
   }
-  for (int i = 0; i < T * R; ++i) sums[i] = hsum(acc[i]);
+  for (int i = 0; i < T * R; ++i) sums[i] += hsum(acc[i]);
 #endif
   for (; k < K; ++k) {
     for (int t = 0; t < T; ++t) {
@@ -471,7 +509,13 @@ void for_each_tile(int64_t B, int64_t N, int64_t bytes_per_row, Tile tile) {
               case 1: tile(std::integral_constant<int, 1>{}, std::integral_constant<int, 1>{}, m, b); break;
               case 2: tile(std::integral_constant<int, 2>{}, std::integral_constant<int, 1>{}, m, b); break;
               case 3: tile(std::integral_constant<int, 3>{}, std::integral_constant<int, 1>{}, m, b); break;
+#if defined(__AVX512F__)
+              case 4: tile(std::integral_constant<int, 4>{}, std::integral_constant<int, 1>{}, m, b); break;
+              case 5: tile(std::integral_constant<int, 5>{}, std::integral_constant<int, 1>{}, m, b); break;
+              default: tile(std::integral_constant<int, 6>{}, std::integral_constant<int, 1>{}, m, b); break;
+#else
               default: tile(std::integral_constant<int, 4>{}, std::integral_constant<int, 1>{}, m, b); break;
+#endif
             }
           }
           continue;
@@ -480,7 +524,13 @@ void for_each_tile(int64_t B, int64_t N, int64_t bytes_per_row, Tile tile) {
           case 1: tile(std::integral_constant<int, 1>{}, std::integral_constant<int, kTile>{}, n, b); break;
           case 2: tile(std::integral_constant<int, 2>{}, std::integral_constant<int, kTile>{}, n, b); break;
           case 3: tile(std::integral_constant<int, 3>{}, std::integral_constant<int, kTile>{}, n, b); break;
+#if defined(__AVX512F__)
+          case 4: tile(std::integral_constant<int, 4>{}, std::integral_constant<int, kTile>{}, n, b); break;
+          case 5: tile(std::integral_constant<int, 5>{}, std::integral_constant<int, kTile>{}, n, b); break;
+          default: tile(std::integral_constant<int, 6>{}, std::integral_constant<int, kTile>{}, n, b); break;
+#else
           default: tile(std::integral_constant<int, 4>{}, std::integral_constant<int, kTile>{}, n, b); break;
+#endif
         }
       }
     }
