@@ -47,6 +47,10 @@ def _setup_logging(debug: bool) -> None:
     logging.basicConfig(level=logging.DEBUG if debug else logging.INFO, format="[gym] %(message)s")
     for noisy in ("transformers", "peft", "datasets", "accelerate", "httpx", "filelock", "urllib3", "matplotlib"):
         logging.getLogger(noisy).setLevel(logging.DEBUG if debug else logging.WARNING)
+    # Optional kernels these libraries look for at import (and torch's notes about them) are not the user's
+    # concern: bitsandbytes and torchao work without them here.
+    for optional in ("bitsandbytes", "torchao", "torch.utils._pytree"):
+        logging.getLogger(optional).setLevel(logging.DEBUG if debug else logging.ERROR)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if not debug:
         # Deprecation notices from inside the libraries are for us, not for users.

@@ -40,6 +40,12 @@ class FinetuningArguments:
     pissa_iter: int = field(
         default=16, metadata={"help": "Fast-SVD iterations for PiSSA; -1 uses a full SVD."}
     )
+    loftq_init: bool = field(
+        default=False,
+        metadata={"help": "QLoRA: start the adapter at the base's 4-bit rounding error (LoftQ), so the quantized base "
+                  "plus the adapter starts near the original model. The adapter then belongs to the 4-bit base: "
+                  "chat with it under the same quantization_bit. Needs quantization_bit: 4 (bnb)."},
+    )
     loraplus_lr_ratio: float | None = field(
         default=None, metadata={"help": "LoRA+: learning rate of B = ratio x learning rate of A."}
     )
@@ -77,14 +83,19 @@ class FinetuningArguments:
         if self.lora_rank <= 0:
             raise ConfigError(f"'lora_rank' must be positive, got {self.lora_rank}.")
         if self.finetuning_type != "lora":
-            lora_only = [k for k in ("use_dora", "use_rslora", "pissa_init") if getattr(self, k)]
+            lora_only = [k for k in ("use_dora", "use_rslora", "pissa_init", "loftq_init") if getattr(self, k)]
             if self.loraplus_lr_ratio is not None:
                 lora_only.append("loraplus_lr_ratio")
             if args.model.adapter_name_or_path:
                 lora_only.append("adapter_name_or_path")
             if lora_only:
                 raise ConfigError(f"'{lora_only[0]}' needs finetuning_type: lora (got '{self.finetuning_type}').")
-        if self.use_dora and self.pissa_init:
-            raise ConfigError("'use_dora' and 'pissa_init' cannot be combined; choose one LoRA initialisation.")
+        initialisations = [k for k in ("use_dora", "pissa_init", "loftq_init") if getattr(self, k)]
+        if len(initialisations) > 1:
+            raise ConfigError(f"'{initialisations[0]}' and '{initialisations[1]}' cannot be combined; choose one "
+                              "LoRA initialisation.")
+        if self.loftq_init and (args.model.quantization_bit, args.model.quantization_method) != (4, "bnb"):
+            raise ConfigError("'loftq_init' initialises the adapter from a 4-bit base's rounding error: it needs "
+                              "quantization_bit: 4 with quantization_method: bnb.")
         if self.delta_compression and self.stage == "rm":
             raise ConfigError("delta_compression applies to language models; a reward model (stage: rm) is not one.")

@@ -21,12 +21,30 @@ def _default(f: dataclasses.Field[Any]) -> Any:
     return getattr(default, "value", default)
 
 
+def _mixins(cls: type) -> list[type]:
+    """Gym's own dataclasses a concern is assembled from (ModelArguments <- QuantizationArguments, ...)."""
+    return [base for base in cls.__bases__ if dataclasses.is_dataclass(base) and base.__module__.startswith("gym.")]
+
+
 def _section(title: str, cls: type) -> list[str]:
+    """The concern's own keys first, then each mixin's under its own heading (so `model_name_or_path`
+    leads the model section, though the dataclass lists inherited fields first)."""
+    mixins = _mixins(cls)
+    inherited = {name for mixin in mixins for name in fields_of(mixin)}
     lines = [f"{title}:"]
     for name, (tp, f) in fields_of(cls).items():
-        text = " ".join(str(f.metadata.get("help", "")).split())
-        lines.append(f"  {name} ({type_name(tp)}, default {_default(f)!r})\n      {text}")
-    return lines + [""]
+        if name not in inherited:
+            lines.append(_key_line(name, tp, f))
+    lines.append("")
+    for mixin in mixins:
+        doc = (mixin.__doc__ or mixin.__name__).strip().splitlines()[0]
+        lines += _section(f"{title}: {doc[0].lower()}{doc[1:].rstrip('.')}", mixin)
+    return lines
+
+
+def _key_line(name: str, tp: Any, f: dataclasses.Field[Any]) -> str:
+    text = " ".join(str(f.metadata.get("help", "")).split())
+    return f"  {name} ({type_name(tp)}, default {_default(f)!r})\n      {text}"
 
 
 def train_help() -> str:

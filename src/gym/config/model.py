@@ -1,14 +1,16 @@
-"""ModelArguments: which model to load, and how (attention kernel, inference dtype and backend)."""
+"""ModelArguments: which model to load, and how (quantization, attention kernel, inference dtype and backend)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Literal
 
+from gym.config.quantization import QuantizationArguments
+
 
 @dataclass
-class ModelArguments:
-    """Which model to load, and how."""
+class ModelArguments(QuantizationArguments):
+    """Which model to load, and how (the quantization keys come from QuantizationArguments)."""
 
     model_name_or_path: str | None = field(
         default=None,

@@ -35,6 +35,7 @@ from gym.models.loader import (
     load_tokenizer,
     resolve_model_path,
 )
+from gym.models.quantization import is_quantized
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +75,11 @@ class ChatModel:
 
     def _load_hf_model(self) -> Any:
         model = load_causal_lm(self.model_path, self.model_args, dtype=self._dtype())
+        if is_quantized(model):
+            # Merging would round the adapter into the base's few bits; QLoRA serves it beside the base, as
+            # it trained (the config allows one adapter here). Merge onto the unquantized base instead by
+            # chatting without quantization_bit.
+            return PeftModel.from_pretrained(model, self.adapters[0]).eval() if self.adapters else model.eval()
         for adapter in self.adapters:
             model = PeftModel.from_pretrained(model, adapter).merge_and_unload()
         if torch.cuda.is_available() and self.model_args.infer_dtype not in ("int8", "int4"):

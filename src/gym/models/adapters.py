@@ -12,6 +12,8 @@ from peft import LoraConfig, PeftModel, TaskType, get_peft_model
 from gym.config.finetuning import FinetuningArguments
 from gym.core.errors import ConfigError
 from gym.core.names import split_names as _split
+from gym.models.loftq import loftq_initialise
+from gym.models.quantization import is_quantized, prepare_for_adapters
 
 logger = logging.getLogger(__name__)
 
@@ -80,16 +82,25 @@ def setup_lora(model: Any, args: FinetuningArguments, adapters: list[str] | None
     """Add a trainable LoRA adapter. Given existing adapters, all but the last are merged into the
     model and training continues on the last one."""
     adapters = adapters or []
+    if is_quantized(model):
+        model = prepare_for_adapters(model)
     for path in adapters[:-1]:
         model = PeftModel.from_pretrained(model, path).merge_and_unload()
     if adapters:
-        return PeftModel.from_pretrained(model, adapters[-1], is_trainable=True)
+        # The saved config may name an initialisation (PiSSA's, on a quantized base); the weights are the
+        # adapter's own, so loading must not initialise them again.
+        config = LoraConfig.from_pretrained(adapters[-1])
+        config.init_lora_weights = True
+        return PeftModel.from_pretrained(model, adapters[-1], is_trainable=True, config=config)
     try:
         tied = bool(getattr(model.config, "tie_word_embeddings", False))
         task = "SEQ_CLS" if is_sequence_classifier(model) else "CAUSAL_LM"
-        return get_peft_model(model, lora_config(args, tied, task))
+        peft_model = get_peft_model(model, lora_config(args, tied, task))
     except ValueError as exc:  # peft names the module it could not find
         raise ConfigError(f"LoRA setup failed: {exc}") from None
+    if args.loftq_init:
+        loftq_initialise(peft_model, str(model.config._name_or_path))
+    return peft_model
 
 
 def setup_finetuning(model: Any, args: FinetuningArguments, adapters: list[str] | None = None) -> Any:

@@ -27,6 +27,7 @@ from gym.config.model import ModelArguments
 from gym.core.errors import ModelError
 from gym.core.files import FORMAT_VERSION, temp_path
 from gym.core.files import MANIFEST_FILE as MANIFEST
+from gym.models.quantization import device_map, quantization_config
 from gym.models.registry import DEFAULT_MODEL, EMBEDDED, HUB_PRESETS, known_names
 
 logger = logging.getLogger(__name__)
@@ -200,7 +201,8 @@ def load_tokenizer(model_path: str, model_args: ModelArguments | None = None) ->
 
 def load_causal_lm(model_path: str, model_args: ModelArguments | None = None,
                    dtype: torch.dtype = torch.float32) -> Any:
-    kwargs = _hub_kwargs(model_args)
+    """The model in `dtype` (quantized on load when model_args asks for it, computing in `dtype`)."""
+    kwargs = _hub_kwargs(model_args) | _quantization_kwargs(model_args, dtype)
     flash = getattr(model_args, "flash_attn", "auto") if model_args is not None else "auto"
     try:
         return AutoModelForCausalLM.from_pretrained(
@@ -217,7 +219,7 @@ def load_reward_backbone(model_path: str, model_args: ModelArguments | None = No
     try:
         model = AutoModelForSequenceClassification.from_pretrained(
             model_path, num_labels=1, dtype=dtype, attn_implementation=attn_implementation(flash),
-            **_hub_kwargs(model_args),
+            **_hub_kwargs(model_args), **_quantization_kwargs(model_args, dtype),
         )
     except (OSError, ValueError, SafetensorError) as exc:  # a missing/unreadable config.json or weights file
         raise ModelError(f"Could not load the model {model_path}: {_first_line(exc)}") from None
@@ -253,6 +255,11 @@ def generation_defaults(model_path: str) -> dict[str, Any]:
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return text[0] if text else type(exc).__name__
+
+
+def _quantization_kwargs(model_args: ModelArguments | None, dtype: torch.dtype) -> dict[str, Any]:
+    config = quantization_config(model_args, compute_dtype=dtype)
+    return {} if config is None else {"quantization_config": config, "device_map": device_map()}
 
 
 def _hub_kwargs(model_args: ModelArguments | None) -> dict[str, Any]:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,6 +19,7 @@ from typing import Any
 import torch
 
 from gym.config.args import TrainArgs
+from gym.core.files import temp_path
 from gym.core.hardware import cpu_supports_bf16
 from gym.core.kinds import DataKind
 from gym.core.names import split_names
@@ -71,22 +74,45 @@ def prepare(args: TrainArgs[Any], data_kind: DataKind, *, packing_by_default: bo
                 "fp16 mixed" if training_args.fp16 else "float32")
 
     torch.manual_seed(training_args.seed)
-    model = model_loader(model_path, model_args)
-    model = setup_finetuning(model, finetuning_args, split_names(model_args.adapter_name_or_path))
-    trainable, total = count_parameters(model)
-    logger.info("Trainable parameters: %s of %s (%.2f%%)", f"{trainable:,}", f"{total:,}", 100 * trainable / total)
-
     pissa_init_dir = None
     if finetuning_args.finetuning_type == "lora" and finetuning_args.pissa_init:
         pissa_init_dir = str(Path(training_args.output_dir) / "pissa_init")
-        if resume is None:
+    if pissa_init_dir is not None and model_args.quantization_bit is not None:
+        model = _pissa_on_quantized_base(args, model_path, model_loader, pissa_init_dir, fresh=resume is None)
+    else:
+        model = model_loader(model_path, model_args)
+        model = setup_finetuning(model, finetuning_args, split_names(model_args.adapter_name_or_path))
+        if pissa_init_dir is not None and resume is None:
             model.save_pretrained(pissa_init_dir)
+    trainable, total = count_parameters(model)
+    logger.info("Trainable parameters: %s of %s (%.2f%%)", f"{trainable:,}", f"{total:,}", 100 * trainable / total)
 
     if not torch.cuda.is_available():
         training_args.dataloader_pin_memory = False  # pinning needs an accelerator; it only warns on CPU
     if data.eval is not None and training_args.eval_strategy == "no":
         training_args.eval_strategy = "epoch"
     return Setup(model_path, tokenizer, chat, data, model, resume, pissa_init_dir)
+
+
+def _pissa_on_quantized_base(args: TrainArgs[Any], model_path: str, model_loader: Callable[[str, Any], Any],
+                             pissa_init_dir: str, fresh: bool) -> Any:
+    """PiSSA under quantization_bit: the principal components move into the adapter in full precision, and only
+    what remains of each weight (the residual, with a smaller range) is quantized, so the base loses less to
+    rounding than the original weights would (Meng et al., 2024, sec. 4.4). The residual model is kept in
+    output_dir/pissa_residual for resuming; the saved adapter is converted to apply to the original base."""
+    residual_dir = Path(args.output_dir) / "pissa_residual"
+    if fresh or not (residual_dir / "config.json").is_file():
+        full = model_loader(model_path, dataclasses.replace(args.model, quantization_bit=None))
+        peft_model = setup_finetuning(full, args.finetuning)
+        peft_model.save_pretrained(pissa_init_dir)
+        residual = peft_model.unload()  # the base layers without the adapter: W - U S V^T
+        tmp = temp_path(residual_dir)
+        residual.save_pretrained(tmp)
+        shutil.rmtree(residual_dir, ignore_errors=True)
+        os.replace(tmp, residual_dir)
+        del peft_model, residual, full
+    model = model_loader(str(residual_dir), args.model)
+    return setup_finetuning(model, args.finetuning, [pissa_init_dir])
 
 
 def choose_checkpointing(args: TrainArgs[Any], model: Any, tokens_per_step: int) -> None:
@@ -119,8 +145,8 @@ def trl_args(config_cls: type, args: TrainArgs[Any], **method_values: Any) -> An
 def drop_fresh_reference_adapter(model: Any, args: TrainArgs[Any]) -> None:
     """TRL copies a given LoRA adapter as the reference ("ref"). A fresh adapter starts at zero, so the
     base with the adapter disabled is the same reference, without a second adapter to run and save.
-    (PiSSA starts from a non-zero adapter on a changed base: its copy is the true reference.)"""
-    fresh = not args.model.adapter_name_or_path and not args.finetuning.pissa_init
+    (PiSSA and LoftQ start from a non-zero adapter: their copy is the true reference.)"""
+    fresh = not (args.model.adapter_name_or_path or args.finetuning.pissa_init or args.finetuning.loftq_init)
     if fresh and "ref" in getattr(model, "peft_config", {}):
         model.delete_adapter("ref")
         model.set_adapter("default")

@@ -22,6 +22,7 @@ from gym.infer.fast import kernels
 from gym.infer.fast.cache import SlotCache
 from gym.infer.fast.deltas import CompiledVariant, RowDeltas
 from gym.infer.fast.linear import KERNEL_ROWS, FastLinear
+from gym.models.quantization import is_quantized
 
 SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
@@ -32,6 +33,9 @@ def unsupported_reason(model: Any) -> str | None:
     model_type = getattr(config, "model_type", None)
     if model_type not in SUPPORTED_TYPES:
         return f"model type {model_type!r} is not one it implements ({', '.join(SUPPORTED_TYPES)})"
+    if is_quantized(model):
+        return ("the base is quantized on load (quantization_bit), and the fast engine quantizes float weights "
+                "itself (infer_dtype: int8/int4)")
     device = next(model.parameters()).device
     if device.type not in ("cpu", "cuda"):
         return f"it runs on the CPU or a CUDA GPU and the model is on {device}"

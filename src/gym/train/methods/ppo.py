@@ -82,11 +82,12 @@ class PPOOptions(RewardChoice):
             raise ConfigError("'temperature' must be > 0 and 'top_p' in (0, 1].")
         if self.ppo_target is not None and self.ppo_target <= 0:
             raise ConfigError(f"'ppo_target' must be positive (null = a fixed KL coefficient), got {self.ppo_target}.")
-        if args.finetuning.finetuning_type == "lora" and args.finetuning.pissa_init:
-            # PiSSA moves the principal components out of the base weights, so the model with its adapter
-            # disabled is not the starting model and cannot serve as the KL reference.
-            raise ConfigError("stage: ppo does not support `pissa_init`: the KL reference is the model with the "
-                              "adapter disabled, which under PiSSA is not the starting model. Use plain LoRA.")
+        nonzero_init = [k for k in ("pissa_init", "loftq_init") if getattr(args.finetuning, k)]
+        if args.finetuning.finetuning_type == "lora" and nonzero_init:
+            # PiSSA and LoftQ start the adapter non-zero (on a changed or rounded base), so the model with its
+            # adapter disabled is not the starting model and cannot serve as the KL reference.
+            raise ConfigError(f"stage: ppo does not support `{nonzero_init[0]}`: the KL reference is the model with "
+                              "the adapter disabled, which then is not the starting model. Use plain LoRA.")
 
 
 def _save_value_head(value_head: torch.nn.Linear, folder: Path) -> None:
