@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from gym.config.optimizers import OptimizerArguments
 from gym.core.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -12,8 +13,9 @@ if TYPE_CHECKING:
 
 
 @dataclass
-class FinetuningArguments:
-    """What to train (stage) and which parameters move (finetuning type)."""
+class FinetuningArguments(OptimizerArguments):
+    """What to train (stage), which parameters move (finetuning type) and, through OptimizerArguments, the
+    optimizer that moves them."""
 
     stage: str = field(
         default="sft",
@@ -80,6 +82,7 @@ class FinetuningArguments:
     )
 
     def validate(self, args: TrainArgs[Any]) -> None:
+        super().validate(args)
         if self.lora_rank <= 0:
             raise ConfigError(f"'lora_rank' must be positive, got {self.lora_rank}.")
         if self.finetuning_type != "lora":
@@ -90,6 +93,9 @@ class FinetuningArguments:
                 lora_only.append("adapter_name_or_path")
             if lora_only:
                 raise ConfigError(f"'{lora_only[0]}' needs finetuning_type: lora (got '{self.finetuning_type}').")
+        if self.loraplus_lr_ratio is not None and self.chosen():
+            raise ConfigError(f"'loraplus_lr_ratio' builds its own AdamW; it cannot be combined with "
+                              f"'{self.chosen()[0]}'.")
         initialisations = [k for k in ("use_dora", "pissa_init", "loftq_init") if getattr(self, k)]
         if len(initialisations) > 1:
             raise ConfigError(f"'{initialisations[0]}' and '{initialisations[1]}' cannot be combined; choose one "

@@ -23,6 +23,7 @@ from gym.config.finetuning import FinetuningArguments
 from gym.config.generating import GeneratingArguments
 from gym.config.methods import get_method, option_classes
 from gym.config.model import ModelArguments
+from gym.config.optimizers import check_optim
 from gym.config.training import TrainingArguments
 from gym.core.errors import ConfigError
 from gym.core.hardware import has_accelerator, native_bf16
@@ -141,6 +142,12 @@ def _training_values(buckets: dict[type, dict[str, Any]], model: ModelArguments,
                      finetuning: FinetuningArguments) -> dict[str, Any]:
     """The user's training keys, with Gym's hardware-aware defaults filled in."""
     values = dict(buckets.get(TrainingArguments, {}))
+    chosen = finetuning.chosen()
+    if chosen and "optim" in values:
+        raise ConfigError(f"'{chosen[0]}' and 'optim: {values['optim']}' both choose the optimizer; keep one.")
+    values.update(finetuning.hf_optimizer())
+    if "optim" in values:
+        check_optim(str(values["optim"]))
     if values.get("output_dir") is None:
         values["output_dir"] = default_output_dir(model, finetuning)
     if values.get("bf16") is None:

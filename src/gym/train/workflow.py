@@ -29,7 +29,7 @@ from gym.data.loader import TokenizedData, get_dataset
 from gym.data.templates import ChatFormat, get_chat_format
 from gym.models.adapters import count_parameters, setup_finetuning
 from gym.models.loader import load_causal_lm, load_tokenizer, resolve_model_path
-from gym.train import harness
+from gym.train import harness, optimizers
 from gym.train.checkpoints import resolve_resume
 from gym.train.memory import needs_checkpointing
 from gym.train.trainer import GymTrainer
@@ -155,6 +155,7 @@ def drop_fresh_reference_adapter(model: Any, args: TrainArgs[Any]) -> None:
 def train_and_save(trainer: Any, setup: Setup, args: TrainArgs[Any]) -> RunResult:
     """The harness around a Trainer: log file and progress -> train (resuming if asked) -> evaluate ->
     save -> plot -> report."""
+    optimizers.install(trainer, args)
     harness.attach(trainer, args)
     started = time.perf_counter()
     result = trainer.train(resume_from_checkpoint=setup.resume)

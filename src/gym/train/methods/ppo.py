@@ -82,6 +82,11 @@ class PPOOptions(RewardChoice):
             raise ConfigError("'temperature' must be > 0 and 'top_p' in (0, 1].")
         if self.ppo_target is not None and self.ppo_target <= 0:
             raise ConfigError(f"'ppo_target' must be positive (null = a fixed KL coefficient), got {self.ppo_target}.")
+        optim = str(getattr(args.training.optim, "value", args.training.optim))
+        if args.finetuning.chosen() or optim not in ("adamw_torch", "adamw_torch_fused"):
+            # Gym's PPO loop steps policy and value head with one AdamW of its own.
+            raise ConfigError(f"stage: ppo trains with AdamW; "
+                              f"'{(args.finetuning.chosen() or ['optim: ' + optim])[0]}' is not supported there.")
         nonzero_init = [k for k in ("pissa_init", "loftq_init") if getattr(args.finetuning, k)]
         if args.finetuning.finetuning_type == "lora" and nonzero_init:
             # PiSSA and LoftQ start the adapter non-zero (on a changed or rounded base), so the model with its

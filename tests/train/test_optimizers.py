@@ -1,0 +1,126 @@
+"""Optimizers: each use_* key (and `optim`) builds the optimizer it names, moves the parameters it should and
+leaves the rest; impossible combinations are config errors before anything loads."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from gym.config.optimizers import OptimizerArguments
+from gym.config.parser import get_train_args
+from gym.core.errors import ConfigError
+from gym.train import workflow
+
+
+def _run(train_config, capture_trainer, **keys):
+    from gym.train.run import run_exp
+
+    seen = capture_trainer(workflow)
+    result = run_exp(train_config(finetuning_type="full", learning_rate=1e-3, max_steps=3, **keys))
+    optimizer = seen["trainer"].optimizer
+    return getattr(optimizer, "optimizer", optimizer), Path(result.output_dir)  # accelerate wraps it
+
+
+def _changed(tiny_model_dir: Path, out: Path) -> dict[str, float]:
+    """Parameter name -> share of its entries the run changed."""
+    base = load_file(str(tiny_model_dir / "model.safetensors"))
+    trained = load_file(str(out / "model.safetensors"))
+    return {k: (base[k] != trained[k]).float().mean().item() for k in base}
+
+
+@pytest.mark.parametrize(("keys", "optimizer_name"), [
+    ({"use_galore": True, "galore_rank": 4, "galore_update_interval": 2}, "galore_torch.adamw.AdamW"),
+    ({"use_galore": True, "galore_layerwise": True}, "trainer_pt_utils.LayerWiseDummyOptimizer"),
+    ({"use_apollo": True, "apollo_rank": 4}, "apollo_torch.apollo.AdamW"),
+    ({"use_adam_mini": True}, "adam_mini.adam_mini.Adam_mini"),
+    ({"optim": "adafactor"}, "transformers.optimization.Adafactor"),
+    ({"optim": "sgd"}, "torch.optim.sgd.SGD"),
+    ({"optim": "lion_8bit"}, "bitsandbytes.optim.lion.Lion"),
+])
+def test_the_optimizer_asked_for_moves_every_weight(train_config, capture_trainer, tiny_model_dir, keys,
+                                                    optimizer_name):
+    optimizer, out = _run(train_config, capture_trainer, **keys)
+    assert f"{type(optimizer).__module__}.{type(optimizer).__name__}".endswith(optimizer_name)
+    changed = _changed(tiny_model_dir, out)
+    assert all(share > 0 for share in changed.values()), [k for k, v in changed.items() if v == 0]
+
+
+def test_galore_projects_only_its_targets(train_config, capture_trainer):
+    optimizer, _ = _run(train_config, capture_trainer, use_galore=True, galore_target="q_proj,v_proj",
+                        galore_rank=4)
+    projected = [g for g in optimizer.param_groups if "rank" in g]
+    assert len(projected) == 1 and projected[0]["rank"] == 4
+    assert len(projected[0]["params"]) == 4  # q_proj and v_proj of 2 layers
+    assert all(p.shape == (64, 64) or p.shape == (32, 64) for p in projected[0]["params"])
+
+
+def test_badam_layer_mode_updates_one_block(train_config, capture_trainer, tiny_model_dir):
+    optimizer, out = _run(train_config, capture_trainer, use_badam=True, badam_switch_mode="ascending",
+                          badam_switch_interval=100)
+    assert type(optimizer).__name__ == "BlockOptimizer"
+    changed = _changed(tiny_model_dir, out)
+    assert all(changed[k] > 0 for k in changed if k.startswith("model.layers.0."))
+    assert all(changed[k] == 0 for k in changed if not k.startswith("model.layers.0."))  # layer 1, embeddings
+
+
+def test_badam_ratio_mode_updates_a_share_of_each_weight(train_config, capture_trainer, tiny_model_dir):
+    optimizer, out = _run(train_config, capture_trainer, use_badam=True, badam_mode="ratio", badam_update_ratio=0.1)
+    assert type(optimizer).__name__ == "BlockOptimizerRatio"
+    changed = _changed(tiny_model_dir, out)
+    matrices = {k: v for k, v in changed.items() if "layers." in k and k.endswith("proj.weight")}
+    assert all(0 < share <= 0.2 for share in matrices.values()), matrices
+
+
+@pytest.mark.parametrize("finetuning_type", ["full", "lora"])
+def test_muon_takes_the_hidden_matrices_and_adamw_the_rest(train_config, capture_trainer, tiny_model_dir,
+                                                           finetuning_type):
+    from gym.train.run import run_exp
+
+    seen = capture_trainer(workflow)
+    run_exp(train_config(finetuning_type=finetuning_type, use_muon=True, max_steps=2))
+    trainer = seen["trainer"]
+    chained = getattr(trainer.optimizer, "optimizer", trainer.optimizer)
+    names = {id(p): n for n, p in trainer.model.named_parameters()}
+    muon, *rest = chained.parts
+    assert isinstance(muon, torch.optim.Muon)
+    muon_names = [names[id(p)] for g in muon.param_groups for p in g["params"]]
+    assert muon_names and all(".layers." in n and "norm" not in n for n in muon_names)
+    if finetuning_type == "lora":
+        assert all("lora_" in n for n in muon_names) and not rest  # LoRA trains matrices only
+    else:
+        adamw_names = {names[id(p)] for g in rest[0].param_groups for p in g["params"]}
+        assert "model.embed_tokens.weight" in adamw_names and any("norm" in n for n in adamw_names)
+    # The learning-rate schedule reaches both parts through the shared parameter groups.
+    assert all(g["lr"] != trainer.args.learning_rate for g in chained.param_groups)  # decayed by the schedule
+
+
+@pytest.mark.parametrize(("keys", "message"), [
+    ({"use_badam": True}, "needs finetuning_type: full"),
+    ({"use_adam_mini": True, "finetuning_type": "freeze"}, "needs finetuning_type: full"),
+    ({"use_galore": True}, "use finetuning_type: full or freeze"),
+    ({"use_galore": True, "use_muon": True, "finetuning_type": "full"}, "both choose the optimizer"),
+    ({"use_muon": True, "optim": "sgd"}, "both choose the optimizer"),
+    ({"use_galore": True, "galore_layerwise": True, "finetuning_type": "full", "gradient_accumulation_steps": 2},
+     "gradient_accumulation_steps: 1"),
+    ({"use_muon": True, "loraplus_lr_ratio": 16}, "cannot be combined"),
+    ({"optim": "adamw_torhc"}, "Did you mean 'adamw_torch'"),
+    ({"optim": "grokadamw"}, "needs the grokadamw package"),
+    ({"stage": "ppo", "use_muon": True, "reward_funcs": ["length"]}, "stage: ppo trains with AdamW"),
+])
+def test_impossible_optimizer_settings_are_config_errors(keys, message):
+    with pytest.raises(ConfigError, match=message):
+        get_train_args(keys)
+
+
+def test_badam_under_zero3_is_a_config_error():
+    args = SimpleNamespace(finetuning=SimpleNamespace(finetuning_type="full"),
+                           training=SimpleNamespace(gradient_accumulation_steps=1,
+                                                    deepspeed={"zero_optimization": {"stage": 3}}))
+    with pytest.raises(ConfigError, match="DeepSpeed ZeRO-3"):
+        OptimizerArguments(use_badam=True).validate(args)  # type: ignore[arg-type]
+    args.training.deepspeed = {"zero_optimization": {"stage": 2}}
+    OptimizerArguments(use_badam=True).validate(args)  # type: ignore[arg-type]
