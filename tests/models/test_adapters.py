@@ -5,7 +5,7 @@ import torch
 
 from gym.config.finetuning import FinetuningArguments
 from gym.core.errors import ConfigError
-from gym.models.adapters import count_parameters, setup_freeze, setup_lora
+from gym.models.adapters import count_parameters, setup_adapter, setup_freeze
 
 
 @pytest.fixture()
@@ -32,7 +32,7 @@ def test_freeze_bad_values_are_config_errors(tiny):
 
 
 def test_lora_all_targets_every_linear_but_the_head(tiny):
-    model = setup_lora(tiny, FinetuningArguments(lora_rank=4))
+    model = setup_adapter(tiny, FinetuningArguments(lora_rank=4))
     wrapped = {n.split(".lora_A")[0].rsplit(".", 1)[-1] for n, _ in model.named_parameters() if "lora_A" in n}
     assert wrapped == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
     trainable, total = count_parameters(model)
@@ -42,4 +42,42 @@ def test_lora_all_targets_every_linear_but_the_head(tiny):
 
 def test_unknown_lora_target_is_a_config_error(tiny):
     with pytest.raises(ConfigError, match="LoRA setup failed"):
-        setup_lora(tiny, FinetuningArguments(lora_target="qq_proj"))
+        setup_adapter(tiny, FinetuningArguments(lora_target="qq_proj"))
+
+
+@pytest.mark.parametrize("finetuning_type", ["oft", "boft"])
+def test_orthogonal_adapters_rotate_weights_and_keep_their_spectrum(train_config, tiny_model_dir, finetuning_type):
+    """OFT/BOFT train only their rotations; the merged weights changed, but each keeps its singular values
+    (an orthogonal transform cannot stretch), which is the method's point. Chat finds the adapter by itself."""
+    from pathlib import Path
+
+    from peft import PeftModel
+    from safetensors.torch import load_file
+
+    from gym.infer.chat import ChatModel
+    from gym.models.loader import load_causal_lm
+    from gym.train.run import run_exp
+
+    out = run_exp(train_config(finetuning_type=finetuning_type, oft_block_size=16, boft_block_size=8)).output_dir
+    saved = load_file(str(Path(out) / "adapter_model.safetensors"))
+    assert saved and all(f"{finetuning_type}_" in k for k in saved)
+    base = load_causal_lm(str(tiny_model_dir)).state_dict()
+    merged = PeftModel.from_pretrained(load_causal_lm(str(tiny_model_dir)), out).merge_and_unload().state_dict()
+    linear = [k for k in base if "layers." in k and k.endswith("proj.weight")]
+    assert all(not torch.equal(base[k], merged[k]) for k in linear)
+    for k in linear:
+        moved = (merged[k] - base[k]).norm() / base[k].norm()
+        stretched = (torch.linalg.svdvals(merged[k]) - torch.linalg.svdvals(base[k])).norm() / base[k].norm()
+        # peft computes the rotation with a truncated Cayley-Neumann series: orthogonal up to ~1% here.
+        assert moved > 0.05 and stretched < 0.1 * moved, (k, float(moved), float(stretched))
+    assert all(torch.equal(base[k], merged[k]) for k in base if k not in linear)  # embeddings, norms
+    chat = ChatModel({"output_dir": out, "max_new_tokens": 2, "do_sample": False})
+    assert chat.adapters == [out]
+    chat.close()
+
+
+def test_oft_needs_exactly_one_of_rank_and_block_size():
+    from gym.config.parser import get_train_args
+
+    with pytest.raises(ConfigError, match="exactly one of 'oft_rank' and 'oft_block_size'"):
+        get_train_args({"finetuning_type": "oft", "oft_rank": 4})

@@ -56,10 +56,10 @@ def test_pissa_adapter_applies_to_the_original_base(tiny_model_dir, tmp_path):
     from transformers import AutoModelForCausalLM
 
     from gym.config.finetuning import FinetuningArguments
-    from gym.models.adapters import setup_lora
+    from gym.models.adapters import setup_adapter
 
     load = lambda: AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)  # noqa: E731
-    model = setup_lora(load(), FinetuningArguments(pissa_init=True, pissa_iter=-1, lora_rank=4))
+    model = setup_adapter(load(), FinetuningArguments(pissa_init=True, pissa_iter=-1, lora_rank=4))
     model.save_pretrained(tmp_path / "init")  # what run_causal_lm does before training
     with torch.no_grad():  # stand-in for training: move every adapter weight
         for name, param in model.named_parameters():

@@ -12,6 +12,10 @@ if TYPE_CHECKING:
     from gym.config.args import TrainArgs
 
 
+# Fine-tuning types that train a peft adapter on a frozen base.
+ADAPTER_TYPES = ("lora", "oft", "boft")
+
+
 @dataclass
 class FinetuningArguments(OptimizerArguments):
     """What to train (stage), which parameters move (finetuning type) and, through OptimizerArguments, the
@@ -21,8 +25,10 @@ class FinetuningArguments(OptimizerArguments):
         default="sft",
         metadata={"help": "Training method: one of the stages listed at the top of `gym train --help`."},
     )
-    finetuning_type: Literal["lora", "freeze", "full"] = field(
-        default="lora", metadata={"help": "lora (adapters), freeze (last layers only) or full."}
+    finetuning_type: Literal["lora", "oft", "boft", "freeze", "full"] = field(
+        default="lora",
+        metadata={"help": "lora (low-rank adapters), oft/boft (orthogonal adapters: a learned rotation of each "
+                  "weight, which keeps its spectrum), freeze (last layers only) or full."},
     )
     # LoRA and its variants (all through peft).
     lora_rank: int = field(default=8, metadata={"help": "LoRA rank r."})
@@ -52,6 +58,17 @@ class FinetuningArguments(OptimizerArguments):
         default=None, metadata={"help": "LoRA+: learning rate of B = ratio x learning rate of A."}
     )
     loraplus_lr_embedding: float = field(default=1e-6, metadata={"help": "LoRA+ learning rate for embedding adapters."})
+    # Orthogonal fine-tuning (peft OFT/BOFT).
+    oft_rank: int = field(
+        default=0, metadata={"help": "OFT: number of orthogonal blocks per weight (0: derived from oft_block_size)."})
+    oft_block_size: int = field(
+        default=32, metadata={"help": "OFT: size of each orthogonal block (0: derived from oft_rank)."})
+    oft_target: str = field(
+        default="all", metadata={"help": "OFT/BOFT: comma-separated module names, or 'all' for every linear layer "
+                                 "but the head."})
+    boft_block_size: int = field(default=4, metadata={"help": "BOFT: size of each butterfly block."})
+    boft_n_butterfly_factor: int = field(
+        default=1, metadata={"help": "BOFT: butterfly factors (1 = plain block-diagonal OFT)."})
     # Freeze tuning.
     freeze_trainable_layers: int = field(
         default=2,
@@ -89,10 +106,14 @@ class FinetuningArguments(OptimizerArguments):
             lora_only = [k for k in ("use_dora", "use_rslora", "pissa_init", "loftq_init") if getattr(self, k)]
             if self.loraplus_lr_ratio is not None:
                 lora_only.append("loraplus_lr_ratio")
-            if args.model.adapter_name_or_path:
-                lora_only.append("adapter_name_or_path")
             if lora_only:
                 raise ConfigError(f"'{lora_only[0]}' needs finetuning_type: lora (got '{self.finetuning_type}').")
+        if self.finetuning_type not in ADAPTER_TYPES and args.model.adapter_name_or_path:
+            raise ConfigError(f"'adapter_name_or_path' continues training an adapter: it needs finetuning_type "
+                              f"lora, oft or boft (got '{self.finetuning_type}').")
+        if self.finetuning_type == "oft" and (self.oft_rank == 0) == (self.oft_block_size == 0):
+            raise ConfigError(f"OFT takes exactly one of 'oft_rank' and 'oft_block_size' (the other 0); got "
+                              f"oft_rank {self.oft_rank}, oft_block_size {self.oft_block_size}.")
         if self.loraplus_lr_ratio is not None and self.chosen():
             raise ConfigError(f"'loraplus_lr_ratio' builds its own AdamW; it cannot be combined with "
                               f"'{self.chosen()[0]}'.")

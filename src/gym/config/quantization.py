@@ -12,6 +12,7 @@ import importlib.util
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from gym.config.finetuning import ADAPTER_TYPES
 from gym.core.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -23,8 +24,6 @@ QUANTIZERS: dict[str, tuple[str, str, tuple[int, ...]]] = {
     "torchao": ("torchao", "torchao", (4, 8)),
     "hqq": ("hqq", "hqq", (1, 2, 3, 4, 8)),
 }
-# Fine-tuning types that train adapters on a frozen base, which is all a quantized base allows.
-ADAPTER_TYPES = ("lora", "oft", "boft")
 
 
 @dataclass
@@ -61,7 +60,7 @@ class QuantizationArguments:
         if args.finetuning.finetuning_type not in ADAPTER_TYPES:
             raise ConfigError(f"'quantization_bit' trains adapters on a frozen quantized base; finetuning_type: "
                               f"{args.finetuning.finetuning_type} would update the quantized weights themselves. "
-                              f"Use finetuning_type: lora (QLoRA) or oft.")
+                              f"Use finetuning_type: lora (QLoRA), oft or boft.")
         unavailable = _unavailable_here(self.quantization_method, self.quantization_bit)
         if unavailable:
             raise ConfigError(unavailable)

@@ -38,7 +38,7 @@ def resolve_inference_config(config: ConfigSource) -> Config:
     trained = _finished_output(config)
     if trained is not None:
         manifest = yaml.safe_load((trained / MANIFEST_FILE).read_text())
-        if manifest.get("what") == "lora-adapter":
+        if manifest.get("what") in ("lora-adapter", "adapter"):  # a peft adapter (LoRA, OFT, BOFT)
             config["adapter_name_or_path"] = str(trained)
         else:
             config["model_name_or_path"] = str(trained)

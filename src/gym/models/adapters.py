@@ -1,4 +1,5 @@
-"""Which parameters train: full, freeze (the last/first n layers), or LoRA and its variants via peft."""
+"""Which parameters train: full, freeze (the last/first n layers), or a peft adapter (LoRA and its variants,
+OFT, BOFT)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import re
 from typing import Any
 
 import torch
-from peft import LoraConfig, PeftModel, TaskType, get_peft_model
+from peft import LoraConfig, PeftConfig, PeftModel, TaskType, get_peft_model
 
 from gym.config.finetuning import FinetuningArguments
 from gym.core.errors import ConfigError
@@ -78,29 +79,48 @@ def lora_config(args: FinetuningArguments, tied_embeddings: bool = False, task_t
     )
 
 
-def setup_lora(model: Any, args: FinetuningArguments, adapters: list[str] | None = None) -> Any:
-    """Add a trainable LoRA adapter. Given existing adapters, all but the last are merged into the
-    model and training continues on the last one."""
+def setup_adapter(model: Any, args: FinetuningArguments, adapters: list[str] | None = None) -> Any:
+    """Add a trainable peft adapter (LoRA, OFT or BOFT). Given existing adapters, all but the last are merged
+    into the model and training continues on the last one."""
     adapters = adapters or []
     if is_quantized(model):
         model = prepare_for_adapters(model)
     for path in adapters[:-1]:
         model = PeftModel.from_pretrained(model, path).merge_and_unload()
     if adapters:
-        # The saved config may name an initialisation (PiSSA's, on a quantized base); the weights are the
-        # adapter's own, so loading must not initialise them again.
-        config = LoraConfig.from_pretrained(adapters[-1])
-        config.init_lora_weights = True
+        config = PeftConfig.from_pretrained(adapters[-1])
+        if isinstance(config, LoraConfig):
+            # The saved config may name an initialisation (PiSSA's, on a quantized base); the weights are the
+            # adapter's own, so loading must not initialise them again.
+            config.init_lora_weights = True
         return PeftModel.from_pretrained(model, adapters[-1], is_trainable=True, config=config)
+    task = "SEQ_CLS" if is_sequence_classifier(model) else "CAUSAL_LM"
+    if args.finetuning_type == "lora":
+        config = lora_config(args, bool(getattr(model.config, "tie_word_embeddings", False)), task)
+    else:
+        config = orthogonal_config(args, task)
     try:
-        tied = bool(getattr(model.config, "tie_word_embeddings", False))
-        task = "SEQ_CLS" if is_sequence_classifier(model) else "CAUSAL_LM"
-        peft_model = get_peft_model(model, lora_config(args, tied, task))
-    except ValueError as exc:  # peft names the module it could not find
-        raise ConfigError(f"LoRA setup failed: {exc}") from None
+        peft_model = get_peft_model(model, config)
+    except ValueError as exc:  # peft names the module it could not find, or the size that does not divide
+        name = {"lora": "LoRA", "oft": "OFT", "boft": "BOFT"}[args.finetuning_type]
+        raise ConfigError(f"{name} setup failed: {exc}") from None
     if args.loftq_init:
         loftq_initialise(peft_model, str(model.config._name_or_path))
     return peft_model
+
+
+def orthogonal_config(args: FinetuningArguments, task_type: str = "CAUSAL_LM") -> Any:
+    """OFT/BOFT: each target weight W becomes R W with R orthogonal and learned (block-diagonal for OFT, a
+    product of butterfly factors for BOFT), so the angles between neurons, W's "hyperspherical energy", stay."""
+    from peft import BOFTConfig, OFTConfig
+
+    targets = _split(args.oft_target)
+    target_modules: Any = "all-linear" if targets == ["all"] else targets
+    if args.finetuning_type == "boft":
+        return BOFTConfig(task_type=TaskType(task_type), boft_block_size=args.boft_block_size,
+                          boft_n_butterfly_factor=args.boft_n_butterfly_factor, target_modules=target_modules)
+    return OFTConfig(task_type=TaskType(task_type), r=args.oft_rank, oft_block_size=args.oft_block_size,
+                     target_modules=target_modules)
 
 
 def setup_finetuning(model: Any, args: FinetuningArguments, adapters: list[str] | None = None) -> Any:
@@ -108,7 +128,7 @@ def setup_finetuning(model: Any, args: FinetuningArguments, adapters: list[str] 
         return setup_full(model)
     if args.finetuning_type == "freeze":
         return setup_freeze(model, args)
-    return setup_lora(model, args, adapters)
+    return setup_adapter(model, args, adapters)
 
 
 def count_parameters(model: torch.nn.Module) -> tuple[int, int]:

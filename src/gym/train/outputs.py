@@ -21,6 +21,7 @@ from typing import Any
 import yaml
 
 from gym.config.args import TrainArgs
+from gym.config.finetuning import ADAPTER_TYPES
 from gym.config.training import TrainingArguments
 from gym.core.errors import ConfigError, OutputError
 from gym.core.files import CONFIG_FILE, FORMAT_VERSION, LOG_FILE, MANIFEST_FILE, check_free_space, temp_path
@@ -114,7 +115,7 @@ def save_final(model: Any, tokenizer: Any, args: TrainArgs[Any], model_path: str
     out = Path(args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     check_free_space(out, sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
-                     if args.finetuning.finetuning_type == "lora"
+                     if args.finetuning.finetuning_type in ADAPTER_TYPES
                      else sum(p.numel() * p.element_size() for p in model.parameters()))
     tmp = temp_path(out / "final")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -126,7 +127,8 @@ def save_final(model: Any, tokenizer: Any, args: TrainArgs[Any], model_path: str
     tokenizer.save_pretrained(tmp)
     (tmp / CONFIG_FILE).write_text(yaml.safe_dump(resolved_config(args, model_path), sort_keys=False))
     manifest = {
-        "what": "lora-adapter" if args.finetuning.finetuning_type == "lora" else "model",
+        "what": ("lora-adapter" if args.finetuning.finetuning_type == "lora" else
+                 "adapter" if args.finetuning.finetuning_type in ADAPTER_TYPES else "model"),
         "stage": args.finetuning.stage,
         "finetuning_type": args.finetuning.finetuning_type,
         "base_model": args.model.model_name_or_path or "smollm2-135m",

@@ -16,6 +16,7 @@ from peft.optimizers import create_loraplus_optimizer
 from transformers import GenerationConfig, get_scheduler
 
 from gym.config.args import TrainArgs
+from gym.config.finetuning import ADAPTER_TYPES
 from gym.train.generation import merged_lora
 from gym.train.ppo_math import (
     AdaptiveKLController,
@@ -255,7 +256,7 @@ def build_loop(args: TrainArgs[PPOOptions], setup: Setup, device: torch.device, 
     model = setup.model.to(device)
     _disable_dropout(model)
     ref_model = None
-    if args.finetuning.finetuning_type != "lora":
+    if args.finetuning.finetuning_type not in ADAPTER_TYPES:  # an adapter's reference is its base, disabled
         ref_model = copy.deepcopy(model).requires_grad_(False).eval()
     if training.gradient_checkpointing:  # None (auto) means off for ppo: rollouts are short
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
