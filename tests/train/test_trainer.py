@@ -21,3 +21,37 @@ def test_loss_matches_the_models_own_loss(tiny_model_dir):
     assert torch.allclose(ours, reference, atol=1e-5)
     ours.backward()
     assert model.model.embed_tokens.weight.grad is not None
+
+
+def test_neftune_noises_training_embeddings_only(train_config, monkeypatch):
+    """neftune_noise_alpha: the first layer sees noisy embeddings in training steps and clean ones at eval, with
+    noise of the published scale alpha / sqrt(length x hidden) per entry (uniform in +-that)."""
+    from gym.train import workflow
+    from gym.train.run import run_exp
+
+    original = workflow.train_and_save
+    records: list[tuple[bool, float, float]] = []
+
+    def watch(trainer, setup, args):
+        model = trainer.model
+        embed = model.get_input_embeddings()
+        layer = model.get_base_model().model.layers[0]
+        ids: dict[str, torch.Tensor] = {}
+        embed.register_forward_pre_hook(lambda module, inputs: ids.update(last=inputs[0]))
+
+        def compare(module, args, kwargs):
+            hidden = args[0] if args else kwargs["hidden_states"]
+            noise = hidden - embed.weight[ids["last"]]
+            bound = 5 / (hidden.shape[1] * hidden.shape[2]) ** 0.5
+            records.append((module.training, float(noise.abs().max()), bound))
+
+        layer.register_forward_pre_hook(compare, with_kwargs=True)
+        return original(trainer, setup, args)
+
+    monkeypatch.setattr(workflow, "train_and_save", watch)
+    run_exp(train_config(neftune_noise_alpha=5, val_size=0.25, max_steps=2))
+    training = [r for r in records if r[0]]
+    evaluating = [r for r in records if not r[0]]
+    assert training and evaluating
+    assert all(0.5 * bound < noise <= bound * 1.0001 for _, noise, bound in training), training
+    assert all(noise == 0 for _, noise, _ in evaluating)

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from gym.config.quantization import QuantizationArguments
+from gym.core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from gym.config.args import TrainArgs
 
 
 @dataclass
@@ -27,9 +32,32 @@ class ModelArguments(QuantizationArguments):
     trust_remote_code: bool = field(
         default=False, metadata={"help": "Allow model code from the hub (only for models you trust)."}
     )
-    flash_attn: Literal["auto", "disabled", "sdpa", "fa2"] = field(
+    rope_scaling: Literal["linear", "dynamic", "yarn", "llama3"] | None = field(
+        default=None,
+        metadata={"help": "Stretch RoPE to a longer context than the model was trained for: linear (positions "
+                  "interpolated), dynamic (NTK, grows with the input), yarn or llama3 (frequency-dependent). The "
+                  "factor is model_max_length / the model's own context."},
+    )
+    model_max_length: int | None = field(
+        default=None,
+        metadata={"help": "The context length to train and serve at, with rope_scaling (default: cutoff_len)."},
+    )
+    flash_attn: Literal["auto", "sdpa", "eager", "disabled", "fa2", "fa3"] = field(
         default="auto",
-        metadata={"help": "Attention kernel: auto (sdpa), disabled (eager), sdpa, or fa2 (flash-attn, GPU only)."},
+        metadata={"help": "Attention kernel: auto (fa2 on a CUDA GPU with flash-attn installed, else sdpa), sdpa "
+                  "(torch's fused attention), eager (plain matmuls; 'disabled' is LLaMA-Factory's name for it), fa2 "
+                  "(flash-attn 2: CUDA GPU + flash-attn) or fa3 (flash-attn 3: Hopper GPU + flash_attn_interface)."},
+    )
+    shift_attn: bool = field(
+        default=False,
+        metadata={"help": "LongLoRA's shifted sparse attention in training (each token attends within a quarter of "
+                  "the sequence, half the heads shifted by half a group): long-context training at a quarter of the "
+                  "attention cost. Full attention at evaluation and inference."},
+    )
+    use_unsloth: bool = field(
+        default=False,
+        metadata={"help": "Load and wrap the model with Unsloth's patched kernels (LoRA/QLoRA on a CUDA GPU with the "
+                  "unsloth package)."},
     )
     infer_dtype: Literal["auto", "float32", "float16", "bfloat16", "int8", "int4"] = field(
         default="auto",
@@ -65,3 +93,36 @@ class ModelArguments(QuantizationArguments):
         default=256,
         metadata={"help": "Fast engine: memory for the KV of prompt prefixes shared across requests (0: off)."},
     )
+
+    def validate(self, args: TrainArgs[Any]) -> None:
+        super().validate(args)
+        import torch
+
+        cuda = torch.cuda.is_available()
+        if self.flash_attn in ("fa2", "fa3"):
+            package = "flash_attn" if self.flash_attn == "fa2" else "flash_attn_interface"
+            if not cuda:
+                raise ConfigError(f"flash_attn: {self.flash_attn} needs a CUDA GPU, and this machine has none; use "
+                                  "flash_attn: auto (sdpa here).")
+            if self.flash_attn == "fa3" and torch.cuda.get_device_capability()[0] < 9:
+                raise ConfigError("flash_attn: fa3 needs a Hopper GPU (compute capability 9.0 or later); use fa2.")
+            if importlib.util.find_spec(package) is None:
+                pip_name = "flash-attn" if self.flash_attn == "fa2" else "flash-attn-3 (flash-attention's hopper/)"
+                raise ConfigError(f"flash_attn: {self.flash_attn} needs the {package} package: pip install {pip_name}.")
+        if self.shift_attn:
+            if self.flash_attn not in ("auto", "sdpa"):
+                raise ConfigError(f"'shift_attn' is its own attention kernel (sdpa within groups); it cannot run with "
+                                  f"flash_attn: {self.flash_attn}. Leave flash_attn at auto.")
+            if args.data.packing or args.data.neat_packing:
+                raise ConfigError("'shift_attn' attends within groups of each row and cannot keep packed samples "
+                                  "apart; turn packing off.")
+        if self.use_unsloth:
+            if not cuda:
+                raise ConfigError("'use_unsloth' needs a CUDA GPU (Unsloth's kernels are Triton), and this machine has "
+                                  "none; leave it off here.")
+            if importlib.util.find_spec("unsloth") is None:
+                raise ConfigError("'use_unsloth' needs the unsloth package: pip install unsloth.")
+            variants = [k for k in ("use_dora", "pissa_init", "loftq_init") if getattr(args.finetuning, k)]
+            if args.finetuning.finetuning_type not in ("lora", "full") or self.shift_attn or variants:
+                raise ConfigError("'use_unsloth' covers plain LoRA/QLoRA and full fine-tuning (no OFT, DoRA, PiSSA, "
+                                  "LoftQ or shift_attn).")

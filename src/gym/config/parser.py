@@ -35,6 +35,7 @@ ALIASES: dict[str, str] = {
     "algorithm": "stage",
     "warmup_ratio": "warmup_steps",  # transformers 5: warmup_steps < 1 is a ratio
     "group_by_length": "train_sampling_strategy",
+    "enable_liger_kernel": "use_liger_kernel",  # LLaMA-Factory's name for Hugging Face's key
 }
 
 CONCERNS: dict[str, type] = {
@@ -73,7 +74,9 @@ def _canonical(config: dict[str, Any]) -> dict[str, Any]:
     for raw_key, value in config.items():
         key = str(raw_key).replace("-", "_")
         target = ALIASES.get(key, key)
-        if key == "group_by_length":
+        if key == "gradient_checkpointing" and str(value).lower() == "auto":
+            value = None  # unset: chosen by estimated memory (gym.train.memory)
+        elif key == "group_by_length":
             value = "group_by_length" if coerce(key, value, bool) else "random"
         elif key == "warmup_ratio":
             ratio = coerce(key, value, float)
@@ -125,6 +128,8 @@ def get_train_args(config: ConfigSource | TrainArgs[Any] = None) -> TrainArgs[An
 
     model: ModelArguments = _build(ModelArguments, buckets.get(ModelArguments, {}))
     data: DataArguments = _build(DataArguments, buckets.get(DataArguments, {}))
+    if model.rope_scaling is not None and model.model_max_length is None:
+        model.model_max_length = data.cutoff_len  # LLaMA-Factory's default: stretch RoPE to the training length
     finetuning: FinetuningArguments = _build(FinetuningArguments, buckets.get(FinetuningArguments, {}))
     generating: GeneratingArguments = _build(GeneratingArguments, buckets.get(GeneratingArguments, {}))
     options = _build(method.options, buckets.get(method.options, {})) if method.options is not None else None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -31,8 +32,8 @@ class TrainingArguments(HFTrainingArguments):
     logging_steps: float = field(default=1, metadata={"help": "Log (loss, lr, tokens/s) every n steps."})
     gradient_checkpointing: bool | None = field(
         default=None,
-        metadata={"help": "Recompute activations in the backward pass to save memory. Unset = auto: only when "
-                  "the activations would not fit."},
+        metadata={"help": "Recompute activations in the backward pass to save memory: true, false, or auto (the "
+                  "default): on only when the estimated activations would take over half the free memory."},
     )
     # Wider than Hugging Face's `str | None` on purpose: `true` means "the last complete checkpoint".
     resume_from_checkpoint: bool | str | None = field(  # type: ignore[assignment]
@@ -51,9 +52,25 @@ class TrainingArguments(HFTrainingArguments):
                   "(recent GPUs, CPUs with AVX512-BF16/AMX), off elsewhere."},
     )
 
+    def __post_init__(self) -> None:
+        # transformers resolves an unset gradient_checkpointing (and its new name, activation_checkpointing) to
+        # False; Gym's unset means auto, decided once the model and batch are known (train.workflow).
+        auto = self.gradient_checkpointing is None and self.activation_checkpointing is None
+        super().__post_init__()
+        if auto:
+            self.gradient_checkpointing = self.activation_checkpointing = None
+
     def validate(self, args: TrainArgs[Any]) -> None:
         if self.learning_rate < 0:
             raise ConfigError(f"'learning_rate' must be >= 0, got {self.learning_rate}.")
         for key in ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"'{key}' must be at least 1, got {getattr(self, key)}.")
+        if self.use_liger_kernel:
+            import torch
+
+            if not torch.cuda.is_available():
+                raise ConfigError("'enable_liger_kernel' (use_liger_kernel) needs a CUDA GPU: Liger's kernels are "
+                                  "Triton, and this machine has none. Leave it off here.")
+            if importlib.util.find_spec("liger_kernel") is None:
+                raise ConfigError("'enable_liger_kernel' needs the liger-kernel package: pip install liger-kernel.")

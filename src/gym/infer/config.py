@@ -22,7 +22,7 @@ logger = logging.getLogger(__name__)
 
 # Keys a saved training config passes on to inference, unless the user sets them.
 _INHERITED = ("template", "default_system", "enable_thinking", "do_sample", "temperature", "top_p", "top_k",
-              "max_new_tokens", "repetition_penalty")
+              "max_new_tokens", "repetition_penalty", "rope_scaling", "model_max_length")
 
 
 def _finished_output(config: dict[str, Any]) -> Path | None:

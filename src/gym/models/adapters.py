@@ -13,6 +13,7 @@ from peft import LoraConfig, PeftConfig, PeftModel, TaskType, get_peft_model
 from gym.config.finetuning import FinetuningArguments
 from gym.core.errors import ConfigError
 from gym.core.names import split_names as _split
+from gym.models import unsloth
 from gym.models.loftq import loftq_initialise
 from gym.models.quantization import is_quantized, prepare_for_adapters
 
@@ -83,6 +84,8 @@ def setup_adapter(model: Any, args: FinetuningArguments, adapters: list[str] | N
     """Add a trainable peft adapter (LoRA, OFT or BOFT). Given existing adapters, all but the last are merged
     into the model and training continues on the last one."""
     adapters = adapters or []
+    if unsloth.is_unsloth(model) and not adapters:
+        return unsloth.add_lora(model, args)  # Unsloth prepares its own quantized base
     if is_quantized(model):
         model = prepare_for_adapters(model)
     for path in adapters[:-1]:

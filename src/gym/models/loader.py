@@ -21,12 +21,20 @@ import torch
 from filelock import FileLock
 from huggingface_hub import try_to_load_from_cache
 from safetensors import SafetensorError
-from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer, GenerationConfig
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoModelForSequenceClassification,
+    AutoTokenizer,
+    GenerationConfig,
+)
 
 from gym.config.model import ModelArguments
 from gym.core.errors import ModelError
 from gym.core.files import FORMAT_VERSION, temp_path
 from gym.core.files import MANIFEST_FILE as MANIFEST
+from gym.models import unsloth
+from gym.models.attention import register_shift_attention
 from gym.models.quantization import device_map, quantization_config
 from gym.models.registry import DEFAULT_MODEL, EMBEDDED, HUB_PRESETS, known_names
 
@@ -175,15 +183,20 @@ def _check_hub_available(hub_id: str, alias: str | None = None) -> str:
     return hub_id
 
 
-def attn_implementation(flash_attn: str) -> str:
-    if flash_attn == "disabled":
+def attn_implementation(model_args: ModelArguments | None) -> str:
+    """transformers' attn_implementation for the config (its hardware and packages were checked by validate)."""
+    if model_args is None:
+        return "sdpa"
+    if model_args.shift_attn:
+        return register_shift_attention()
+    choice = model_args.flash_attn
+    if choice in ("eager", "disabled"):
         return "eager"
-    if flash_attn == "fa2":
-        if not torch.cuda.is_available():
-            raise ModelError("flash_attn: fa2 needs a CUDA GPU; use flash_attn: sdpa on this machine.")
-        if importlib.util.find_spec("flash_attn") is None:
-            raise ModelError("flash_attn: fa2 needs the flash-attn package (`pip install flash-attn`).")
+    if choice == "fa2" or (choice == "auto" and torch.cuda.is_available()
+                           and importlib.util.find_spec("flash_attn") is not None):
         return "flash_attention_2"
+    if choice == "fa3":
+        return "flash_attention_3"
     return "sdpa"
 
 
@@ -199,14 +212,39 @@ def load_tokenizer(model_path: str, model_args: ModelArguments | None = None) ->
     return tokenizer
 
 
+def scaled_rope_config(model_path: str, model_args: ModelArguments) -> Any:
+    """The model's config with RoPE stretched to model_max_length (rope_scaling), as transformers reads it."""
+    config = AutoConfig.from_pretrained(model_path, **_hub_kwargs(model_args))
+    rope = dict(getattr(config, "rope_parameters", None) or {})
+    if rope.get("rope_type", "default") != "default":
+        raise ModelError(f"rope_scaling: {model_args.rope_scaling} asked, but {model_path} already scales RoPE "
+                         f"({rope.get('rope_type')}); its context is already extended, so leave rope_scaling unset.")
+    original = int(config.max_position_embeddings)
+    target = int(model_args.model_max_length or 0)
+    if target <= original:
+        raise ModelError(f"rope_scaling stretches the context past the model's own {original} tokens, but "
+                         f"model_max_length is {target}; set model_max_length (or cutoff_len) above {original}.")
+    rope.update(rope_type=model_args.rope_scaling, factor=target / original)
+    if model_args.rope_scaling in ("yarn", "llama3"):
+        rope["original_max_position_embeddings"] = original
+    if model_args.rope_scaling == "llama3":
+        rope.update(low_freq_factor=1.0, high_freq_factor=4.0)  # Llama 3.1's published values
+    config.rope_parameters = rope
+    config.max_position_embeddings = target
+    logger.info("RoPE: %s scaling by %.2f, context %d -> %d tokens.", model_args.rope_scaling, target / original,
+                original, target)
+    return config
+
+
 def load_causal_lm(model_path: str, model_args: ModelArguments | None = None,
                    dtype: torch.dtype = torch.float32) -> Any:
     """The model in `dtype` (quantized on load when model_args asks for it, computing in `dtype`)."""
-    kwargs = _hub_kwargs(model_args) | _quantization_kwargs(model_args, dtype)
-    flash = getattr(model_args, "flash_attn", "auto") if model_args is not None else "auto"
+    if model_args is not None and model_args.use_unsloth:
+        return unsloth.load(model_path, model_args, dtype)
+    kwargs = _load_kwargs(model_path, model_args, dtype)
     try:
         return AutoModelForCausalLM.from_pretrained(
-            model_path, dtype=dtype, attn_implementation=attn_implementation(flash), **kwargs
+            model_path, dtype=dtype, attn_implementation=attn_implementation(model_args), **kwargs
         )
     except (OSError, ValueError, SafetensorError) as exc:  # a missing/unreadable config.json or weights file
         raise ModelError(f"Could not load the model {model_path}: {_first_line(exc)}") from None
@@ -215,11 +253,10 @@ def load_causal_lm(model_path: str, model_args: ModelArguments | None = None,
 def load_reward_backbone(model_path: str, model_args: ModelArguments | None = None,
                          dtype: torch.dtype = torch.float32) -> Any:
     """The base model with a new scalar head (`score`), for training a reward model."""
-    flash = getattr(model_args, "flash_attn", "auto") if model_args is not None else "auto"
     try:
         model = AutoModelForSequenceClassification.from_pretrained(
-            model_path, num_labels=1, dtype=dtype, attn_implementation=attn_implementation(flash),
-            **_hub_kwargs(model_args), **_quantization_kwargs(model_args, dtype),
+            model_path, num_labels=1, dtype=dtype, attn_implementation=attn_implementation(model_args),
+            **_load_kwargs(model_path, model_args, dtype),
         )
     except (OSError, ValueError, SafetensorError) as exc:  # a missing/unreadable config.json or weights file
         raise ModelError(f"Could not load the model {model_path}: {_first_line(exc)}") from None
@@ -257,9 +294,15 @@ def _first_line(exc: BaseException) -> str:
     return text[0] if text else type(exc).__name__
 
 
-def _quantization_kwargs(model_args: ModelArguments | None, dtype: torch.dtype) -> dict[str, Any]:
-    config = quantization_config(model_args, compute_dtype=dtype)
-    return {} if config is None else {"quantization_config": config, "device_map": device_map()}
+def _load_kwargs(model_path: str, model_args: ModelArguments | None, dtype: torch.dtype) -> dict[str, Any]:
+    """from_pretrained's keywords for the hub, quantization on load and a changed config (RoPE scaling)."""
+    kwargs = _hub_kwargs(model_args)
+    quantization = quantization_config(model_args, compute_dtype=dtype)
+    if quantization is not None:
+        kwargs.update(quantization_config=quantization, device_map=device_map())
+    if model_args is not None and model_args.rope_scaling is not None:
+        kwargs["config"] = scaled_rope_config(model_path, model_args)
+    return kwargs
 
 
 def _hub_kwargs(model_args: ModelArguments | None) -> dict[str, Any]:

@@ -82,6 +82,9 @@ class PPOOptions(RewardChoice):
             raise ConfigError("'temperature' must be > 0 and 'top_p' in (0, 1].")
         if self.ppo_target is not None and self.ppo_target <= 0:
             raise ConfigError(f"'ppo_target' must be positive (null = a fixed KL coefficient), got {self.ppo_target}.")
+        for key in ("neftune_noise_alpha", "use_liger_kernel"):
+            if getattr(args.training, key):
+                raise ConfigError(f"stage: ppo runs Gym's own loop, which does not apply '{key}'; remove it.")
         optim = str(getattr(args.training.optim, "value", args.training.optim))
         if args.finetuning.chosen() or optim not in ("adamw_torch", "adamw_torch_fused"):
             # Gym's PPO loop steps policy and value head with one AdamW of its own.
