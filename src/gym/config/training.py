@@ -56,7 +56,7 @@ class TrainingArguments(HFTrainingArguments):
         # transformers resolves an unset gradient_checkpointing (and its new name, activation_checkpointing) to
         # False; Gym's unset means auto, decided once the model and batch are known (train.workflow).
         auto = self.gradient_checkpointing is None and self.activation_checkpointing is None
-        super().__post_init__()
+        super().__post_init__()  # type: ignore[no-untyped-call]
         if auto:
             self.gradient_checkpointing = self.activation_checkpointing = None
 
