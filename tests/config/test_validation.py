@@ -29,7 +29,7 @@ ONLINE = {"reward_funcs": ["accuracy"], "per_device_train_batch_size": 4}
     ({"stage": "kto", "pref_ftx": 1.0}, "'pref_ftx' is not supported by kto"),
     ({"stage": "rm", "delta_compression": "bitdelta"}, "delta_compression applies to language models"),
     ({"finetuning_type": "full", "use_dora": True}, "'use_dora' needs finetuning_type: lora"),
-    ({"finetuning_type": "freeze", "adapter_name_or_path": "a"}, "'adapter_name_or_path' continues training an adapter"),
+    ({"finetuning_type": "freeze", "adapter_name_or_path": "a"}, "continues training an adapter"),
     ({"use_dora": True, "pissa_init": True}, "'use_dora' and 'pissa_init' cannot be combined"),
     ({"lora_rank": 0}, "'lora_rank' must be positive"),
     ({"cutoff_len": 0}, "'cutoff_len' must be positive"),

@@ -213,3 +213,51 @@ def test_pairwise_stage_on_data_without_pairs_says_how_to_fix_it(train_config):
 
     with pytest.raises(DataError, match=r"no preference pairs .*dataset_info\.json.*\"ranking\": true"):
         run_exp(train_config(stage="dpo"))
+
+
+def _tdpo_reference(logits, ref_logits, ids, mask, beta, alpha):
+    """TDPO2 written out position by position, as in the paper's equations."""
+    losses = []
+    half = ids.shape[0] // 2
+    terms = []
+    for row in range(ids.shape[0]):
+        ratio, kl = 0.0, 0.0
+        for t in range(1, ids.shape[1]):
+            if not mask[row, t]:
+                continue
+            p, q = logits[row, t - 1].log_softmax(-1), ref_logits[row, t - 1].log_softmax(-1)
+            ratio += float(p[ids[row, t]] - q[ids[row, t]])
+            kl += float((q.exp() * (q - p)).sum())
+        terms.append((ratio, kl))
+    for pair in range(half):
+        (rw, kw), (rl, kl) = terms[pair], terms[half + pair]
+        losses.append(-math.log(1 / (1 + math.exp(-(beta * (rw - rl) - alpha * beta * (kl - kw))))))
+    return losses
+
+
+def test_tdpo_loss_matches_its_equations():
+    from gym.train.tdpo import tdpo_loss, tdpo_terms
+
+    torch.manual_seed(0)
+    ids = torch.randint(0, 11, (4, 7))
+    mask = torch.tensor([[0, 0, 1, 1, 1, 0, 0]] * 2 + [[0, 0, 0, 1, 1, 1, 1]] * 2)
+    logits, ref_logits = torch.randn(4, 7, 11), torch.randn(4, 7, 11)
+    ratio, kl = tdpo_terms(logits, ref_logits, ids, mask)
+    ours = tdpo_loss(ratio, kl, beta=0.3, alpha=0.5)
+    assert ours.tolist() == pytest.approx(_tdpo_reference(logits, ref_logits, ids, mask, 0.3, 0.5), abs=1e-5)
+    # The chosen answer's KL is held fixed (stop-gradient): only the rejected one's is pushed.
+    logits.requires_grad_(True)
+    ratio, kl = tdpo_terms(logits, ref_logits, ids, mask)
+    assert torch.autograd.grad(kl[:2].sum(), logits, retain_graph=True)[0].abs().sum() > 0  # it has a gradient...
+    chosen_kl_grad = torch.autograd.grad(tdpo_loss(ratio.detach(), kl, 0.3, 0.5).sum(), logits)[0][:2]
+    assert chosen_kl_grad.abs().sum() == 0  # ...which the loss does not use
+
+
+@pytest.mark.parametrize("keys", [{"stage": "tdpo"}, {"pref_loss": "tdpo", "tdpo_alpha": 1.0}])
+def test_tdpo_starts_at_ln2_and_trains_the_adapter(pairs_config, captured, assert_only_adapter_trained, keys):
+    result = run_exp(pairs_config(**keys))
+    assert _step_loss(result, 1) == pytest.approx(LN2, abs=1e-4)  # policy == reference: u = 0 and both KL = 0
+    assert_only_adapter_trained(Path(result.output_dir))
+    logged = [e for e in read_log(result.output_dir) if "kl/rejected" in e]
+    assert logged and logged[0]["kl/rejected"] == pytest.approx(0, abs=1e-6)
+    assert type(captured["trainer"]).__name__ == "TDPOTrainer"

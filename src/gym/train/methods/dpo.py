@@ -1,9 +1,11 @@
-"""Preference optimisation on chosen/rejected pairs: DPO and its family (stage: dpo, orpo, simpo, cpo).
+"""Preference optimisation on chosen/rejected pairs: DPO and its family (stage: dpo, tdpo, orpo, simpo, cpo).
 
 `pref_loss` picks the objective, with LLaMA-Factory's spellings:
 - sigmoid (DPO, Rafailov et al. 2023), ipo (Azar et al. 2023), hinge (SLiC): TRL's DPOTrainer, against
   a reference model. Under LoRA the reference is the base with the adapter disabled, never a second
   copy of the model; `precompute_ref_log_probs` computes the reference once, before training.
+- tdpo (Zeng et al. 2024): DPO with the answers' token-level KL to the reference in the margin
+  (gym.train.tdpo), on TRL's DPOTrainer (data, reference, logs) with its own loss. `stage: tdpo` = `pref_loss: tdpo`.
 - orpo (Hong et al. 2024) and simpo (Meng et al. 2024): reference-free, TRL's experimental ORPO and
   CPO trainers (SimPO = CPO's simpo loss without its SFT term). `stage: orpo` / `stage: simpo` are the
   same as `stage: dpo` with that `pref_loss`; `stage: cpo` is CPO (Xu et al. 2024): the sigmoid loss
@@ -28,6 +30,7 @@ from gym.core.kinds import DataKind
 from gym.core.names import split_names
 from gym.core.results import RunResult
 from gym.models.loader import load_causal_lm, resolve_model_path
+from gym.train.tdpo import tdpo_trainer_class
 from gym.train.workflow import (
     Setup,
     choose_checkpointing,
@@ -39,7 +42,7 @@ from gym.train.workflow import (
 
 REFERENCE_FREE = ("orpo", "simpo")
 # Stages that are dpo with a fixed loss: `stage: orpo` is `stage: dpo` with `pref_loss: orpo`.
-FORCED_LOSS = {"orpo": "orpo", "simpo": "simpo"}
+FORCED_LOSS = {"orpo": "orpo", "simpo": "simpo", "tdpo": "tdpo"}
 
 
 @dataclass
@@ -48,8 +51,12 @@ class PreferenceOptions:
 
     pref_beta: float = field(default=0.1, metadata={"help": "Beta: the strength of the preference (or, for orpo, "
                                                      "the weight of the odds-ratio term)."})
-    pref_loss: Literal["sigmoid", "ipo", "hinge", "orpo", "simpo"] = field(
-        default="sigmoid", metadata={"help": "Preference loss: sigmoid (DPO), ipo, hinge, orpo or simpo."}
+    pref_loss: Literal["sigmoid", "ipo", "hinge", "tdpo", "orpo", "simpo"] = field(
+        default="sigmoid", metadata={"help": "Preference loss: sigmoid (DPO), ipo, hinge, tdpo (token-level DPO), "
+                                     "orpo or simpo."}
+    )
+    tdpo_alpha: float = field(
+        default=0.5, metadata={"help": "TDPO: weight of the token-level KL term in the margin (the paper's alpha)."}
     )
     pref_ftx: float = field(default=0.0, metadata={"help": "Weight of an added SFT loss on the chosen answers."})
     simpo_gamma: float = field(default=0.5, metadata={"help": "SimPO target reward margin."})
@@ -83,6 +90,10 @@ class PreferenceOptions:
             key = "ref_model" if self.ref_model else "precompute_ref_log_probs"
             raise ConfigError(f"'{key}' has no effect: {stage if stage == 'cpo' else self.pref_loss} needs no "
                               "reference model. Remove it.")
+        if self.pref_loss == "tdpo" and (self.dpo_label_smoothing or self.pref_ftx or self.precompute_ref_log_probs):
+            key = next(k for k in ("dpo_label_smoothing", "pref_ftx", "precompute_ref_log_probs") if getattr(self, k))
+            raise ConfigError(f"'{key}' does not apply to tdpo: its KL term needs the reference's full "
+                              "distribution at every step, and its loss has no smoothing or SFT term.")
         if self.pref_loss == "orpo" and stage != "cpo" and self.pref_ftx:
             raise ConfigError("'pref_ftx' does not apply to orpo: its loss already includes the SFT term.")
 
@@ -137,14 +148,20 @@ def _dpo_trainer(args: TrainArgs[PreferenceOptions], options: PreferenceOptions,
         def _prepare_dataset(self, dataset: Any, *unused: Any, **also_unused: Any) -> Any:
             return dataset  # already tokenized by Gym's chat format
 
-    losses, weights = _dpo_losses(options)
+    trainer_class: Any
+    if options.pref_loss == "tdpo":
+        trainer_class = tdpo_trainer_class(GymDPOTrainer, options.tdpo_alpha)
+        losses, weights = ["sigmoid"], [1.0]  # unused: the TDPO trainer computes its own loss
+    else:
+        trainer_class = GymDPOTrainer
+        losses, weights = _dpo_losses(options)
     config = trl_args(
         DPOConfig, args, beta=options.pref_beta, loss_type=losses, loss_weights=weights,
         label_smoothing=options.dpo_label_smoothing, precompute_ref_log_probs=options.precompute_ref_log_probs,
         max_length=None,  # rows are cut to cutoff_len when tokenized
     )
     model = setup.model
-    trainer = GymDPOTrainer(
+    trainer = trainer_class(
         model=model, ref_model=_reference_model(args, options), args=config,
         train_dataset=_dataset(setup.data.train), eval_dataset=_dataset(setup.data.eval),
         processing_class=setup.tokenizer,
@@ -196,6 +213,7 @@ def _register(name: str, summary: str) -> None:
 
 
 _register("dpo", "direct preference optimisation on chosen/rejected pairs (pref_loss: sigmoid, ipo, hinge, ...)")
+_register("tdpo", "token-level DPO: the answers' per-token KL to the reference in the margin")
 _register("orpo", "odds-ratio preference optimisation, no reference model")
 _register("simpo", "simple preference optimisation, no reference model")
 _register("cpo", "contrastive preference optimisation, no reference model")
