@@ -48,15 +48,20 @@ class GymTrainer(Trainer):
 
     def compute_loss(self, model: Any, inputs: dict[str, Any], return_outputs: bool = False,
                      num_items_in_batch: torch.Tensor | int | None = None) -> Any:
-        inputs = dict(inputs)
+        inputs = self.count_tokens(model, inputs)
         labels = inputs.pop("labels")
+        loss = supervised_lm_loss(model, inputs, labels, num_items_in_batch if model.training else None)
+        return (loss, {"loss": loss}) if return_outputs else loss
+
+    def count_tokens(self, model: Any, inputs: dict[str, Any]) -> dict[str, Any]:
+        """The batch without its `num_tokens`, which is added to the count of trained tokens."""
+        inputs = dict(inputs)
         num_tokens = inputs.pop("num_tokens", None)
         if model.training and num_tokens is not None:
             if self.train_started is None:
                 self.train_started = time.perf_counter()
             self.tokens_seen += int(num_tokens)
-        loss = supervised_lm_loss(model, inputs, labels, num_items_in_batch if model.training else None)
-        return (loss, {"loss": loss}) if return_outputs else loss
+        return inputs
 
     def create_optimizer(self, model: Any = None) -> Any:
         if self.optimizer is None and self.loraplus_lr_ratio is not None:

@@ -5,6 +5,6 @@ To add a method: write <name>.py here (options dataclass with validate(), run(),
 import it below, add tests/train/test_<name>.py and examples/<name>_lora.yaml.
 """
 
-from gym.train.methods import dpo, grpo, kto, ppo, pt, rloo, rm, sft
+from gym.train.methods import dpo, grpo, kto, ppo, pt, rloo, rm, sft, unlearn
 
-__all__ = ["dpo", "grpo", "kto", "ppo", "pt", "rloo", "rm", "sft"]
+__all__ = ["dpo", "grpo", "kto", "ppo", "pt", "rloo", "rm", "sft", "unlearn"]
