@@ -10,6 +10,7 @@ To add a verb: a `cmd_<verb>(argv) -> int` function, a line in COMMANDS and one 
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 import sys
@@ -27,6 +28,8 @@ USAGE = """usage: gym <command> [options]
 
 commands:
   train CONFIG [key=value ...] [--key value ...]   fine-tune (see `gym train --help` for every key)
+  tune CONFIG --trials N [--metric M] [--direction minimize|maximize]
+                                                   hyper-parameter search over the config's `tune:` section
   chat [CONFIG] [--key value ...] [--prompt TEXT]  talk to a model; --prompt answers once and exits
   api [CONFIG] [--key value ...] [--host H] [--port P] [--api-key KEY] [--max_batch_size N] [--max_waiting N]
       [--max_body_bytes N] [--variants STORE]
@@ -79,6 +82,31 @@ def cmd_train(argv: list[str]) -> int:
     args = get_train_args(parse_cli_args(argv))
     result = run_exp(args)
     print(result.summary())
+    return 0
+
+
+def cmd_tune(argv: list[str]) -> int:
+    if "--help" in argv or "-h" in argv or not argv:
+        print("usage: gym tune CONFIG --trials N [--metric eval_loss] [--direction minimize] [key=value ...]\n\n"
+              "Searches the keys of the config's `tune:` section with Optuna; each trial trains in "
+              "output_dir/trial-<n>. Resumable (output_dir/tune.db); writes tune_results.md and best.yaml.")
+        return 0 if argv else 2
+    trials, argv = _take_option(argv, "--trials", "10")
+    metric, argv = _take_option(argv, "--metric", "eval_loss")
+    direction, argv = _take_option(argv, "--direction", "minimize")
+    if importlib.util.find_spec("optuna") is None:
+        raise ConfigError("gym tune needs Optuna: pip install 'zoo-gym[tune]'.")
+    try:
+        count = int(trials or "")
+    except ValueError:
+        raise ConfigError(f"--trials takes a whole number, got {trials!r}.") from None
+    from gym.config.files import parse_cli_args
+    from gym.tune.study import tune
+
+    result = tune(parse_cli_args(argv), count, metric=metric or "eval_loss", direction=direction or "minimize")
+    print(result.table.read_text(encoding="utf-8"))
+    print(f"Best: {metric} {result.best_value:.4f} with {result.best_params} ({result.completed} completed, "
+          f"{result.pruned} pruned).\nRun it: gym train {result.best_config}")
     return 0
 
 
@@ -245,6 +273,7 @@ def cmd_version(argv: list[str]) -> int:
 
 COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "train": cmd_train,
+    "tune": cmd_tune,
     "chat": cmd_chat,
     "api": cmd_api,
     "infer": cmd_infer,

@@ -109,6 +109,9 @@ def _split_by_concern(config: dict[str, Any], stage: str, options: type | None) 
             buckets.setdefault(options, {})[key] = value
         elif key in keys and keys[key] in concerns:
             buckets.setdefault(keys[key], {})[key] = value
+        elif key == "tune":
+            raise ConfigError("'tune' declares a hyper-parameter search: run `gym tune CONFIG --trials N` "
+                              "(gym train runs one config).")
         elif key in keys:
             raise ConfigError(f"'{key}' applies to stage {'/'.join(_stages_reading(key))}, not '{stage}'.")
         else:

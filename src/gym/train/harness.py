@@ -11,6 +11,9 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
@@ -124,11 +127,26 @@ class HarnessCallback(TrainerCallback):
             self.progress = None
 
 
+_EXTRA_CALLBACKS: ContextVar[tuple[TrainerCallback, ...]] = ContextVar("gym_extra_callbacks", default=())
+
+
+@contextmanager
+def extra_callbacks(*callbacks: TrainerCallback) -> Iterator[None]:
+    """Runs started inside this block also call `callbacks` (gym tune's pruning reports its trials this way)."""
+    token = _EXTRA_CALLBACKS.set(_EXTRA_CALLBACKS.get() + callbacks)
+    try:
+        yield
+    finally:
+        _EXTRA_CALLBACKS.reset(token)
+
+
 def attach(trainer: Any, args: TrainArgs[Any]) -> None:
     """Replace the trainer's own progress printing with the harness (bar or log lines, and the log file)."""
     trainer.remove_callback(ProgressCallback)
     trainer.remove_callback(PrinterCallback)
     trainer.add_callback(HarnessCallback(args.output_dir, show_bar=not args.training.disable_tqdm))
+    for callback in _EXTRA_CALLBACKS.get():
+        trainer.add_callback(callback)
 
 
 def finish_run(model: Any, tokenizer: Any, args: TrainArgs[Any], *, model_path: str, global_step: int,

@@ -1,0 +1,1 @@
+"""Hyper-parameter search over training configs (gym tune), with Optuna."""

@@ -1,0 +1,159 @@
+"""`gym tune CONFIG --trials N`: hyper-parameter search with Optuna over the config's `tune:` section.
+
+Each trial is a normal `gym train` run (run_exp) with the sampled values, in its own folder
+output_dir/trial-<n>. The study lives in output_dir/tune.db (SQLite), so an interrupted search resumes where it
+stopped: finished trials are kept, the one that was running is marked failed and run again under a new number.
+Trials are pruned on their intermediate eval loss (Optuna's median rule: a trial whose eval loss at a step is
+worse than the median of earlier trials at that step stops). At the end: a results table (tune_results.md) and
+the best trial's config as a runnable YAML (best.yaml).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from transformers import TrainerCallback
+
+from gym.config.files import Config
+from gym.config.parser import default_output_dir, get_train_args
+from gym.core.errors import ConfigError
+from gym.core.files import temp_path
+from gym.train import harness
+from gym.train.run import run_exp
+from gym.tune.space import Dimension, parse_space
+
+logger = logging.getLogger(__name__)
+
+STUDY_NAME = "gym-tune"
+
+
+@dataclass
+class TuneResult:
+    output_dir: Path
+    best_value: float
+    best_params: dict[str, Any]
+    best_config: Path
+    table: Path
+    completed: int
+    pruned: int
+
+
+class _ReportEvalLoss(TrainerCallback):
+    """Hands each evaluation's metric to the trial, and stops the trial when Optuna prunes it."""
+
+    def __init__(self, trial: Any, metric: str) -> None:
+        self.trial = trial
+        self.metric = metric
+
+    def on_evaluate(self, args: Any, state: Any, control: Any, metrics: dict[str, float] | None = None,
+                    **kwargs: Any) -> None:
+        import optuna
+
+        if metrics and self.metric in metrics:
+            self.trial.report(float(metrics[self.metric]), state.global_step)
+            if self.trial.should_prune():
+                raise optuna.TrialPruned(f"{self.metric} {metrics[self.metric]:.4f} at step {state.global_step}")
+
+
+def _metric_value(result: Any, metric: str) -> float:
+    if metric in ("loss", "train_loss") and result.final_loss is not None:
+        return float(result.final_loss)
+    if metric in result.metrics:
+        return float(result.metrics[metric])
+    raise ConfigError(f"The trial finished without the metric '{metric}' (it has: "
+                      f"{', '.join(sorted(result.metrics))}); choose one of them with --metric.")
+
+
+def tune(config: Config, trials: int, metric: str = "eval_loss", direction: str = "minimize") -> TuneResult:
+    """Run (or resume) the search until `trials` trials have finished (completed or pruned)."""
+    import optuna
+
+    config = dict(config)
+    if "tune" not in config:
+        raise ConfigError("gym tune needs a 'tune:' section naming the keys to search, e.g. "
+                          "tune: {learning_rate: {low: 1.0e-5, high: 1.0e-3, log: true}}.")
+    space = parse_space(config.pop("tune"))
+    if trials < 1:
+        raise ConfigError(f"--trials must be at least 1, got {trials}.")
+    if direction not in ("minimize", "maximize"):
+        raise ConfigError(f"--direction is minimize or maximize, got {direction!r}.")
+    base = get_train_args(_with_values(config, space, _middle))  # a bad base config fails before any trial
+    if metric.startswith("eval_") and not (base.data.eval_dataset or base.data.val_size):
+        raise ConfigError(f"--metric {metric} needs evaluation data: set val_size (e.g. 0.1) or eval_dataset, "
+                          "or tune on --metric loss.")
+    out = Path(config.get("output_dir") or default_output_dir(base.model, base.finetuning) + "-tune")
+    out.mkdir(parents=True, exist_ok=True)
+
+    study = optuna.create_study(
+        study_name=STUDY_NAME, storage=f"sqlite:///{out / 'tune.db'}", load_if_exists=True,
+        direction="maximize" if direction == "maximize" else "minimize",
+        sampler=optuna.samplers.TPESampler(seed=base.training.seed),
+        pruner=optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=0),
+    )
+    for stale in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+        study.tell(stale.number, state=optuna.trial.TrialState.FAIL)  # killed with the last run: run it again
+    finished = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
+    while len(study.get_trials(deepcopy=False, states=finished)) < trials:
+        trial = study.ask()
+        values = {d.key: d.suggest(trial) for d in space}
+        trial_config = {**config, **values, "output_dir": str(out / f"trial-{trial.number}")}
+        logger.info("Trial %d: %s", trial.number, ", ".join(f"{k}={v}" for k, v in values.items()))
+        try:
+            with harness.extra_callbacks(_ReportEvalLoss(trial, metric)):
+                result = run_exp(trial_config)
+        except optuna.TrialPruned as pruned:
+            logger.info("Trial %d pruned: %s", trial.number, pruned)
+            study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+            continue
+        except BaseException:
+            study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            raise
+        value = _metric_value(result, metric)
+        if not math.isfinite(value):
+            study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            continue
+        study.tell(trial, value)
+        logger.info("Trial %d: %s = %.4f", trial.number, metric, value)
+
+    best = study.best_trial
+    best_config = {**config, **best.params, "output_dir": str(out / "best")}
+    best_path = _write(out / "best.yaml", yaml.safe_dump(best_config, sort_keys=False))
+    table = _write(out / "tune_results.md", _table(study, space, metric))
+    counts = {s: len(study.get_trials(deepcopy=False, states=(s,))) for s in finished}
+    assert best.value is not None  # a completed trial has its value
+    return TuneResult(out, float(best.value), dict(best.params), best_path, table,
+                      counts[optuna.trial.TrialState.COMPLETE], counts[optuna.trial.TrialState.PRUNED])
+
+
+def _middle(dimension: Dimension) -> Any:
+    if dimension.choices is not None:
+        return dimension.choices[0]
+    assert dimension.low is not None and dimension.high is not None
+    value = math.sqrt(dimension.low * dimension.high) if dimension.log else (dimension.low + dimension.high) / 2
+    return int(value) if dimension.is_int else value
+
+
+def _with_values(config: Config, space: list[Dimension], pick: Any) -> Config:
+    return {**config, **{d.key: pick(d) for d in space}}
+
+
+def _table(study: Any, space: list[Dimension], metric: str) -> str:
+    keys = [d.key for d in space]
+    lines = [f"| trial | state | {metric} | " + " | ".join(keys) + " |", "|---" * (len(keys) + 3) + "|"]
+    for trial in study.get_trials(deepcopy=False):
+        value = "" if trial.value is None else f"{trial.value:.4f}"
+        params = " | ".join(str(trial.params.get(k, "")) for k in keys)
+        lines.append(f"| {trial.number} | {trial.state.name.lower()} | {value} | {params} |")
+    return "\n".join(lines) + "\n"
+
+
+def _write(path: Path, text: str) -> Path:
+    tmp = temp_path(path)
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)
+    return path
