@@ -20,7 +20,8 @@ SHORT = {"max_steps": 1, "max_samples": 8, "cutoff_len": 160, "disable_tqdm": Tr
          "dataset_dir": str(REPO / "data")}
 ONLINE = {"max_completion_length": 16}
 EXAMPLES = {"dpo_lora": {}, "orpo_lora": {}, "simpo_lora": {}, "cpo_lora": {}, "kto_lora": {},
-            "grpo_lora": ONLINE, "gspo_lora": ONLINE, "rloo_lora": ONLINE}
+            "grpo_lora": ONLINE, "gspo_lora": ONLINE, "rloo_lora": ONLINE, "tdpo_lora": {}, "unlearn_lora": {},
+            "qlora_sft": {}, "oft_sft": {}, "sft_long_context": {}}
 
 
 def _run(name: str, out: Path, **overrides):
@@ -34,6 +35,22 @@ def _run(name: str, out: Path, **overrides):
 def test_example_runs_on_the_embedded_model(name, tmp_path, embedded_dir):
     result = _run(name, tmp_path / name, **EXAMPLES[name])
     assert result.global_step == 1 and (Path(result.output_dir) / "adapter_model.safetensors").is_file()
+
+
+@pytest.mark.slow
+def test_optimizer_example_trains_every_weight_with_galore(tmp_path, embedded_dir):
+    result = _run("sft_full_optimizers", tmp_path / "galore")
+    assert result.global_step == 1 and (Path(result.output_dir) / "model.safetensors").is_file()
+
+
+@pytest.mark.slow
+def test_tune_example_runs_a_trial(tmp_path, embedded_dir):
+    from gym.tune.study import tune
+
+    config = parse_cli_args([str(REPO / "examples" / "tune_lora.yaml")])
+    config.update(SHORT, output_dir=str(tmp_path / "tune"), eval_steps=1)
+    result = tune(config, trials=1)
+    assert result.completed == 1 and result.best_config.is_file()
 
 
 @pytest.mark.slow

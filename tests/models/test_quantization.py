@@ -120,6 +120,19 @@ def test_qlora_trains_the_adapter_and_serves_like_its_merge(train_config, tiny_m
     assert (served_logits.argmax(-1) == merged_logits.argmax(-1)).float().mean() >= 0.8
 
 
+@pytest.mark.parametrize("keys", [{"quantization_bit": 8}, {"quantization_bit": 8, "quantization_method": "torchao"},
+                                  {"quantization_bit": 4, "quantization_type": "fp4", "finetuning_type": "oft",
+                                   "oft_block_size": 16}])
+def test_adapters_train_on_every_quantized_base_this_cpu_runs(train_config, keys):
+    if keys.get("quantization_method") == "torchao":
+        pytest.importorskip("torchao")
+    from gym.train.run import run_exp
+
+    result = run_exp(train_config(**keys))
+    saved = load_file(str(Path(result.output_dir) / "adapter_model.safetensors"))
+    assert saved and result.global_step == 3 and result.final_loss is not None
+
+
 def test_chat_serves_qlora_on_the_quantized_base(train_config, tiny_model_dir):
     from gym.infer.chat import ChatModel
     from gym.train.run import run_exp

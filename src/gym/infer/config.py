@@ -22,7 +22,11 @@ logger = logging.getLogger(__name__)
 
 # Keys a saved training config passes on to inference, unless the user sets them.
 _INHERITED = ("template", "default_system", "enable_thinking", "do_sample", "temperature", "top_p", "top_k",
-              "max_new_tokens", "repetition_penalty", "rope_scaling", "model_max_length")
+              "max_new_tokens", "repetition_penalty", "rope_scaling", "model_max_length",
+              # An adapter trained on a quantized base is served on that base (LoftQ's only makes sense there);
+              # give quantization_bit: null to merge it onto the unquantized model instead.
+              "quantization_bit", "quantization_method", "quantization_type", "double_quantization",
+              "quantization_group_size")
 
 
 def _finished_output(config: dict[str, Any]) -> Path | None:
