@@ -81,3 +81,17 @@ def test_oft_needs_exactly_one_of_rank_and_block_size():
 
     with pytest.raises(ConfigError, match="exactly one of 'oft_rank' and 'oft_block_size'"):
         get_train_args({"finetuning_type": "oft", "oft_rank": 4})
+
+
+def test_llama_pro_trains_the_last_layer_of_each_stretch(tmp_path):
+    """use_llama_pro with 2 trainable layers of 4: layers 1 and 3 (the expanded ones), not the last two."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=100, hidden_size=16, intermediate_size=32, num_hidden_layers=4,
+                                         num_attention_heads=2, num_key_value_heads=1))
+    setup_freeze(model, FinetuningArguments(finetuning_type="freeze", freeze_trainable_layers=2, use_llama_pro=True))
+    trained = {int(n.split(".")[2]) for n, p in model.named_parameters() if p.requires_grad}
+    assert trained == {1, 3}
+    with pytest.raises(ConfigError, match="must be positive and divide"):
+        setup_freeze(model, FinetuningArguments(finetuning_type="freeze", freeze_trainable_layers=3,
+                                                use_llama_pro=True))

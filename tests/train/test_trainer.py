@@ -55,3 +55,38 @@ def test_neftune_noises_training_embeddings_only(train_config, monkeypatch):
     assert training and evaluating
     assert all(0.5 * bound < noise <= bound * 1.0001 for _, noise, bound in training), training
     assert all(noise == 0 for _, noise, _ in evaluating)
+
+
+def test_dft_loss_weights_each_token_by_its_probability(tiny_model_dir):
+    """use_dft_loss: sum over labelled tokens of -p * log p with p held constant, over the token count."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    torch.manual_seed(1)
+    ids = torch.randint(5, 1000, (2, 10))
+    labels = ids.clone()
+    labels[:, :4] = -100
+    inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    logp = model(**inputs).logits[:, :-1].log_softmax(-1).gather(-1, ids[:, 1:, None]).squeeze(-1)[:, 3:]
+    expected = -(logp.exp().detach() * logp).sum() / logp.numel()
+    ours = supervised_lm_loss(model, inputs, labels, dft=True)
+    assert torch.allclose(ours, expected, atol=1e-6)
+    assert ours < supervised_lm_loss(model, inputs, labels)  # every weight p < 1
+
+
+def test_pure_bf16_trains_bf16_weights_without_autocast(train_config, capture_trainer):
+    from gym.train import workflow
+    from gym.train.run import run_exp
+
+    seen = capture_trainer(workflow)
+    result = run_exp(train_config(finetuning_type="full", pure_bf16=True, max_steps=1))
+    trainer = seen["trainer"]
+    assert not trainer.args.bf16 and all(p.dtype == torch.bfloat16 for p in trainer.model.parameters())
+    assert result.global_step == 1
+
+
+def test_use_reentrant_gc_reaches_the_checkpointing_kwargs():
+    from gym.config.parser import get_train_args
+
+    training = get_train_args({"use_reentrant_gc": False, "gradient_checkpointing": True}).training
+    assert training.activation_checkpointing_kwargs == {"use_reentrant": False}

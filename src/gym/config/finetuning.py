@@ -54,6 +54,11 @@ class FinetuningArguments(OptimizerArguments):
                   "plus the adapter starts near the original model. The adapter then belongs to the 4-bit base: "
                   "chat with it under the same quantization_bit. Needs quantization_bit: 4 (bnb)."},
     )
+    pissa_convert: bool = field(
+        default=True,
+        metadata={"help": "PiSSA: save the adapter converted to plain LoRA for the original base (Gym always does; "
+                  "an unconverted one would need the residual model, which is not saved)."},
+    )
     loraplus_lr_ratio: float | None = field(
         default=None, metadata={"help": "LoRA+: learning rate of B = ratio x learning rate of A."}
     )
@@ -69,6 +74,12 @@ class FinetuningArguments(OptimizerArguments):
     boft_block_size: int = field(default=4, metadata={"help": "BOFT: size of each butterfly block."})
     boft_n_butterfly_factor: int = field(
         default=1, metadata={"help": "BOFT: butterfly factors (1 = plain block-diagonal OFT)."})
+    # Loss.
+    use_dft_loss: bool = field(
+        default=False,
+        metadata={"help": "sft/pt: Dynamic Fine-Tuning (Wu et al., 2025): each token's loss is weighted by its own "
+                  "probability (held constant), which damps the pull of tokens the model finds unlikely."},
+    )
     # Freeze tuning.
     freeze_trainable_layers: int = field(
         default=2,
@@ -76,6 +87,11 @@ class FinetuningArguments(OptimizerArguments):
     )
     freeze_trainable_modules: str = field(
         default="all", metadata={"help": "Comma-separated module names trained inside those layers, or 'all'."}
+    )
+    use_llama_pro: bool = field(
+        default=False,
+        metadata={"help": "LLaMA Pro (block expansion): train freeze_trainable_layers layers spread evenly through "
+                  "the model (the last of each equal stretch), as added by expanding a model; finetuning_type freeze."},
     )
     freeze_extra_modules: str | None = field(
         default=None, metadata={"help": "Comma-separated modules outside the layers to train too (e.g. embed_tokens)."}
@@ -108,6 +124,13 @@ class FinetuningArguments(OptimizerArguments):
                 lora_only.append("loraplus_lr_ratio")
             if lora_only:
                 raise ConfigError(f"'{lora_only[0]}' needs finetuning_type: lora (got '{self.finetuning_type}').")
+        if not self.pissa_convert:
+            raise ConfigError("'pissa_convert: false' would save a PiSSA adapter that only applies to the residual "
+                              "model, which Gym does not keep; leave it true (then it applies to the original base).")
+        if self.use_llama_pro and self.finetuning_type != "freeze":
+            raise ConfigError("'use_llama_pro' picks which layers train under finetuning_type: freeze.")
+        if self.use_dft_loss and self.stage not in ("sft", "pt"):
+            raise ConfigError(f"'use_dft_loss' reweights the language-model loss of sft/pt, not stage {self.stage}.")
         if self.finetuning_type not in ADAPTER_TYPES and args.model.adapter_name_or_path:
             raise ConfigError(f"'adapter_name_or_path' continues training an adapter: it needs finetuning_type "
                               f"lora, oft or boft (got '{self.finetuning_type}').")

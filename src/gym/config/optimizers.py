@@ -52,7 +52,7 @@ class OptimizerArguments:
         default=False, metadata={"help": "GaLore: Adam on low-rank projections of the gradients of full weights "
                                  "(finetuning_type full/freeze; Hugging Face's galore_adamw)."})
     galore_target: str = field(
-        default="all", metadata={"help": "GaLore/APOLLO: comma-separated linear module names, or 'all'."})
+        default="all", metadata={"help": "GaLore: comma-separated linear module names, or 'all'."})
     galore_rank: int = field(default=16, metadata={"help": "GaLore: rank of the gradient projection."})
     galore_update_interval: int = field(
         default=200, metadata={"help": "GaLore: steps between recomputing the projection (SVD of the gradient)."})
@@ -60,11 +60,16 @@ class OptimizerArguments:
     galore_proj_type: Literal["std", "reverse_std", "right", "left", "full"] = field(
         default="std", metadata={"help": "GaLore: which side(s) the gradient is projected on."})
     galore_layerwise: bool = field(
-        default=False, metadata={"help": "GaLore/APOLLO: step each weight's optimizer in the backward pass, freeing "
-                                 "its gradient at once (saves memory; no gradient accumulation)."})
+        default=False, metadata={"help": "GaLore: step each weight's optimizer in the backward pass, freeing its "
+                                 "gradient at once (saves memory; no gradient accumulation)."})
     use_apollo: bool = field(
         default=False, metadata={"help": "APOLLO: SGD-like memory with AdamW-like updates through random "
                                  "projections (finetuning_type full/freeze; Hugging Face's apollo_adamw)."})
+    apollo_target: str = field(
+        default="all", metadata={"help": "APOLLO: comma-separated linear module names, or 'all'."})
+    apollo_layerwise: bool = field(
+        default=False, metadata={"help": "APOLLO: step each weight's optimizer in the backward pass (as "
+                                 "galore_layerwise)."})
     apollo_rank: int = field(default=16, metadata={"help": "APOLLO: rank of the projection."})
     apollo_update_interval: int = field(default=200, metadata={"help": "APOLLO: steps between new projections."})
     apollo_scale: float = field(default=32.0, metadata={"help": "APOLLO: scale of the update."})
@@ -110,8 +115,9 @@ class OptimizerArguments:
         if key in LOW_RANK and finetuning_type not in ("full", "freeze"):
             raise ConfigError(f"'{key}' projects the gradients of full weights; with finetuning_type: "
                               f"{finetuning_type} use finetuning_type: full or freeze (LoRA is low-rank already).")
-        if self.galore_layerwise and key in LOW_RANK and args.training.gradient_accumulation_steps > 1:
-            raise ConfigError("'galore_layerwise' steps each weight during the backward pass, so it cannot "
+        layerwise = {"use_galore": "galore_layerwise", "use_apollo": "apollo_layerwise"}.get(key)
+        if layerwise and getattr(self, layerwise) and args.training.gradient_accumulation_steps > 1:
+            raise ConfigError(f"'{layerwise}' steps each weight during the backward pass, so it cannot "
                               "accumulate gradients: set gradient_accumulation_steps: 1.")
         if key == "use_badam" and _zero_stage(args.training.deepspeed) == 3:
             raise ConfigError("'use_badam' cannot run under DeepSpeed ZeRO-3 (the active block's parameters are "
@@ -130,19 +136,26 @@ class OptimizerArguments:
 
     def hf_optimizer(self) -> dict[str, Any]:
         """The Hugging Face training keys GaLore/APOLLO translate into ({} for the others)."""
-        names = [re.escape(name.strip()) for name in self.galore_target.split(",") if name.strip()]
-        # A string is a regex to the Trainer, matched against whole module names.
-        targets = "all-linear" if self.galore_target == "all" else rf".*\.({'|'.join(names)})"
-        layerwise = "_layerwise" if self.galore_layerwise else ""
         if self.use_galore:
             options = (f"rank={self.galore_rank},update_proj_gap={self.galore_update_interval},"
                        f"scale={self.galore_scale},proj_type={self.galore_proj_type}")
-            return {"optim": f"galore_adamw{layerwise}", "optim_target_modules": targets, "optim_args": options}
+            return {"optim": "galore_adamw" + ("_layerwise" if self.galore_layerwise else ""),
+                    "optim_target_modules": _targets(self.galore_target), "optim_args": options}
         if self.use_apollo:
             options = (f"rank={self.apollo_rank},update_proj_gap={self.apollo_update_interval},"
                        f"scale={self.apollo_scale},proj={self.apollo_proj},scale_type={self.apollo_scale_type}")
-            return {"optim": f"apollo_adamw{layerwise}", "optim_target_modules": targets, "optim_args": options}
+            return {"optim": "apollo_adamw" + ("_layerwise" if self.apollo_layerwise else ""),
+                    "optim_target_modules": _targets(self.apollo_target), "optim_args": options}
         return {}
+
+
+def _targets(names: str) -> str:
+    """'all' or comma-separated module names -> the Trainer's optim_target_modules (a string is a regex to it,
+    matched against whole module names)."""
+    if names == "all":
+        return "all-linear"
+    escaped = [re.escape(name.strip()) for name in names.split(",") if name.strip()]
+    return rf".*\.({'|'.join(escaped)})"
 
 
 def check_optim(name: str) -> None:

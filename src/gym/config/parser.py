@@ -10,6 +10,7 @@ that cannot run is rejected before anything loads.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import typing
 from functools import cache
 from pathlib import Path
@@ -25,6 +26,7 @@ from gym.config.methods import get_method, option_classes
 from gym.config.model import ModelArguments
 from gym.config.optimizers import check_optim
 from gym.config.training import TrainingArguments
+from gym.config.unsupported import UNSUPPORTED
 from gym.core.errors import ConfigError
 from gym.core.hardware import has_accelerator, native_bf16
 from gym.core.names import did_you_mean
@@ -109,6 +111,8 @@ def _split_by_concern(config: dict[str, Any], stage: str, options: type | None) 
             buckets.setdefault(options, {})[key] = value
         elif key in keys and keys[key] in concerns:
             buckets.setdefault(keys[key], {})[key] = value
+        elif key in UNSUPPORTED:
+            raise ConfigError(f"'{key}' (a LLaMA-Factory key) is not supported: {UNSUPPORTED[key]}")
         elif key == "tune":
             raise ConfigError("'tune' declares a hyper-parameter search: run `gym tune CONFIG --trials N` "
                               "(gym train runs one config).")
@@ -154,12 +158,16 @@ def _training_values(buckets: dict[type, dict[str, Any]], model: ModelArguments,
     if chosen and "optim" in values:
         raise ConfigError(f"'{chosen[0]}' and 'optim: {values['optim']}' both choose the optimizer; keep one.")
     values.update(finetuning.hf_optimizer())
+    if values.get("deepspeed") and importlib.util.find_spec("deepspeed") is None:
+        # Checked here: transformers refuses the key while building its arguments, with a packaging error.
+        raise ConfigError("'deepspeed' needs the deepspeed package (pip install deepspeed) and a launcher "
+                          "(deepspeed or torchrun) on GPUs; for one process on this machine remove it.")
     if "optim" in values:
         check_optim(str(values["optim"]))
     if values.get("output_dir") is None:
         values["output_dir"] = default_output_dir(model, finetuning)
     if values.get("bf16") is None:
-        values["bf16"] = not values.get("fp16") and native_bf16()
+        values["bf16"] = not values.get("fp16") and not values.get("pure_bf16") and native_bf16()
     if "use_cpu" not in values and not has_accelerator():
         # Configs written for GPUs (bf16: true) should still run here; transformers refuses them
         # on a CPU-only machine unless told to use the CPU.

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -52,10 +54,29 @@ class TrainingArguments(HFTrainingArguments):
                   "(recent GPUs, CPUs with AVX512-BF16/AMX), off elsewhere."},
     )
 
+    pure_bf16: bool = field(
+        default=False,
+        metadata={"help": "Train with the weights themselves in bf16 (no float32 master copy, no autocast): half "
+                  "the weight and optimizer memory, at bf16's rounding on every update."},
+    )
+    use_reentrant_gc: bool | None = field(
+        default=None,
+        metadata={"help": "Gradient checkpointing with torch's reentrant implementation (true) or the "
+                  "non-reentrant one (false). Unset: transformers' default."},
+    )
+
     def __post_init__(self) -> None:
         # transformers resolves an unset gradient_checkpointing (and its new name, activation_checkpointing) to
         # False; Gym's unset means auto, decided once the model and batch are known (train.workflow).
         auto = self.gradient_checkpointing is None and self.activation_checkpointing is None
+        if self.pure_bf16:
+            self.bf16 = False  # the weights are bf16 already: no autocast on top
+        if self.use_reentrant_gc is not None:
+            kwargs = self.gradient_checkpointing_kwargs or self.activation_checkpointing_kwargs or {}
+            if isinstance(kwargs, str):  # given on the command line as JSON
+                kwargs = json.loads(kwargs)
+            self.activation_checkpointing_kwargs = {**kwargs, "use_reentrant": self.use_reentrant_gc}
+            self.gradient_checkpointing_kwargs = None
         super().__post_init__()  # type: ignore[no-untyped-call]
         if auto:
             self.gradient_checkpointing = self.activation_checkpointing = None
@@ -66,6 +87,12 @@ class TrainingArguments(HFTrainingArguments):
         for key in ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"'{key}' must be at least 1, got {getattr(self, key)}.")
+        if self.fsdp and not (torch_cuda_available() and int(os.environ.get("WORLD_SIZE", "1")) > 1):
+            raise ConfigError("'fsdp' shards the model across processes started by torchrun or accelerate launch on "
+                              "CUDA GPUs; this is a single process. Remove it, or launch with torchrun.")
+        if self.do_predict:
+            raise ConfigError("'do_predict' is not how Gym predicts: run `gym infer CONFIG --dataset D -o out.jsonl` "
+                              "(generations for every row, resumable).")
         if self.use_liger_kernel:
             import torch
 
@@ -74,3 +101,9 @@ class TrainingArguments(HFTrainingArguments):
                                   "Triton, and this machine has none. Leave it off here.")
             if importlib.util.find_spec("liger_kernel") is None:
                 raise ConfigError("'enable_liger_kernel' needs the liger-kernel package: pip install liger-kernel.")
+
+
+def torch_cuda_available() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available())

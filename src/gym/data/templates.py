@@ -60,6 +60,7 @@ TEMPLATES: dict[str, Template] = {
         Template("qwen", **_CHATML,
                  default_system="You are Qwen, created by Alibaba Cloud. You are a helpful assistant."),
         Template("qwen3", **_CHATML, thinking=True),
+        Template("qwen3_nothink", **_CHATML),  # LLaMA-Factory's name for Qwen3 with thinking off
         Template(
             "llama3",
             prefix="<|begin_of_text|>",

@@ -34,7 +34,15 @@ def setup_freeze(model: Any, args: FinetuningArguments) -> Any:
     n = args.freeze_trainable_layers
     if n == 0 or abs(n) > num_layers:
         raise ConfigError(f"'freeze_trainable_layers' must be in 1..{num_layers} or -{num_layers}..-1, got {n}.")
-    layers = set(range(num_layers - n, num_layers)) if n > 0 else set(range(-n))
+    if args.use_llama_pro:
+        # Block expansion adds n layers, one after each equal stretch of the original ones: train those.
+        if n <= 0 or num_layers % n:
+            raise ConfigError(f"use_llama_pro: freeze_trainable_layers ({n}) must be positive and divide the "
+                              f"model's {num_layers} layers (one new layer per stretch).")
+        stride = num_layers // n
+        layers = set(range(stride - 1, num_layers, stride))
+    else:
+        layers = set(range(num_layers - n, num_layers)) if n > 0 else set(range(-n))
     modules = _split(args.freeze_trainable_modules)
     extra = _split(args.freeze_extra_modules)
     if is_sequence_classifier(model):

@@ -20,14 +20,18 @@ from gym.data.processors import IGNORE_INDEX
 
 
 def supervised_lm_loss(model: Any, inputs: dict[str, torch.Tensor], labels: torch.Tensor,
-                       num_items_in_batch: torch.Tensor | int | None = None) -> torch.Tensor:
-    """Next-token cross-entropy over labelled positions, computed from the final hidden states."""
+                       num_items_in_batch: torch.Tensor | int | None = None, dft: bool = False) -> torch.Tensor:
+    """Next-token cross-entropy over labelled positions, computed from the final hidden states. `dft`: each
+    token's loss weighted by its probability, held constant (Dynamic Fine-Tuning, Wu et al., 2025)."""
     outputs = model(**inputs, output_hidden_states=True, logits_to_keep=1, use_cache=False)
     hidden = outputs.hidden_states[-1][:, :-1]
     targets = labels[:, 1:]
     selected = targets != IGNORE_INDEX
     logits = model.get_output_embeddings()(hidden[selected])
-    loss = F.cross_entropy(logits.float(), targets[selected], reduction="sum")
+    token_loss = F.cross_entropy(logits.float(), targets[selected], reduction="none")
+    if dft:
+        token_loss = token_loss * torch.exp(-token_loss).detach()
+    loss = token_loss.sum()
     denominator = num_items_in_batch if num_items_in_batch is not None else selected.sum().clamp(min=1)
     return loss / denominator
 
@@ -38,8 +42,9 @@ class GymTrainer(Trainer):
     loss_is_scaled_for_ga = True
 
     def __init__(self, *args: Any, loraplus_lr_ratio: float | None = None, loraplus_lr_embedding: float = 1e-6,
-                 **kwargs: Any) -> None:
+                 dft_loss: bool = False, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.dft_loss = dft_loss
         self.model_accepts_loss_kwargs = True
         self.loraplus_lr_ratio = loraplus_lr_ratio
         self.loraplus_lr_embedding = loraplus_lr_embedding
@@ -50,7 +55,8 @@ class GymTrainer(Trainer):
                      num_items_in_batch: torch.Tensor | int | None = None) -> Any:
         inputs = self.count_tokens(model, inputs)
         labels = inputs.pop("labels")
-        loss = supervised_lm_loss(model, inputs, labels, num_items_in_batch if model.training else None)
+        loss = supervised_lm_loss(model, inputs, labels, num_items_in_batch if model.training else None,
+                                  dft=self.dft_loss)
         return (loss, {"loss": loss}) if return_outputs else loss
 
     def count_tokens(self, model: Any, inputs: dict[str, Any]) -> dict[str, Any]:

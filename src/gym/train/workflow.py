@@ -7,6 +7,7 @@ the whole path for pt and sft."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 import shutil
@@ -57,7 +58,7 @@ class Setup:
 
 
 def prepare(args: TrainArgs[Any], data_kind: DataKind, *, packing_by_default: bool = False,
-            model_loader: Callable[[str, Any], Any] = load_causal_lm) -> Setup:
+            model_loader: Callable[..., Any] = load_causal_lm) -> Setup:
     """resume -> output checks -> tokenizer -> chat format -> data -> model + adapters, for any method."""
     model_args, data_args, training_args, finetuning_args, _ = args
     resume = resolve_resume(args)
@@ -71,9 +72,12 @@ def prepare(args: TrainArgs[Any], data_kind: DataKind, *, packing_by_default: bo
     data = get_dataset(data_args, chat, data_kind, seed=training_args.seed, packing=packing)
     logger.info("Data: %s", data.stats)
     logger.info("Precision: %s", "bf16 mixed (float32 master weights)" if training_args.bf16 else
-                "fp16 mixed" if training_args.fp16 else "float32")
+                "pure bf16" if training_args.pure_bf16 else "fp16 mixed" if training_args.fp16 else "float32")
 
     torch.manual_seed(training_args.seed)
+    # pure_bf16: the weights themselves in bf16; otherwise float32 master weights (bf16 only in autocast).
+    dtype = torch.bfloat16 if training_args.pure_bf16 else torch.float32
+    model_loader = functools.partial(model_loader, dtype=dtype)
     pissa_init_dir = None
     if finetuning_args.finetuning_type == "lora" and finetuning_args.pissa_init:
         pissa_init_dir = str(Path(training_args.output_dir) / "pissa_init")
@@ -94,7 +98,7 @@ def prepare(args: TrainArgs[Any], data_kind: DataKind, *, packing_by_default: bo
     return Setup(model_path, tokenizer, chat, data, model, resume, pissa_init_dir)
 
 
-def _pissa_on_quantized_base(args: TrainArgs[Any], model_path: str, model_loader: Callable[[str, Any], Any],
+def _pissa_on_quantized_base(args: TrainArgs[Any], model_path: str, model_loader: Callable[..., Any],
                              pissa_init_dir: str, fresh: bool) -> Any:
     """PiSSA under quantization_bit: the principal components move into the adapter in full precision, and only
     what remains of each weight (the residual, with a smaller range) is quantized, so the base loses less to
@@ -193,5 +197,6 @@ def run_causal_lm(args: TrainArgs[Any], data_kind: DataKind, packing_by_default:
         processing_class=setup.tokenizer,
         loraplus_lr_ratio=args.finetuning.loraplus_lr_ratio,
         loraplus_lr_embedding=args.finetuning.loraplus_lr_embedding,
+        dft_loss=args.finetuning.use_dft_loss,
     )
     return train_and_save(trainer, setup, args)

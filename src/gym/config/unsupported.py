@@ -1,0 +1,36 @@
+"""LLaMA-Factory keys Gym knows but does not run, each with the reason and what to do instead.
+
+A config carrying one fails at parse time with that reason, not with "unknown key": the user learns that
+the key was understood, and why it cannot work here. tests/config/test_llamafactory_parity.py runs
+LLaMA-Factory-shaped fixtures through the parser to keep this list honest.
+"""
+
+from __future__ import annotations
+
+_MULTIMODAL = ("Gym trains text models; image and video inputs (and the vision tower around them) are not "
+               "supported yet.")
+_DISTRIBUTED = "Gym runs one process; multi-node launchers are not supported yet (distributed runs are planned)."
+
+UNSUPPORTED: dict[str, str] = {
+    "use_asft_loss": "Anchored SFT (DFT plus a KL anchor to the reference) is not implemented; use_dft_loss is.",
+    "asft_alpha": "Anchored SFT is not implemented (asft_alpha is its KL weight); use_dft_loss is.",
+    "use_eaft_loss": "LLaMA-Factory's EAFT loss is not implemented in Gym; use_dft_loss is the closest.",
+    "fp8": "FP8 training needs a Hopper-or-newer CUDA GPU with torchao/Transformer Engine; Gym does not offer it yet.",
+    "fp8_backend": "FP8 training is not offered yet (see fp8).",
+    "fp8_enable_fsdp_float8_all_gather": "FP8 training with FSDP is not offered yet (see fp8).",
+    "fsdp_transformer_layer_cls_to_wrap": "FSDP needs several GPU processes; " + _DISTRIBUTED,
+    "ray_num_workers": "Ray launches several workers; " + _DISTRIBUTED,
+    "mixture_of_depths": "Mixture-of-Depths conversion relies on a package that patches transformers 4 models; "
+                         "it does not run with transformers 5.",
+    "predict_with_generate": "Gym predicts with `gym infer CONFIG --dataset D -o out.jsonl`, not inside training.",
+    "tokenized_path": "Gym keeps no tokenized copy of a dataset (tokenizing is fast next to training); remove it.",
+    "image_max_pixels": _MULTIMODAL,
+    "image_min_pixels": _MULTIMODAL,
+    "video_max_pixels": _MULTIMODAL,
+    "video_min_pixels": _MULTIMODAL,
+    "video_fps": _MULTIMODAL,
+    "video_maxlen": _MULTIMODAL,
+    "freeze_vision_tower": _MULTIMODAL,
+    "freeze_multi_modal_projector": _MULTIMODAL,
+    "freeze_language_model": _MULTIMODAL,
+}
