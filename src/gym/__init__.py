@@ -17,11 +17,15 @@ if TYPE_CHECKING:
     from gym.infer.chat import ChatModel
     from gym.personalization.trainer import PersonalizedTrainer
     from gym.python_api import Trainer, TrainingConfig
+    from gym.tfgrpo.config import GRPOConfig
+    from gym.tfgrpo.trainer import TrainingFreeGRPO
 
 _LAZY = {"Trainer": "gym.python_api", "TrainingConfig": "gym.python_api", "ChatModel": "gym.infer.chat",
-         "PersonalizedTrainer": "gym.personalization.trainer", "BitDeltaConfig": "gym.delta.bitdelta"}
+         "PersonalizedTrainer": "gym.personalization.trainer", "BitDeltaConfig": "gym.delta.bitdelta",
+         "TrainingFreeGRPO": "gym.tfgrpo.trainer", "GRPOConfig": "gym.tfgrpo.config"}
 
-__all__ = ["BitDeltaConfig", "ChatModel", "PersonalizedTrainer", "Trainer", "TrainingConfig", "__version__"]
+__all__ = ["BitDeltaConfig", "ChatModel", "GRPOConfig", "PersonalizedTrainer", "Trainer", "TrainingConfig",
+           "TrainingFreeGRPO", "__version__"]
 
 
 def __getattr__(name: str) -> Any:

@@ -32,14 +32,16 @@ commands:
                                                    hyper-parameter search over the config's `tune:` section
   chat [CONFIG] [--key value ...] [--prompt TEXT]  talk to a model; --prompt answers once and exits
   api [CONFIG] [--key value ...] [--host H] [--port P] [--api-key KEY] [--max_batch_size N] [--max_waiting N]
-      [--max_body_bytes N] [--variants STORE]
+      [--max_body_bytes N] [--variants STORE] [--experiences FILE]
                                                    OpenAI-compatible server (key also from GYM_API_KEY); with
-                                                   --variants, model "<name>:<user>" answers as that user's variant
+                                                   --variants, model "<name>:<user>" answers as that user's variant;
+                                                   --experiences: a TF-GRPO library in every chat's system prompt
   infer CONFIG --dataset D -o out.jsonl [--batch_size N] [--max_samples N]
                                                    answer every row of a dataset (resumable)
   delta compress|apply|inspect|eval [options]      a fine-tune as a compressed delta (`gym delta -h`)
   soup init|contribute|status|aggregate|rewards    community merge of many users' deltas (`gym soup -h`)
   variants create|add|list|delete|chat|export STORE  per-user fine-tunes as 1-bit deltas (`gym variants -h`)
+  tfgrpo train|eval CONFIG [key=value ...]         Training-Free GRPO: learn a library of lessons in the prompt
   env                                              versions of Python, torch and the HF stack, and the device
   version                                          Gym's version
 
@@ -143,7 +145,7 @@ def cmd_api(argv: list[str]) -> int:
 
     options = {"--host": "127.0.0.1", "--port": "8000", "--api-key": None, "--max_batch_size": "16",
                "--max_waiting": "256", "--served_model_name": None, "--max_body_bytes": str(4 << 20),
-               "--variants": None}
+               "--variants": None, "--experiences": None}
     values: dict[str, str | None] = {}
     for name, default in options.items():
         values[name], argv = _take_option(argv, name, default)
@@ -161,7 +163,7 @@ def cmd_api(argv: list[str]) -> int:
 
     serve(parse_cli_args(argv), host=values["--host"] or "127.0.0.1", port=port, api_key=values["--api-key"],
           max_batch_size=batch, max_waiting=waiting, model_name=values["--served_model_name"], max_body_bytes=body,
-          variants=values["--variants"])
+          variants=values["--variants"], experiences=values["--experiences"])
     return 0
 
 
@@ -240,6 +242,12 @@ def cmd_soup(argv: list[str]) -> int:
     return soup_main(argv)
 
 
+def cmd_tfgrpo(argv: list[str]) -> int:
+    from gym.tfgrpo.cli import main as tfgrpo_main
+
+    return tfgrpo_main(argv)
+
+
 def cmd_env(argv: list[str]) -> int:
     import platform
 
@@ -280,6 +288,7 @@ COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "delta": cmd_delta,
     "soup": cmd_soup,
     "variants": cmd_variants,
+    "tfgrpo": cmd_tfgrpo,
     "env": cmd_env,
     "version": cmd_version,
 }

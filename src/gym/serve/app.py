@@ -35,6 +35,7 @@ from gym.infer.fast.bank import VariantBank, VariantNotFound
 from gym.infer.requests import EngineBusy, EngineStopped, Event, Finished, Piece, SamplingParams
 from gym.serve.limits import DEFAULT_MAX_BODY_BYTES, BodyLimit, check_text_length
 from gym.serve.protocol import ApiError, ChatCompletionRequest, CompletionRequest, TokenizeRequest, _Request
+from gym.tfgrpo.library import ExperienceLibrary, with_experiences
 
 _STATUS_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
                  405: "invalid_request_error", 413: "invalid_request_error", 422: "invalid_request_error",
@@ -43,9 +44,11 @@ _STATUS_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404:
 
 
 def create_app(chat_model: ChatModel, model_name: str, api_key: str | None = None,
-               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
+               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, experiences: ExperienceLibrary | None = None) -> FastAPI:
     """The app for one loaded ChatModel. `api_key` (if set) is required as a bearer token on /v1, /tokenize
-    and /openapi.json (the browser pages /docs and /redoc, which cannot send it, are then off)."""
+    and /openapi.json (the browser pages /docs and /redoc, which cannot send it, are then off). `experiences`:
+    a Training-Free GRPO library appended to the system prompt of every chat request (base and variants alike),
+    as the library was shown in training; /v1/completions take raw text and are left as sent."""
     server = _Server(chat_model, model_name)
 
     @asynccontextmanager
@@ -120,7 +123,7 @@ def create_app(chat_model: ChatModel, model_name: str, api_key: str | None = Non
         check_text_length([(f"messages.{i}.content", m.text()) for i, m in enumerate(body.messages)],
                           server.context_length)
         messages, system = body.conversation()
-        prompt = chat_model.render(messages, system)
+        prompt = chat_model.render(messages, with_experiences(system, experiences))
         params = server.params(body, len(prompt), max_tokens=body.max_completion_tokens or body.max_tokens,
                                variant=variant)
         return await server.respond(body, [prompt], params, request, chat=True)
@@ -144,7 +147,8 @@ def create_app(chat_model: ChatModel, model_name: str, api_key: str | None = Non
         texts = [m.text() for m in body.messages or []] + ([body.prompt] if body.prompt else [])
         check_text_length([("messages" if body.messages else "prompt", t) for t in texts], server.context_length)
         if body.messages is not None:
-            tokens = chat_model.render(*ChatCompletionRequest(model=model_name, messages=body.messages).conversation())
+            messages, system = ChatCompletionRequest(model=model_name, messages=body.messages).conversation()
+            tokens = chat_model.render(messages, with_experiences(system, experiences))
         else:
             tokens = chat_model.tokenizer.encode(body.prompt)
         return {"tokens": tokens, "count": len(tokens), "max_model_len": server.context_length}

@@ -24,6 +24,7 @@ from gym.personalization.source import StoreSource
 from gym.personalization.store import VariantStore
 from gym.serve.app import create_app
 from gym.serve.limits import DEFAULT_MAX_BODY_BYTES
+from gym.tfgrpo.library import ExperienceLibrary
 
 logger = logging.getLogger(__name__)
 
@@ -51,16 +52,21 @@ def served_model_name(chat_model: ChatModel, explicit: str | None = None) -> str
 def serve(config: dict[str, Any], *, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
           max_batch_size: int = 16, max_waiting: int = 256, model_name: str | None = None,
           max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, variants: str | None = None,
-          graceful_seconds: float = 30.0) -> None:
-    """`variants`: a variant store (gym.personalization) whose users' variants answer as `<model>:<user>`."""
+          experiences: str | None = None, graceful_seconds: float = 30.0) -> None:
+    """`variants`: a variant store (gym.personalization) whose users' variants answer as `<model>:<user>`.
+    `experiences`: a Training-Free GRPO library (experiences.json) added to every chat's system prompt."""
     api_key = api_key or os.environ.get("GYM_API_KEY") or None
+    library = ExperienceLibrary.load(experiences) if experiences else None  # a bad file fails before the model loads
     source = variant_source(variants) if variants else None
     chat_model = ChatModel(config, max_batch_size=max_batch_size, max_waiting=max_waiting, variants=source)
     if source is not None:
         check_store_base(source.store, chat_model.model)
     _ = chat_model.engine  # start the engine now: a backend that cannot start fails before the port opens
     name = served_model_name(chat_model, model_name)
-    app = create_app(chat_model, name, api_key, max_body_bytes=max_body_bytes)
+    app = create_app(chat_model, name, api_key, max_body_bytes=max_body_bytes, experiences=library)
+    if library is not None:
+        logger.info("Every chat request gets the %d experiences of %s in its system prompt.", len(library),
+                    experiences)
     logger.info("Serving '%s' on http://%s:%d/v1 (auth: %s, batch up to %d, queue %d)", name, host, port,
                 "bearer key" if api_key else "none", max_batch_size, max_waiting)
     # uvicorn annotates timeout_graceful_shutdown as int, but only hands it to asyncio.wait_for (any float).

@@ -1,0 +1,152 @@
+"""Training-Free GRPO settings: `GRPOConfig` (the algorithm, the seeds' shape) and `TFGRPOJob` (what
+`gym tfgrpo` reads from YAML: the model, the data, the rewards and where to write).
+
+Defaults are the authors' (youtu-agent, utu/config/practice_config.py and configs/practice/): 3 epochs,
+groups of 5, rollouts at temperature 0.7, at most 2 lessons per group (their math config uses 1), lessons
+of at most 32 words, batches of 64 queries; the updater answers at temperature 0 (their branch's LLM
+default), evaluation at 0.3 with 32 samples per query (their math evaluation, Mean@32).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from typing import Any
+
+from gym.config.coerce import coerce
+from gym.core.errors import ConfigError
+from gym.core.names import did_you_mean
+
+
+@dataclass
+class GRPOConfig:
+    """How Training-Free GRPO learns. Every field is also a key of `gym tfgrpo` YAML."""
+
+    # --- the loop
+    group_size: int = 5
+    """Rollouts per query (G)."""
+    max_epochs: int = 3
+    batch_size: int = 64
+    """Queries per step; the library is updated (and saved) once per batch. The last batch may be smaller."""
+    temperature_train: float = 0.7
+    """Rollout temperature."""
+    temperature_update: float = 0.0
+    """Temperature of the summary, advantage and update calls (and the LLM judge)."""
+    temperature_eval: float = 0.3
+    eval_samples: int = 32
+    """k of Mean@k / Pass@k in evaluation."""
+    max_lessons: int = 2
+    """K: at most this many lessons extracted per group."""
+    max_words: int = 32
+    """Each experience is cut to this many words."""
+    max_tokens: int = 1024
+    """Rollout (and evaluation) answer length."""
+    update_max_tokens: int = 1024
+    """Answer length of the summary/advantage/update/judge calls."""
+    system_prompt: str | None = None
+    """Shown before the lessons in every rollout (the lessons alone when unset; nothing when both are empty)."""
+    seed: int = 42
+    shuffle: bool = True
+
+    # --- calls
+    max_concurrency: int = 16
+    """Calls in flight at once (the local engine batches them)."""
+    max_parse_retries: int = 2
+    """An answer that is not the JSON asked for is asked again this many times, then skipped with a logged reason."""
+    base_url: str | None = None
+    """An OpenAI-compatible endpoint for the model (unset: the model is a Gym model on the local engine)."""
+    api_key: str | None = None
+    """The endpoint's key (default: $OPENAI_API_KEY). Never written to the saved config."""
+    updater_model: str | None = None
+    """A different model for the summary/advantage/update/judge calls (default: the rollout model)."""
+    updater_base_url: str | None = None
+    updater_api_key: str | None = None
+    max_retries: int = 6
+    """Retries of an endpoint call on 429/5xx/timeouts, with exponential backoff."""
+    retry_delay: float = 1.0
+    """Seconds before the first retry; doubled each time, at most 60."""
+    timeout: float = 600.0
+    prices: dict[str, list[float]] | None = None
+    """Dollars per million [prompt, completion] tokens by role or by "rollout"/"updater", for the usage report."""
+    cache_calls: bool = True
+    """Record every answer in output_dir/calls.jsonl, so a resumed or repeated run replays instead of calling."""
+
+    def __post_init__(self) -> None:
+        positive = ("group_size", "max_epochs", "batch_size", "eval_samples", "max_lessons", "max_words",
+                    "max_tokens", "update_max_tokens", "max_concurrency")
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise ConfigError(f"'{name}' must be at least 1, got {getattr(self, name)}.")
+        if self.group_size < 2:
+            raise ConfigError("'group_size' must be at least 2: lessons come from comparing rollouts of one query.")
+        for name in ("temperature_train", "temperature_update", "temperature_eval"):
+            if not 0 <= getattr(self, name) <= 2:
+                raise ConfigError(f"'{name}' must be in [0, 2], got {getattr(self, name)}.")
+        if self.max_parse_retries < 0 or self.max_retries < 0 or self.retry_delay < 0:
+            raise ConfigError("'max_parse_retries', 'max_retries' and 'retry_delay' must be >= 0.")
+        for role, price in (self.prices or {}).items():
+            if not (isinstance(price, (list, tuple)) and len(price) == 2):
+                raise ConfigError(f"prices.{role}: give [dollars per 1M prompt tokens, per 1M completion tokens].")
+
+    def fingerprint(self) -> dict[str, Any]:
+        """What decides the library a run learns (not how fast or through which connection it is learned)."""
+        skip = {"max_concurrency", "api_key", "updater_api_key", "max_retries", "retry_delay", "timeout", "prices",
+                "cache_calls", "temperature_eval", "eval_samples"}
+        return {k: v for k, v in dataclasses.asdict(self).items() if k not in skip}
+
+
+@dataclass
+class TFGRPOJob:
+    """The rest of a `gym tfgrpo` YAML."""
+
+    model: str | None = None
+    """A Gym model (the embedded default, a folder, a hub id) or, with base_url, the endpoint's model name."""
+    dataset: str | None = None
+    """Queries with reference answers: a name in dataset_info.json or a file (prompt + answer columns)."""
+    eval_dataset: str | None = None
+    val_size: float = 0.0
+    """Hold out this many rows (a fraction below 1) of `dataset` for `gym tfgrpo eval`, chosen with the seed."""
+    dataset_dir: str = "data"
+    max_samples: int | None = None
+    reward_funcs: list[str] = field(default_factory=lambda: ["accuracy"])
+    """accuracy, format[:regex], length:N, python:module:function, judge (an LLM grades against the answer)."""
+    reward_weights: list[float] | None = None
+    output_dir: str = "saves/tfgrpo"
+    overwrite_output_dir: bool = False
+    experiences: str | None = None
+    """For eval: a library file (default: output_dir/experiences.json when it exists)."""
+
+
+def _fields(cls: type) -> dict[str, Any]:
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+
+
+def parse_job(config: dict[str, Any]) -> tuple[GRPOConfig, TFGRPOJob, dict[str, Any]]:
+    """A flat YAML dict -> (algorithm, job, the local model's inference keys). Unknown keys get "did you mean"."""
+    from gym.config.parser import ALIASES, known_keys  # the training/inference keys (imports their libraries)
+
+    algorithm_fields, job_fields = _fields(GRPOConfig), _fields(TFGRPOJob)
+    infer_keys = known_keys()
+    algorithm: dict[str, Any] = {}
+    job: dict[str, Any] = {}
+    local: dict[str, Any] = {}
+    for raw_key, value in config.items():
+        key = str(raw_key).replace("-", "_")
+        if key == "model_name_or_path":
+            key = "model"
+        if key in algorithm_fields:
+            algorithm[key] = coerce(key, value, algorithm_fields[key])
+        elif key in job_fields:
+            job[key] = coerce(key, value, job_fields[key])
+        elif key in infer_keys or key in ALIASES:
+            local[key] = value
+        else:
+            known = [*algorithm_fields, *job_fields, "model_name_or_path", "template", "infer_backend", "infer_dtype"]
+            raise ConfigError(f"Unknown tfgrpo key '{key}'.{did_you_mean(key, known, '')} TF-GRPO keys: "
+                              f"{', '.join(sorted([*algorithm_fields, *job_fields]))}; plus the model keys of "
+                              "`gym chat` (template, infer_backend, ...).")
+    if isinstance(job.get("reward_funcs"), str):
+        job["reward_funcs"] = [s.strip() for s in job["reward_funcs"].split(",") if s.strip()]
+    return GRPOConfig(**algorithm), TFGRPOJob(**job), local

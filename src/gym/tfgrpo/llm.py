@@ -1,0 +1,265 @@
+"""The models Training-Free GRPO talks to: a Gym model on the local engine, or any OpenAI-compatible endpoint.
+
+Both answer `complete(messages, temperature=, max_tokens=, seed=)` with a `Completion` (text and token
+counts), and are safe to call from many threads at once: the local engine batches concurrent requests
+into shared forward passes; the endpoint client sends them in parallel. `OpenAIEndpoint` retries 429,
+5xx, timeouts and dropped connections with exponential backoff (`retry_delay` * 2^attempt, at most
+`max_retry_delay`), honouring a server's Retry-After up to that cap.
+
+`CallCache` records every answer by its request (model, messages, temperature, max_tokens, seed) in a
+JSON-lines file: a run that is resumed or replayed gets the same answers without calling again, so its
+library is identical even when the endpoint samples differently each time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from gym.core.errors import ConfigError, GymError
+
+if TYPE_CHECKING:
+    from gym.infer.chat import ChatModel
+
+logger = logging.getLogger(__name__)
+
+Message = dict[str, str]
+
+
+@dataclass(frozen=True)
+class Completion:
+    text: str
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached: bool = False
+
+
+@runtime_checkable
+class LLM(Protocol):
+    """Anything that answers a conversation: the local engine, an endpoint, or a test's scripted model."""
+
+    name: str
+
+    def complete(self, messages: list[Message], *, temperature: float, max_tokens: int,
+                 seed: int | None = None) -> Completion: ...
+
+
+class LLMUnavailable(GymError):
+    """The endpoint kept failing after every retry, or refused the request outright."""
+
+
+# ---------------------------------------------------------------- the local engine
+
+class LocalLLM:
+    """A Gym model (base, adapter, variant folder) answering through its inference engine, with its chat template."""
+
+    def __init__(self, chat_model: ChatModel, name: str | None = None) -> None:
+        self.chat_model = chat_model
+        self.name = name or str(chat_model.model_args.model_name_or_path)
+
+    @classmethod
+    def load(cls, config: dict[str, Any], max_batch_size: int = 16) -> LocalLLM:
+        from gym.infer.chat import ChatModel
+
+        return cls(ChatModel(config, max_batch_size=max_batch_size, max_waiting=max(256, 4 * max_batch_size)))
+
+    def complete(self, messages: list[Message], *, temperature: float, max_tokens: int,
+                 seed: int | None = None) -> Completion:
+        from gym.infer.requests import Finished
+
+        system = next((m["content"] for m in messages if m["role"] == "system"), None)
+        turns = [m for m in messages if m["role"] != "system"]
+        prompt = self.chat_model.render(turns, system)
+        params = self.chat_model.sampling_params(temperature=temperature, do_sample=temperature > 0,
+                                                 max_new_tokens=max_tokens, seed=seed)
+        *_, last = self.chat_model.engine.submit(prompt, params).events()
+        assert isinstance(last, Finished)
+        return Completion(last.text, last.prompt_tokens, last.completion_tokens)
+
+    def close(self) -> None:
+        self.chat_model.close()
+
+
+# ---------------------------------------------------------------- an OpenAI-compatible endpoint
+
+class OpenAIEndpoint:
+    """`base_url` + `model` (+ `api_key`, else $OPENAI_API_KEY): OpenAI, vLLM, llama-server, `gym api`, ..."""
+
+    def __init__(self, base_url: str, model: str, api_key: str | None = None, *, timeout: float = 600.0,
+                 max_retries: int = 6, retry_delay: float = 1.0, max_retry_delay: float = 60.0) -> None:
+        try:
+            import openai
+        except ImportError:
+            raise ConfigError("An OpenAI-compatible endpoint needs the openai client: pip install 'zoo-gym[serve]'.") \
+                from None
+        self.name = model
+        self.base_url = base_url
+        self.max_retries, self.retry_delay, self.max_retry_delay = max_retries, retry_delay, max_retry_delay
+        # Our own retry loop (below) instead of the client's, so that the backoff is set here and logged.
+        self.client = openai.OpenAI(base_url=base_url, api_key=api_key or os.environ.get("OPENAI_API_KEY") or "none",
+                                    timeout=timeout, max_retries=0)
+        self._openai = openai
+
+    def complete(self, messages: list[Message], *, temperature: float, max_tokens: int,
+                 seed: int | None = None) -> Completion:
+        openai = self._openai
+        for attempt in range(self.max_retries + 1):
+            try:
+                response = self.client.chat.completions.create(
+                    model=self.name, messages=messages,  # type: ignore[arg-type]
+                    temperature=temperature, max_tokens=max_tokens, seed=seed)
+                break
+            except (openai.RateLimitError, openai.InternalServerError, openai.APITimeoutError,
+                    openai.APIConnectionError) as exc:
+                if attempt == self.max_retries:
+                    raise LLMUnavailable(f"{self.base_url} ({self.name}) failed {attempt + 1} times; last: "
+                                         f"{_describe(exc)}") from None
+                delay = self._delay(attempt, exc)
+                logger.warning("%s: %s; retrying in %.2f s (%d/%d)", self.base_url, _describe(exc), delay,
+                               attempt + 1, self.max_retries)
+                time.sleep(delay)
+            except openai.APIStatusError as exc:  # 400/401/404...: retrying cannot help
+                raise LLMUnavailable(f"{self.base_url} refused the request ({self.name}): {_describe(exc)}") from None
+        choice = response.choices[0] if response.choices else None
+        text = (choice.message.content if choice is not None else None) or ""
+        usage = response.usage
+        return Completion(text, usage.prompt_tokens if usage else 0, usage.completion_tokens if usage else 0)
+
+    def _delay(self, attempt: int, exc: Exception) -> float:
+        delay = min(self.retry_delay * 2 ** attempt, self.max_retry_delay)
+        headers = getattr(getattr(exc, "response", None), "headers", None) or {}
+        try:
+            asked = float(headers.get("retry-after", ""))
+        except ValueError:
+            return delay
+        return min(max(asked, 0.0), self.max_retry_delay)
+
+
+def _describe(exc: Exception) -> str:
+    status = getattr(exc, "status_code", None)
+    return f"HTTP {status}" if status else type(exc).__name__
+
+
+# ---------------------------------------------------------------- recorded answers
+
+def request_key(model: str, messages: list[Message], temperature: float, max_tokens: int, seed: int | None) -> str:
+    blob = json.dumps([model, messages, temperature, max_tokens, seed], ensure_ascii=False, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+@dataclass
+class CallCache:
+    """Answers by request, appended to `path` as they come (a line cut off by a kill is ignored on reading)."""
+
+    path: Path | None = None
+    answers: dict[str, Completion] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.path is None or not self.path.is_file():
+            return
+        for line in self.path.read_text(encoding="utf-8").splitlines():
+            try:
+                row = json.loads(line)
+                self.answers[row["key"]] = Completion(row["text"], row["prompt_tokens"], row["completion_tokens"])
+            except (json.JSONDecodeError, KeyError, TypeError):
+                continue
+
+    def get(self, key: str) -> Completion | None:
+        with self._lock:
+            return self.answers.get(key)
+
+    def put(self, key: str, completion: Completion) -> None:
+        with self._lock:
+            self.answers[key] = completion
+            if self.path is not None:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                row = {"key": key, "text": completion.text, "prompt_tokens": completion.prompt_tokens,
+                       "completion_tokens": completion.completion_tokens}
+                with self.path.open("a", encoding="utf-8") as handle:
+                    handle.write(json.dumps(row, ensure_ascii=False) + "\n")
+
+
+class CachedLLM:
+    """`llm` behind a CallCache: a request already answered is answered from the cache (`cached=True`)."""
+
+    def __init__(self, llm: LLM, cache: CallCache) -> None:
+        self.llm, self.cache, self.name = llm, cache, llm.name
+
+    def complete(self, messages: list[Message], *, temperature: float, max_tokens: int,
+                 seed: int | None = None) -> Completion:
+        key = request_key(self.name, messages, temperature, max_tokens, seed)
+        hit = self.cache.get(key)
+        if hit is not None:
+            return Completion(hit.text, hit.prompt_tokens, hit.completion_tokens, cached=True)
+        answer = self.llm.complete(messages, temperature=temperature, max_tokens=max_tokens, seed=seed)
+        self.cache.put(key, answer)
+        return answer
+
+
+# ---------------------------------------------------------------- what the calls cost
+
+@dataclass
+class RoleUsage:
+    calls: int = 0
+    cached: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+@dataclass
+class Usage:
+    """Calls and tokens per role (rollout, summary, advantage, group_update, batch_update, judge, eval)."""
+
+    roles: dict[str, RoleUsage] = field(default_factory=dict)
+    seconds: float = 0.0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def add(self, role: str, completion: Completion) -> None:
+        with self._lock:
+            usage = self.roles.setdefault(role, RoleUsage())
+            usage.calls += 1
+            usage.cached += completion.cached
+            usage.prompt_tokens += completion.prompt_tokens
+            usage.completion_tokens += completion.completion_tokens
+
+    def calls(self, *roles: str) -> int:
+        return sum(u.calls for r, u in self.roles.items() if not roles or r in roles)
+
+    def cost(self, role: str, prices: dict[str, list[float]] | None) -> float | None:
+        """Dollars for `role` from prices {"rollout"|"updater"|role: [per 1M prompt, per 1M completion tokens]}."""
+        if not prices:
+            return None
+        price = prices.get(role) or prices.get("rollout" if role in ("rollout", "eval") else "updater")
+        if not price:
+            return None
+        usage = self.roles[role]
+        return (usage.prompt_tokens * price[0] + usage.completion_tokens * price[1]) / 1e6
+
+    def report(self, prices: dict[str, list[float]] | None = None) -> str:
+        lines = [f"{'role':<14}{'calls':>7}{'cached':>8}{'prompt tok':>12}{'compl. tok':>12}{'cost $':>10}"]
+        total_cost: float | None = None
+        for role, u in self.roles.items():
+            cost = self.cost(role, prices)
+            if cost is not None:
+                total_cost = (total_cost or 0.0) + cost
+            lines.append(f"{role:<14}{u.calls:>7}{u.cached:>8}{u.prompt_tokens:>12}{u.completion_tokens:>12}"
+                         f"{'' if cost is None else f'{cost:.4f}':>10}")
+        total = RoleUsage(sum(u.calls for u in self.roles.values()), sum(u.cached for u in self.roles.values()),
+                          sum(u.prompt_tokens for u in self.roles.values()),
+                          sum(u.completion_tokens for u in self.roles.values()))
+        lines.append(f"{'total':<14}{total.calls:>7}{total.cached:>8}{total.prompt_tokens:>12}"
+                     f"{total.completion_tokens:>12}{'' if total_cost is None else f'{total_cost:.4f}':>10}")
+        lines.append(f"wall time {self.seconds:.1f} s")
+        return "\n".join(lines)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"seconds": round(self.seconds, 3),
+                "roles": {r: vars(u).copy() for r, u in self.roles.items()}}
