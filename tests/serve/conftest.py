@@ -17,16 +17,18 @@ def free_port() -> int:
 
 @pytest.fixture(scope="module")
 def serve_app():
-    """serve_app(chat_model, name, api_key) -> base URL of a running server; all are stopped after the module."""
+    """serve_app(chat_model, name, api_key, **create_app_options) -> base URL of a running server; all are stopped
+    after the module."""
     import uvicorn
 
     from gym.serve.app import create_app
 
     servers = []
 
-    def start(chat_model, name: str = "tiny", api_key: str | None = None) -> str:
+    def start(chat_model, name: str = "tiny", api_key: str | None = None, **options) -> str:
         port = free_port()
-        server = uvicorn.Server(uvicorn.Config(create_app(chat_model, name, api_key), host="127.0.0.1", port=port,
+        server = uvicorn.Server(uvicorn.Config(create_app(chat_model, name, api_key, **options), host="127.0.0.1",
+                                               port=port,
                                                log_level="warning"))
         thread = threading.Thread(target=server.run, daemon=True)
         thread.start()

@@ -1,7 +1,7 @@
 """Queries for Training-Free GRPO, and the verifier that scores an answer to one in [0, 1].
 
-Queries come from a dataset Gym knows (a name in dataset_info.json or a file: prompt + answer columns,
-as the GRPO stage reads them), or from Python: a list of dicts, a dict of lists (`hf_dataset[:100]`),
+Queries come from a dataset Gym knows (a name in dataset_info.json, with its column mapping, as the GRPO
+stage reads it), a file, or Python: a list of dicts, a dict of lists (`hf_dataset[:100]`),
 or a `datasets.Dataset`, whose rows hold the query under prompt/question/query/problem/instruction and
 the reference under answer/solution/ground_truth.
 
@@ -16,6 +16,7 @@ import inspect
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from gym.core.errors import ConfigError, DataError
@@ -39,14 +40,14 @@ class Task:
         return "\n\n".join(m["content"] for m in self.messages if m["role"] == "user")
 
 
-def _from_row(row: Any, index: int) -> Task:
+def _from_row(row: Any, where: str) -> Task:
     if isinstance(row, str):
         return Task([{"role": "user", "content": row}])
     if not isinstance(row, Mapping):
-        raise DataError(f"row {index}: expected a dict with a query and an answer, got {type(row).__name__}.")
+        raise DataError(f"{where}: expected a dict with a query and an answer, got {type(row).__name__}.")
     key = next((k for k in PROMPT_KEYS if row.get(k)), None)
     if key is None:
-        raise DataError(f"row {index}: no query; put it under one of: {', '.join(PROMPT_KEYS)}.")
+        raise DataError(f"{where}: no query; put it under one of: {', '.join(PROMPT_KEYS)}.")
     query = str(row[key])
     if key == "instruction" and row.get("input"):
         query = f"{query}\n\n{row['input']}"
@@ -69,7 +70,7 @@ def tasks_from(data: Any, dataset_dir: str = "data", max_samples: int | None = N
             data = [{k: v[i] for k, v in data.items()} for i in range(n)]
         if isinstance(data, Task):
             data = [data]
-        tasks = [row if isinstance(row, Task) else _from_row(row, i) for i, row in enumerate(data)]
+        tasks = [row if isinstance(row, Task) else _from_row(row, f"row {i}") for i, row in enumerate(data)]
         tasks = tasks[:max_samples] if max_samples else tasks
     if not tasks:
         raise DataError("No queries to train on: the dataset is empty.")
@@ -77,10 +78,16 @@ def tasks_from(data: Any, dataset_dir: str = "data", max_samples: int | None = N
 
 
 def _named_dataset(name: str, dataset_dir: str, max_samples: int | None) -> list[Task]:
+    """A file is read with its columns recognised by name (question/answer, ...); a name goes through
+    dataset_info.json and its column mapping, as every other stage reads it."""
     from gym.core.kinds import DataKind
     from gym.data.loader import load_examples
-    from gym.data.registry import get_dataset_attrs
+    from gym.data.readers import read_rows
+    from gym.data.registry import get_dataset_attrs, read_dataset_info
 
+    if Path(name).is_file() and name not in read_dataset_info(dataset_dir):
+        rows = [_from_row(row, str(source)) for source, row in read_rows(name)]
+        return rows[:max_samples] if max_samples else rows
     tasks = []
     for attr in get_dataset_attrs(name, dataset_dir):
         for example in load_examples(attr, DataKind.PROMPT, max_samples):
