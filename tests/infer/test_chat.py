@@ -62,3 +62,30 @@ def test_stop_and_seed(tiny_model_dir):
     stop = first[3:5]
     cut = model.chat(question, seed=7, stop=[stop])
     assert cut == first[: first.find(stop)] and stop not in cut
+
+
+def test_threads_asking_for_the_engine_at_once_share_one(tiny_model_dir, monkeypatch):
+    """TF-GRPO's first rollouts ask for the engine from many threads at once; each used to build its own."""
+    import threading
+    import time
+
+    import gym.infer.chat as chat_module
+
+    built = []
+    real = chat_module.build_engine
+
+    def slow_build(*args, **kwargs):
+        time.sleep(0.2)  # the window in which the other threads arrive
+        built.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(chat_module, "build_engine", slow_build)
+    model = ChatModel({"model_name_or_path": str(tiny_model_dir)})
+    engines = []
+    threads = [threading.Thread(target=lambda: engines.append(model.engine)) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    model.close()
+    assert len(built) == 1 and len({id(e) for e in engines}) == 1

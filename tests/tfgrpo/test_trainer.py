@@ -157,7 +157,7 @@ def test_a_malformed_updater_answer_is_retried_then_skipped(tmp_path, caplog):
         library = trainer.train(rows("mix 1", "mix 2", "mix 3", "mix 4"), "accuracy")
     assert llm.calls["batch_update"] == 3
     assert len(library) == 0
-    assert "Skipped a batch_update answer after 3 tries: no JSON list or object" in caplog.text
+    assert "Skipped the batch_update answer after 3 tries: no JSON list or object" in caplog.text
     retries = [m for role, m in llm.log if role == "batch_update"]
     assert retries[1][-1]["content"].startswith("Your answer could not be read: no JSON list or object")
     assert retries[1][-2] == {"role": "assistant", "content": "Here are my thoughts, but no JSON."}

@@ -9,6 +9,7 @@ training), else the model's generation_config, else Gym's defaults (gym.config.g
 from __future__ import annotations
 
 import logging
+import threading
 import weakref
 from collections.abc import Iterator
 from dataclasses import fields
@@ -72,6 +73,7 @@ class ChatModel:
         self._engine_options: dict[str, Any] = {"max_batch_size": max_batch_size, "max_waiting": max_waiting,
                                                 "variants": variants}
         self._engine: Engine | None = None
+        self._engine_lock = threading.Lock()  # threads asking for the engine at once must get one engine, not one each
 
     def _load_hf_model(self) -> Any:
         model = load_causal_lm(self.model_path, self.model_args, dtype=self._dtype())
@@ -105,7 +107,11 @@ class ChatModel:
     @property
     def engine(self) -> Engine:
         """The inference engine, started on first use (a background thread for hf)."""
-        if self._engine is None:
+        if self._engine is not None:
+            return self._engine
+        with self._engine_lock:
+            if self._engine is not None:
+                return self._engine
             engine = build_engine(self.model_args, model=self.model, tokenizer=self.tokenizer,
                                   model_path=self.model_path, adapters=self.adapters,
                                   stop_token_ids=self.chat_format.stop_token_ids(), **self._engine_options)

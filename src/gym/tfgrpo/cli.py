@@ -75,10 +75,17 @@ def train(config: GRPOConfig, job: TFGRPOJob, local: dict[str, Any]) -> int:
         (out / "usage.json").write_text(json.dumps(trainer.usage.to_json(), indent=1) + "\n", encoding="utf-8")
     held = f"; {len(held_out)} queries held out for `gym tfgrpo eval`" if held_out else ""
     print(f"Library after step {library.step} ({len(library)} experiences), trained on {len(tasks)} queries{held}:")
-    print(library.render() or "(empty: no group had rollouts with different rewards)")
+    print(library.render() or _why_empty(trainer))
     print(f"\nUsage (this process):\n{trainer.usage.report(config.prices)}")
     print(f"\nSaved {out / LIBRARY_FILE}")
     return 0
+
+
+def _why_empty(trainer: TrainingFreeGRPO) -> str:
+    if not any(step.partial_groups for step in trainer.history):
+        return "(empty: in every group all rollouts scored the same, so there was nothing to compare)"
+    return ("(empty: the updater proposed no change that could be read; see the warnings above, or use a stronger "
+            "updater_model)")
 
 
 def _library(job: TFGRPOJob) -> ExperienceLibrary | None:

@@ -31,7 +31,8 @@ ADVANTAGE_SYSTEM = (
     "the better attempts did that the worse ones did not. Write at most {k} lesson(s) that would help on "
     "similar tasks in future. Each lesson: one sentence of at most {words} words that starts with the kind "
     "of situation it applies to (\"When ...\"), states a strategy, not a calculation, and names no numbers "
-    "or entities specific to this task. Answer with a JSON list of strings, and nothing else.")
+    "or entities specific to this task. Answer with a JSON list of strings, and nothing else, e.g.\n"
+    "[\"When a problem has several steps, write down each intermediate result before using it.\"]")
 
 GROUP_UPDATE_SYSTEM = (
     "You maintain a numbered library of lessons for solving tasks. Given the library and new lessons, "
@@ -42,7 +43,9 @@ GROUP_UPDATE_SYSTEM = (
     "- NONE: the library already covers it.\n"
     "Each lesson text is at most {words} words. Answer with a JSON list of objects "
     "{{\"operation\": \"ADD|UPDATE|DELETE|NONE\", \"id\": <number or null>, \"content\": \"<text or null>\"}}, "
-    "and nothing else.")
+    "and nothing else, e.g.\n"
+    "[{{\"operation\": \"UPDATE\", \"id\": 2, \"content\": \"When ..., ...\"}}, "
+    "{{\"operation\": \"ADD\", \"id\": null, \"content\": \"When ..., ...\"}}]")
 
 BATCH_UPDATE_SYSTEM = (
     "You maintain a numbered library of lessons for solving tasks. Reviewers proposed the operations below, "

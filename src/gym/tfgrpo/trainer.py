@@ -154,7 +154,7 @@ class TrainingFreeGRPO:
                 error = str(exc)
                 conversation = [*conversation, {"role": "assistant", "content": answer.text},
                                 prompts.correction(error)]
-        logger.warning("Skipped a %s answer after %d tries: %s (last answer: %r)", role,
+        logger.warning("Skipped the %s answer after %d tries: %s (last answer: %r)", role,
                        self.config.max_parse_retries + 1, error, answer.text[:200])
         return None
 
