@@ -74,7 +74,8 @@ def main() -> None:
     state = json.loads((out / "tfgrpo_state.json").read_text())
     library = json.loads((out / "experiences.json").read_text())
     print(f"\n## Training-Free GRPO through gym api (embedded model, {args.infer_dtype}), run folder {out}")
-    print(f"train: {state['queries']} queries, {args.epochs} epoch(s), {len(state['history'])} steps, {trained:.0f} s")
+    queries = state["queries"].split(":")[0]
+    print(f"train: {queries} queries, {args.epochs} epoch(s), {len(state['history'])} steps, {trained:.0f} s")
     print(f"\n| | Mean@{args.k} | Pass@{args.k} |\n|---|---|---|")
     for name in ("baseline", "with experiences"):
         if name in results:

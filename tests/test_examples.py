@@ -144,3 +144,19 @@ def test_training_example_runs_and_trains_what_it_says(name, tmp_path, embedded_
     weights = "adapter_model.safetensors" if yaml["finetuning_type"] == "lora" else "model.safetensors"
     assert (out / weights).is_file()
     TRAINING_CHECKS[name](out, yaml, embedded_dir)
+
+
+@pytest.mark.slow
+def test_tfgrpo_example_runs_on_the_embedded_model(tmp_path, embedded_dir, capsys):
+    """examples/tfgrpo_arithmetic.yaml, shortened: one batch of 4 queries, groups of 2, short answers."""
+    from gym.cli import main
+
+    config = str(REPO / "examples" / "tfgrpo_arithmetic.yaml")
+    short = [f"output_dir={tmp_path / 'tfgrpo'}", f"dataset_dir={REPO / 'data'}", "max_samples=6", "val_size=2",
+             "batch_size=4", "group_size=2", "max_tokens=24", "update_max_tokens=24", "eval_samples=1",
+             "max_parse_retries=0"]
+    assert main(["tfgrpo", "train", config, *short]) == 0
+    state = json.loads((tmp_path / "tfgrpo" / "tfgrpo_state.json").read_text())
+    assert state["next"] == [1, 0] and len(state["history"]) == 1
+    assert main(["tfgrpo", "eval", config, *short]) == 0
+    assert "Mean@1" in capsys.readouterr().out

@@ -50,7 +50,8 @@ add --debug to any command to see tracebacks."""
 
 def _setup_logging(debug: bool) -> None:
     logging.basicConfig(level=logging.DEBUG if debug else logging.INFO, format="[gym] %(message)s")
-    for noisy in ("transformers", "peft", "datasets", "accelerate", "httpx", "filelock", "urllib3", "matplotlib"):
+    for noisy in ("transformers", "peft", "datasets", "accelerate", "httpx", "httpx2", "openai", "filelock", "urllib3",
+                  "matplotlib"):
         logging.getLogger(noisy).setLevel(logging.DEBUG if debug else logging.WARNING)
     # Optional kernels these libraries look for at import (and torch's notes about them) are not the user's
     # concern: bitsandbytes and torchao work without them here.

@@ -232,7 +232,7 @@ class TrainingFreeGRPO:
         cfg = self.config
         tasks = tasks_from(dataset, dataset_dir)
         scorer = build_scorer(reward_fn, reward_weights, judge=self.judge)
-        run = _RunFolder(Path(output_dir), cfg, len(tasks), overwrite) if output_dir is not None else None
+        run = _RunFolder(Path(output_dir), cfg, _digest(tasks), overwrite) if output_dir is not None else None
         if run is not None and cfg.cache_calls:
             cache = CallCache(run.root / CALLS_FILE)
             self._rollout_llm, self._update_llm = CachedLLM(self.model, cache), CachedLLM(self.updater, cache)
@@ -284,9 +284,11 @@ class TrainingFreeGRPO:
         scorer = build_scorer(reward_fn, reward_weights, judge=self.judge)
         library = experiences if experiences is not None else ExperienceLibrary()
         jobs = [(t, s) for t in range(len(tasks)) for s in range(k)]
+        started = time.perf_counter()
         answers = self._map(lambda job: self._ask(
             "eval", self.model, self.rollout_messages(tasks[job[0]], library), cfg.temperature_eval, cfg.max_tokens,
             seed=_seed(cfg.seed, "eval", *job)).text, jobs)
+        self.usage.seconds += time.perf_counter() - started
         scores = scorer([tasks[t] for t, _ in jobs], answers)
         per_task = [scores[t * k:(t + 1) * k] for t in range(len(tasks))]
         return EvalResult(k, sum(scores) / len(scores), sum(max(s) >= 1.0 - 1e-9 for s in per_task) / len(tasks),
@@ -299,10 +301,16 @@ class TrainingFreeGRPO:
                 close()
 
 
+def _digest(tasks: list[Task]) -> str:
+    """Which queries a run learns from (a resumed run must see the same ones, in the same order)."""
+    blob = json.dumps([[t.messages, t.answer, t.system] for t in tasks], ensure_ascii=False, sort_keys=True)
+    return f"{len(tasks)}:{hashlib.sha256(blob.encode()).hexdigest()[:16]}"
+
+
 class _RunFolder:
     """output_dir of a run: the state (library, next batch, history) after every batch, and each step's library."""
 
-    def __init__(self, root: Path, config: GRPOConfig, queries: int, overwrite: bool) -> None:
+    def __init__(self, root: Path, config: GRPOConfig, queries: str, overwrite: bool) -> None:
         self.root, self.config, self.queries = root, config, queries
         self.state_path = root / STATE_FILE
         if overwrite and root.is_dir():
