@@ -78,3 +78,29 @@ def test_named_template_that_disagrees_with_tokenizer_warns(tokenizer, caplog):
 def test_unknown_template_suggests(tokenizer):
     with pytest.raises(ConfigError, match="Did you mean 'llama3'"):
         get_chat_format(tokenizer, "lama3")
+
+
+CONVERSATIONS = [
+    ([{"role": "user", "content": "Hi {there}"}, {"role": "assistant", "content": "Hello 'x'\n"}], None),
+    ([{"role": "user", "content": "Q1"}, {"role": "assistant", "content": "A1"}, {"role": "user", "content": "Q2"},
+      {"role": "assistant", "content": "<think>hm</think>A2"}], "Be brief."),
+    ([{"role": "user", "content": "Q1"}, {"role": "assistant", "content": "A1"},
+      {"role": "observation", "content": "obs"}, {"role": "assistant", "content": "A2"}], "S"),
+]
+
+
+@pytest.mark.parametrize("name", sorted(TEMPLATES))
+@pytest.mark.parametrize("thinking", [True, False])
+@pytest.mark.parametrize("default_system", [None, "Default system."])
+def test_jinja_export_renders_exactly_what_the_named_template_renders(tokenizer, name, thinking, default_system):
+    """Exports carry the trained format as a Jinja chat template; transformers' renderer must give the same text."""
+    from gym.data.templates import ChatFormat, jinja_chat_template
+
+    chat = ChatFormat(tokenizer, TEMPLATES[name], default_system, thinking)
+    jinja = jinja_chat_template(TEMPLATES[name], tokenizer.eos_token, default_system, thinking)
+    for messages, system in CONVERSATIONS:
+        hf = ([{"role": "system", "content": system}] if system else []) + messages
+        whole = tokenizer.apply_chat_template(hf, chat_template=jinja, tokenize=False)
+        assert whole == "".join(p + r for p, r in chat.render_pairs(messages, system))
+        prompt = tokenizer.apply_chat_template(hf[:-1], chat_template=jinja, tokenize=False, add_generation_prompt=True)
+        assert prompt == chat.render_prompt(messages[:-1], system)
