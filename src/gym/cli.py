@@ -42,6 +42,7 @@ commands:
   soup init|contribute|status|aggregate|rewards    community merge of many users' deltas (`gym soup -h`)
   variants create|add|list|delete|chat|export STORE  per-user fine-tunes as 1-bit deltas (`gym variants -h`)
   tfgrpo train|eval CONFIG [key=value ...]         Training-Free GRPO: learn a library of lessons in the prompt
+  export CONFIG --export_dir DIR [--format hf]     the trained model for other tools (`gym export -h`)
   env                                              versions of Python, torch and the HF stack, and the device
   version                                          Gym's version
 
@@ -249,6 +250,12 @@ def cmd_tfgrpo(argv: list[str]) -> int:
     return tfgrpo_main(argv)
 
 
+def cmd_export(argv: list[str]) -> int:
+    from gym.export.cli import main as export_main
+
+    return export_main(argv)
+
+
 def cmd_env(argv: list[str]) -> int:
     import platform
 
@@ -290,6 +297,7 @@ COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "soup": cmd_soup,
     "variants": cmd_variants,
     "tfgrpo": cmd_tfgrpo,
+    "export": cmd_export,
     "env": cmd_env,
     "version": cmd_version,
 }

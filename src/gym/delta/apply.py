@@ -61,11 +61,12 @@ def write_applied(base_ref: str, delta_path: str | os.PathLike[str], out: str | 
                              overwrite=overwrite)
 
 
-def save_model_folder(model: Any, tokenizer_path: str, out: str | os.PathLike[str],
-                      manifest: dict[str, Any], overwrite: bool = False) -> Path:
-    """A model folder (weights, the tokenizer from tokenizer_path, gym_manifest.json) written under a temporary
+def save_model_folder(model: Any, tokenizer: str | Any, out: str | os.PathLike[str],
+                      manifest: dict[str, Any], overwrite: bool = False,
+                      max_shard_size: int | str | None = None) -> Path:
+    """A model folder (weights, the tokenizer or the one at a path, gym_manifest.json) written under a temporary
     name and renamed into place, so a crash never leaves a half-written folder where a model was. An existing
-    model there is replaced only with `overwrite`."""
+    model there is replaced only with `overwrite`. `max_shard_size`: safetensors shards of at most this size."""
     out = Path(out)
     refuse_overwrite(out, overwrite, folder=True)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -74,8 +75,8 @@ def save_model_folder(model: Any, tokenizer_path: str, out: str | os.PathLike[st
     tmp = temp_path(out)
     shutil.rmtree(tmp, ignore_errors=True)
     try:
-        model.save_pretrained(tmp)
-        load_tokenizer(tokenizer_path).save_pretrained(tmp)
+        model.save_pretrained(tmp, **({"max_shard_size": max_shard_size} if max_shard_size is not None else {}))
+        (load_tokenizer(tokenizer) if isinstance(tokenizer, str) else tokenizer).save_pretrained(tmp)
         (tmp / MANIFEST_FILE).write_text(json.dumps(
             {"what": "model", **manifest, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}, indent=2))
         if out.exists():

@@ -1,0 +1,62 @@
+"""What `gym export` reads besides the model keys: where to write, which format, and how."""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass
+from typing import Any
+
+from gym.config.coerce import coerce
+from gym.core.errors import ConfigError
+from gym.core.names import did_you_mean
+
+FORMATS = ("hf",)
+DTYPES = ("auto", "float32", "float16", "bfloat16")
+# The CLI's short spellings (`--format gguf`), as the seeds and the issue write them.
+ALIASES = {"format": "export_format", "quantization": "export_quantization", "overwrite": "export_overwrite",
+           "dtype": "export_dtype"}
+
+
+@dataclass
+class ExportArguments:
+    export_dir: str | None = None
+    """The folder (or file, for single-file formats) to write."""
+    export_format: str = "hf"
+    export_quantization: str | None = None
+    export_size: float = 5.0
+    """hf: the largest safetensors shard, in GB (LLaMA-Factory's key)."""
+    export_dtype: str = "auto"
+    """hf: float32, float16, bfloat16, or auto (the dtype the base model was saved in)."""
+    export_overwrite: bool = False
+    delta: str | None = None
+    """A BitDelta/DeltaQuant file (`gym delta compress`) applied to the base: the export is the rebuilt model."""
+
+    def __post_init__(self) -> None:
+        if self.export_format not in FORMATS:
+            raise ConfigError(f"Unknown export format {self.export_format!r}."
+                              f"{did_you_mean(self.export_format, FORMATS)} Available: {', '.join(FORMATS)}.")
+        if self.export_dtype not in DTYPES:
+            raise ConfigError(f"export_dtype must be one of {', '.join(DTYPES)}, got {self.export_dtype!r}.")
+        if not self.export_size > 0:
+            raise ConfigError(f"export_size (GB per shard) must be positive, got {self.export_size}.")
+        if self.export_format == "hf" and self.export_quantization is not None:
+            raise ConfigError("export_quantization applies to single-file formats; an hf export is saved at "
+                              "export_dtype (float32, float16 or bfloat16).")
+        if not self.export_dir:
+            raise ConfigError("Set export_dir: `gym export CONFIG --export_dir DIR`.")
+
+
+def parse_export(config: dict[str, Any]) -> tuple[ExportArguments, dict[str, Any]]:
+    """(the export keys, the rest: the model keys of `gym chat`, checked when the model loads)."""
+    hints = typing.get_type_hints(ExportArguments)
+    names = {f.name for f in dataclasses.fields(ExportArguments)}
+    export: dict[str, Any] = {}
+    rest: dict[str, Any] = {}
+    for raw_key, value in config.items():
+        key = ALIASES.get(str(raw_key).replace("-", "_"), str(raw_key).replace("-", "_"))
+        if key in names:
+            export[key] = coerce(key, value, hints[key])
+        else:
+            rest[raw_key] = value
+    return ExportArguments(**export), rest

@@ -1,0 +1,87 @@
+"""`gym export --format hf`: one model folder that any Hugging Face tool loads as it is.
+
+The base with every adapter merged in (LoRA, DoRA, PiSSA as saved by training, OFT/BOFT), or rebuilt
+from a delta file, cast to `export_dtype` and saved as safetensors shards of at most `export_size` GB.
+The tokenizer goes with it, carrying the chat format the model was trained with: a named Gym template
+is written as the equivalent Jinja chat template, so transformers, vLLM and llama.cpp prompt it as Gym
+did. generation_config.json holds the decoding settings training saved and the end-of-turn tokens.
+
+An adapter trained on a quantized base (QLoRA) is merged onto the unquantized base: merging into 4-bit
+weights would round the adapter away.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+from peft import PeftModel
+from transformers import AutoConfig
+
+from gym.config.parser import get_infer_args
+from gym.core.names import split_names
+from gym.data.templates import get_chat_format, jinja_chat_template
+from gym.delta.apply import apply_delta, save_model_folder
+from gym.delta.format import load_delta
+from gym.export.config import ExportArguments
+from gym.infer.config import resolve_inference_config
+from gym.models.loader import generation_defaults, load_causal_lm, load_tokenizer, resolve_model_path
+
+logger = logging.getLogger(__name__)
+
+_QUANTIZATION_KEYS = ("quantization_bit", "quantization_method", "quantization_type", "double_quantization",
+                      "quantization_group_size")
+_GENERATION_KEYS = ("do_sample", "temperature", "top_p", "top_k", "repetition_penalty", "max_new_tokens")
+
+
+def _dtype(choice: str, model_path: str) -> torch.dtype:
+    if choice != "auto":
+        return getattr(torch, choice)
+    saved = getattr(AutoConfig.from_pretrained(model_path), "dtype", None)
+    if isinstance(saved, str):
+        saved = getattr(torch, saved, None)
+    return saved if isinstance(saved, torch.dtype) else torch.float32
+
+
+def load_merged(config: dict[str, Any], delta: str | None = None) -> tuple[Any, Any, Any, dict[str, Any], str]:
+    """(model with every adapter merged in, tokenizer, chat format, decoding settings, base model path)."""
+    resolved = resolve_inference_config(config)
+    dropped = [k for k in _QUANTIZATION_KEYS if resolved.pop(k, None) is not None]
+    if dropped:
+        logger.info("Merging onto the unquantized base (the adapter was trained with %s).", ", ".join(dropped))
+    model_args, data_args, _, generating = get_infer_args({k: v for k, v in resolved.items() if k != "output_dir"})
+    model_path = resolve_model_path(model_args.model_name_or_path)
+    tokenizer = load_tokenizer(model_path, model_args)
+    model = load_causal_lm(model_path, model_args, dtype=torch.float32)
+    for adapter in split_names(model_args.adapter_name_or_path):
+        model = PeftModel.from_pretrained(model, adapter).merge_and_unload()
+    if delta is not None:
+        entries, header = load_delta(delta)
+        apply_delta(model, entries, header, delta)
+    chat = get_chat_format(tokenizer, data_args.template, data_args.default_system, data_args.enable_thinking)
+    decoding = generating.resolve(generation_defaults(model_path))
+    return model.eval(), tokenizer, chat, decoding, model_path
+
+
+def export_hf(args: ExportArguments, config: dict[str, Any]) -> Path:
+    assert args.export_dir is not None  # ExportArguments requires it
+    model, tokenizer, chat, decoding, model_path = load_merged(config, args.delta)
+    model = model.to(_dtype(args.export_dtype, model_path))
+    if chat.template is not None:
+        tokenizer.chat_template = jinja_chat_template(chat.template, tokenizer.eos_token or "", chat.default_system,
+                                                      chat.enable_thinking)
+    generation = model.generation_config
+    for key in _GENERATION_KEYS:
+        if key in decoding:
+            setattr(generation, key, decoding[key])
+    generation.eos_token_id = chat.stop_token_ids()
+    if generation.pad_token_id is None and tokenizer.pad_token_id is not None:
+        generation.pad_token_id = tokenizer.pad_token_id
+    manifest = {"made_by": "gym export", "format": "hf", "base_model": str(config.get("model_name_or_path") or
+                                                                            model_path),
+                "adapters": split_names(config.get("adapter_name_or_path")), "delta": args.delta,
+                "chat_template": chat.name, "dtype": str(model.dtype).removeprefix("torch.")}
+    return save_model_folder(model, tokenizer, args.export_dir, manifest, overwrite=args.export_overwrite,
+                             max_shard_size=f"{int(args.export_size * 1000)}MB")

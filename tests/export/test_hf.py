@@ -1,0 +1,89 @@
+"""`gym export --format hf`: the merged model, sharded, with the trained chat template and decoding settings."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from gym.cli import main
+from gym.core.files import MANIFEST_FILE
+from gym.infer.chat import ChatModel
+from gym.train.run import run_exp
+
+PROMPT = [{"role": "user", "content": "Add 2 and 3."}]
+
+
+def _logits(model, ids):
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0]
+
+
+def test_lora_export_equals_the_served_model_and_carries_its_format(train_config, tmp_path, capsys):
+    result = run_exp(train_config(template="llama3", default_system="Answer briefly.", temperature=0.3, top_p=0.8,
+                                  cutoff_len=256))
+    out = tmp_path / "export"
+    assert main(["export", "--output_dir", result.output_dir, "--export_dir", str(out), "--export_size", "0.0004"]) == 0
+    assert f"Exported {out}" in capsys.readouterr().out
+    shards = sorted(p.name for p in out.glob("*.safetensors"))
+    assert len(shards) > 1 and (out / "model.safetensors.index.json").is_file()  # 0.4 MB shards of a ~2 MB model
+
+    served = ChatModel({"adapter_name_or_path": result.output_dir})
+    exported = AutoModelForCausalLM.from_pretrained(out)
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    prompt = served.render(PROMPT)
+    # The format the adapter was trained with (llama3 + its default system), rendered by transformers alone:
+    text = tokenizer.apply_chat_template(PROMPT, add_generation_prompt=True, tokenize=False)
+    assert "Answer briefly." in text and tokenizer.encode(text, add_special_tokens=False) == prompt
+    assert torch.allclose(_logits(exported, prompt), _logits(served.model, prompt), atol=1e-5)
+    generation = exported.generation_config
+    assert generation.temperature == 0.3 and generation.top_p == 0.8
+    assert set(served.chat_format.stop_token_ids()) == set(generation.eos_token_id)
+    manifest = json.loads((out / MANIFEST_FILE).read_text())
+    assert manifest["format"] == "hf" and manifest["chat_template"] == "llama3"
+    served.close()
+
+
+def test_dtype_and_overwrite(train_config, tiny_model_dir, tmp_path, capsys):
+    out = tmp_path / "bf16"
+    assert main(["export", "--model_name_or_path", str(tiny_model_dir), "--export_dir", str(out),
+                 "--export_dtype", "bfloat16"]) == 0
+    model = AutoModelForCausalLM.from_pretrained(out, dtype="auto")
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    assert main(["export", "--model_name_or_path", str(tiny_model_dir), "--export_dir", str(out)]) == 2
+    assert "--overwrite" in capsys.readouterr().err
+    assert main(["export", "--model_name_or_path", str(tiny_model_dir), "--export_dir", str(out), "--overwrite"]) == 0
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temporary left behind
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--format", "gguff"], "Unknown export format 'gguff'"),
+    (["--export_dtype", "fp8"], "export_dtype must be one of"),
+    (["--quantization", "q4_0"], "export_quantization applies to single-file formats"),
+    ([], "Set export_dir"),
+])
+def test_bad_export_options_exit_2(tiny_model_dir, tmp_path, capsys, args, message):
+    dest = [] if message == "Set export_dir" else ["--export_dir", str(tmp_path / "x")]
+    assert main(["export", "--model_name_or_path", str(tiny_model_dir), *dest, *args]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_delta_file_exports_as_the_rebuilt_model(make_finetune, tiny_model_dir, tmp_path):
+    """A BitDelta/DeltaQuant file exports as base + delta: the same weights `gym delta apply` writes."""
+    from gym.delta.apply import write_applied
+    from gym.delta.cli import main as delta_main
+
+    tuned = make_finetune(lambda name, p: p.add_(0.01 * torch.randn_like(p)) if p.ndim == 2 else None)
+    delta = tmp_path / "d.safetensors"
+    assert delta_main(["compress", "--base", str(tiny_model_dir), "--finetuned", str(tuned), "--method", "int8",
+                       "-o", str(delta)]) == 0
+    out = tmp_path / "exported"
+    assert main(["export", "--model_name_or_path", str(tiny_model_dir), "--delta", str(delta),
+                 "--export_dir", str(out)]) == 0
+    applied = write_applied(str(tiny_model_dir), delta, tmp_path / "applied")
+    a = AutoModelForCausalLM.from_pretrained(out).state_dict()
+    b = AutoModelForCausalLM.from_pretrained(applied).state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
