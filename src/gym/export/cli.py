@@ -18,8 +18,13 @@ def main(argv: list[str]) -> int:
         print(USAGE)
         return 0
     args, config = parse_export(parse_cli_args(argv))
-    from gym.export.hf import export_hf
+    if args.export_format == "gguf":
+        from gym.export.gguf import export_gguf
 
-    out = export_hf(args, config)
+        out = export_gguf(args, config)
+    else:
+        from gym.export.hf import export_hf
+
+        out = export_hf(args, config)
     print(f"Exported {out}")
     return 0

@@ -11,7 +11,7 @@ from gym.config.coerce import coerce
 from gym.core.errors import ConfigError
 from gym.core.names import did_you_mean
 
-FORMATS = ("hf",)
+FORMATS = ("hf", "gguf")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 # The CLI's short spellings (`--format gguf`), as the seeds and the issue write them.
 ALIASES = {"format": "export_format", "quantization": "export_quantization", "overwrite": "export_overwrite",
@@ -40,6 +40,12 @@ class ExportArguments:
             raise ConfigError(f"export_dtype must be one of {', '.join(DTYPES)}, got {self.export_dtype!r}.")
         if not self.export_size > 0:
             raise ConfigError(f"export_size (GB per shard) must be positive, got {self.export_size}.")
+        if self.export_format == "gguf" and self.export_quantization is not None:
+            from gym.export.gguf_file import TYPES
+
+            if self.export_quantization not in TYPES:
+                raise ConfigError(f"Unknown GGUF quantization {self.export_quantization!r}."
+                                  f"{did_you_mean(self.export_quantization, TYPES)} Choose one of: {', '.join(TYPES)}.")
         if self.export_format == "hf" and self.export_quantization is not None:
             raise ConfigError("export_quantization applies to single-file formats; an hf export is saved at "
                               "export_dtype (float32, float16 or bfloat16).")

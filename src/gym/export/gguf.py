@@ -1,0 +1,49 @@
+"""`gym export --format gguf --quantization Q`: the merged model as one GGUF file for llama.cpp and Ollama.
+
+The model is merged as for `--format hf` (gym.export.hf.load_merged), its tokenizer saved with the trained
+chat template, then written by gym.export.gguf_file under a temporary name in export_dir and renamed to
+`<name>-<QUANT>.gguf` (or to export_dir itself when it ends in .gguf), after a check of free space.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from gym.core.files import check_free_space, refuse_overwrite, remove_stale_temps, temp_path
+from gym.data.templates import jinja_chat_template
+from gym.export.config import ExportArguments
+from gym.export.gguf_file import write_gguf
+from gym.export.hf import load_merged
+
+
+def gguf_path(export_dir: str, name: str, quantization: str) -> Path:
+    target = Path(export_dir)
+    return target if target.suffix == ".gguf" else target / f"{name}-{quantization.upper()}.gguf"
+
+
+def export_gguf(args: ExportArguments, config: dict[str, Any]) -> Path:
+    assert args.export_dir is not None
+    quantization = args.export_quantization or "f16"
+    model, tokenizer, chat, _, model_path = load_merged(config, args.delta)
+    name = Path(str(config.get("adapter_name_or_path") or config.get("output_dir") or model_path).rstrip("/")).name
+    out = gguf_path(args.export_dir, name, quantization)
+    refuse_overwrite(out, args.export_overwrite)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temps(out.parent)
+    # The largest case is F32: 4 bytes a weight, plus the tokenizer.
+    check_free_space(out, sum(p.numel() for p in model.parameters()) * (4 if quantization == "f32" else 2))
+    if chat.template is not None:
+        tokenizer.chat_template = jinja_chat_template(chat.template, tokenizer.eos_token or "", chat.default_system,
+                                                      chat.enable_thinking)
+    tmp = temp_path(out)
+    try:
+        with tempfile.TemporaryDirectory() as tokenizer_dir:
+            tokenizer.save_pretrained(tokenizer_dir)
+            write_gguf(model, tokenizer, Path(tokenizer_dir), tmp, quantization, name)
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return out
