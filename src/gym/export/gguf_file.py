@@ -9,7 +9,9 @@ Architectures: the llama family (Llama, SmolLM, Mistral: arch `llama`) and Qwen2
 - tensors renamed with the gguf package's own HF -> GGUF map. For arch `llama` the q and k projections
   are permuted: transformers keeps each head's rotary pairs as two halves, llama.cpp's llama graph
   expects them interleaved (Qwen's graph uses the halves, so Qwen's are written as they are).
-- 1-D tensors (norms, biases) stay F32; every matrix takes the requested type.
+- 1-D tensors (norms, biases) stay F32. Every matrix takes the requested type, except in the K-quant presets
+  (q4_k_m, q5_k_m, q6_k), which mix types per tensor as llama-quantize does (`mix_type`); their K types are
+  written by gym.export.kquants.
 
 The format is documented in the gguf package and llama.cpp's docs; this file is our own code on the
 gguf package's writer and quantizers.
@@ -27,6 +29,7 @@ import numpy as np
 import torch
 
 from gym.core.errors import ConfigError
+from gym.export.kquants import quantize_k
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +47,13 @@ TYPES: dict[str, tuple[gguf.GGMLQuantizationType, gguf.LlamaFileType]] = {
     "q4_1": (Q.Q4_1, gguf.LlamaFileType.MOSTLY_Q4_1),
     "q5_0": (Q.Q5_0, gguf.LlamaFileType.MOSTLY_Q5_0),
     "q5_1": (Q.Q5_1, gguf.LlamaFileType.MOSTLY_Q5_1),
+    "q4_k_m": (Q.Q4_K, gguf.LlamaFileType.MOSTLY_Q4_K_M),
+    "q5_k_m": (Q.Q5_K, gguf.LlamaFileType.MOSTLY_Q5_K_M),
+    "q6_k": (Q.Q6_K, gguf.LlamaFileType.MOSTLY_Q6_K),
 }
+K_TYPES = (Q.Q4_K, Q.Q5_K, Q.Q6_K)
+# llama.cpp's substitutes for a K type when a row is not a whole number of 256-value super-blocks.
+K_FALLBACK = {Q.Q4_K: Q.Q5_0, Q.Q5_K: Q.Q5_1, Q.Q6_K: Q.Q8_0}
 
 # llama.cpp picks its pre-tokenizer (the regex that splits text before BPE) by name. We name it from the
 # model family and vocabulary, the facts that decide it for the families exported here.
@@ -159,6 +168,30 @@ def _tensors(model: Any, arch: gguf.MODEL_ARCH) -> Iterator[tuple[str, torch.Ten
         yield name, tensor
 
 
+def _more_bits(layer: int, layers: int) -> bool:
+    """The layers whose attn_v and ffn_down a _M mix keeps at Q6_K: the first and last eighth, and every third."""
+    return layer < layers // 8 or layer >= 7 * layers // 8 or (layer - layers // 8) % 3 == 2
+
+
+def mix_type(quantization: str, name: str, row: int, layers: int, tied: bool) -> gguf.GGMLQuantizationType:
+    """The type of one matrix in a K-quant file, by llama-quantize's rules for Q4_K_M / Q5_K_M / Q6_K:
+    - the output matrix (the embedding, when tied) gets Q6_K, or Q8_0 when its rows do not fill 256 blocks;
+    - in the _M mixes, attn_v and ffn_down get Q6_K in the layers `_more_bits` picks;
+    - everything else gets the preset's type; then a K type whose rows do not fill 256 blocks falls back to
+      Q5_0 (for Q4_K), Q5_1 (Q5_K) or Q8_0 (Q6_K)."""
+    default = TYPES[quantization][0]
+    chosen = default
+    if name == "output.weight" or (tied and name == "token_embd.weight"):
+        chosen = Q.Q6_K if row % 256 == 0 else Q.Q8_0
+    elif quantization.endswith("_m") and name.startswith("blk."):
+        layer = int(name.split(".")[1])
+        if (".attn_v." in name or ".ffn_down." in name) and _more_bits(layer, layers):
+            chosen = Q.Q6_K
+    if chosen in K_TYPES and row % 256:
+        chosen = K_FALLBACK[chosen]
+    return chosen
+
+
 def encode_tensor(tensor: torch.Tensor, qtype: gguf.GGMLQuantizationType
                   ) -> tuple[np.ndarray, gguf.GGMLQuantizationType]:
     """The bytes (or array) to store and their type: 1-D tensors stay F32; a matrix whose rows do not fill whole
@@ -168,6 +201,8 @@ def encode_tensor(tensor: torch.Tensor, qtype: gguf.GGMLQuantizationType
         return data, Q.F32
     if qtype == Q.F16:
         return data.astype(np.float16), Q.F16
+    if qtype in K_TYPES:
+        return quantize_k(data, qtype.name), qtype
     block = gguf.GGML_QUANT_SIZES[qtype][0]
     if data.shape[-1] % block:
         logger.warning("A row of %d values is not a whole number of %s blocks (%d): stored as F16.",
@@ -185,8 +220,12 @@ def write_gguf(model: Any, tokenizer: Any, tokenizer_dir: Path, path: Path, quan
     writer = gguf.GGUFWriter(path, gguf.MODEL_ARCH_NAMES[arch])
     _write_hparams(writer, model.config, name, file_type)
     _write_vocab(writer, tokenizer, tokenizer_dir, model.config)
+    tied = bool(getattr(model.config, "tie_word_embeddings", False))
     for tensor_name, tensor in _tensors(model, arch):
-        data, stored = encode_tensor(tensor, qtype)
+        wanted = qtype
+        if qtype in K_TYPES and tensor.ndim == 2:
+            wanted = mix_type(quantization, tensor_name, tensor.shape[-1], model.config.num_hidden_layers, tied)
+        data, stored = encode_tensor(tensor, wanted)
         writer.add_tensor(tensor_name, data, raw_dtype=stored if stored not in (Q.F32, Q.F16) else None)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
