@@ -1,16 +1,18 @@
-"""`gym export CONFIG [--export_dir DIR] [--format hf] [--export_dtype D] [--export_size GB] [--overwrite]`."""
+"""`gym export CONFIG --export_dir DIR [--format hf|gguf|gguf-lora] [--quantization Q] [key=value ...]`."""
 
 from __future__ import annotations
 
 from gym.config.files import parse_cli_args
 from gym.export.config import parse_export
 
-USAGE = """usage: gym export CONFIG [--export_dir DIR] [--format hf] [--export_dtype auto|float32|float16|bfloat16]
-                  [--export_size GB] [--delta FILE] [--overwrite] [key=value ...]
+USAGE = """usage: gym export CONFIG --export_dir DIR [--format hf|gguf|gguf-lora] [--quantization Q]
+                  [--export_dtype auto|float32|float16|bfloat16] [--export_size GB] [--delta FILE] [--overwrite]
 
 CONFIG names the model as `gym chat` does (model_name_or_path, adapter_name_or_path, or a training config whose
 output_dir holds the run). --format hf: the adapters merged into the base, safetensors shards, the tokenizer with
-the trained chat template, generation_config.json. See docs/export.md."""
+the trained chat template, generation_config.json. --format gguf --quantization
+f32|f16|bf16|q8_0|q4_0|q4_1|q5_0|q5_1|q4_k_m|q5_k_m|q6_k: one file for llama.cpp and Ollama. --format gguf-lora: the
+LoRA adapter as a GGUF adapter (llama.cpp --lora). See docs/export.md."""
 
 
 def main(argv: list[str]) -> int:
@@ -22,6 +24,10 @@ def main(argv: list[str]) -> int:
         from gym.export.gguf import export_gguf
 
         out = export_gguf(args, config)
+    elif args.export_format == "gguf-lora":
+        from gym.export.gguf_lora import export_gguf_lora
+
+        out = export_gguf_lora(args, config)
     else:
         from gym.export.hf import export_hf
 

@@ -1,0 +1,122 @@
+"""`gym export --format gguf-lora`: a peft LoRA adapter as a GGUF adapter (llama.cpp `--lora`, Ollama `ADAPTER`).
+
+The file holds, for each adapted matrix `X.weight` of the base (GGUF names), `X.weight.lora_a` (r x in) and
+`X.weight.lora_b` (out x r), with `general.type = adapter`, `adapter.type = lora` and `adapter.lora.alpha`.
+llama.cpp adds `alpha / r * B (A x)` for each pair, r read per tensor. What llama.cpp cannot express is
+folded into B: rsLoRA's alpha / sqrt(r) and peft's per-module `alpha_pattern`. For the llama arch the rows of
+B of q and k are permuted as the base's q/k are (gym.export.gguf_file.permute_for_llama); A is unchanged.
+DoRA (a magnitude vector per matrix) and LoRA on embeddings have no GGUF adapter form: merge them instead
+(`--format gguf`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import gguf
+from safetensors.torch import load_file
+from transformers import AutoConfig
+
+from gym.core.errors import ConfigError
+from gym.core.files import refuse_overwrite, remove_stale_temps, temp_path
+from gym.core.names import split_names
+from gym.export.config import ExportArguments
+from gym.export.gguf_file import arch_of, encode_tensor, permute_for_llama
+from gym.infer.config import resolve_inference_config
+from gym.models.loader import resolve_model_path
+
+ADAPTER_TYPES = ("f32", "f16", "bf16", "q8_0")
+
+
+def _adapter_folder(config: dict[str, Any]) -> tuple[Path, str]:
+    resolved = resolve_inference_config(config)
+    adapters = split_names(resolved.get("adapter_name_or_path"))
+    if len(adapters) != 1:
+        raise ConfigError("gguf-lora exports one LoRA adapter: give adapter_name_or_path (or the output_dir of a "
+                          f"LoRA run); got {len(adapters)} adapters.")
+    return Path(adapters[0]), resolve_model_path(resolved.get("model_name_or_path"))
+
+
+def _module_scale(adapter: dict[str, Any], module: str, rank: int) -> tuple[float, float]:
+    """(the scale peft applies to this module, the one llama.cpp will apply: alpha / rank)."""
+    alpha = float(adapter["lora_alpha"])
+    for pattern, value in (adapter.get("alpha_pattern") or {}).items():
+        if module.endswith(pattern) or pattern in module:
+            alpha = float(value)
+    wanted = alpha / math.sqrt(rank) if adapter.get("use_rslora") else alpha / rank
+    return wanted, float(adapter["lora_alpha"]) / rank
+
+
+def write_gguf_lora(adapter_dir: Path, base_path: str, path: Path, quantization: str = "f32") -> Path:
+    if quantization not in ADAPTER_TYPES:
+        raise ConfigError(f"gguf-lora is written as {', '.join(ADAPTER_TYPES)}; got {quantization!r}.")
+    adapter = json.loads((adapter_dir / "adapter_config.json").read_text())
+    if adapter.get("peft_type") != "LORA":
+        raise ConfigError(f"{adapter_dir} is a {adapter.get('peft_type')} adapter; gguf-lora exports LoRA adapters "
+                          "(merge others with --format gguf).")
+    if adapter.get("use_dora"):
+        raise ConfigError(f"{adapter_dir} is a DoRA adapter, which a GGUF adapter cannot carry: merge it with "
+                          "--format gguf.")
+    weights = load_file(str(adapter_dir / "adapter_model.safetensors"))
+    config = AutoConfig.from_pretrained(base_path)
+    arch = arch_of(config)
+    names = gguf.get_tensor_name_map(arch, config.num_hidden_layers)
+    qtype = {"f32": gguf.GGMLQuantizationType.F32, "f16": gguf.GGMLQuantizationType.F16,
+             "bf16": gguf.GGMLQuantizationType.BF16, "q8_0": gguf.GGMLQuantizationType.Q8_0}[quantization]
+    writer = gguf.GGUFWriter(path, gguf.MODEL_ARCH_NAMES[arch])
+    writer.add_type(gguf.GGUFType.ADAPTER)
+    writer.add_name(adapter_dir.name)
+    writer.add_string(gguf.Keys.Adapter.TYPE, "lora")
+    writer.add_float32(gguf.Keys.Adapter.LORA_ALPHA, float(adapter["lora_alpha"]))
+    writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    pairs = 0
+    for key in sorted(k for k in weights if k.endswith(".lora_A.weight")):
+        module = key.removeprefix("base_model.model.").removesuffix(".lora_A.weight")
+        if "embed" in module or "lm_head" in module:
+            raise ConfigError(f"{adapter_dir} adapts {module}; GGUF adapters cannot carry LoRA on embeddings: merge "
+                              "it with --format gguf.")
+        name = names.get_name(module + ".weight", try_suffixes=(".weight",))
+        if name is None:
+            raise ConfigError(f"gguf-lora: no GGUF name for {module}.")
+        lora_a = weights[key].float()
+        lora_b = weights[key.replace(".lora_A.", ".lora_B.")].float()
+        wanted, applied = _module_scale(adapter, module, lora_a.shape[0])
+        lora_b = lora_b * (wanted / applied)
+        if arch == gguf.MODEL_ARCH.LLAMA and module.endswith("q_proj"):
+            lora_b = permute_for_llama(lora_b, config.num_attention_heads)
+        elif arch == gguf.MODEL_ARCH.LLAMA and module.endswith("k_proj"):
+            lora_b = permute_for_llama(lora_b, config.num_key_value_heads or config.num_attention_heads)
+        for suffix, tensor in ((".lora_a", lora_a), (".lora_b", lora_b)):
+            data, stored = encode_tensor(tensor, qtype)
+            writer.add_tensor(name + suffix, data, raw_dtype=stored if stored not in (
+                gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16) else None)
+        pairs += 1
+    if not pairs:
+        raise ConfigError(f"{adapter_dir} holds no LoRA weights (an empty adapter).")
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def export_gguf_lora(args: ExportArguments, config: dict[str, Any]) -> Path:
+    assert args.export_dir is not None
+    adapter_dir, base_path = _adapter_folder(config)
+    quantization = args.export_quantization or "f32"
+    target = Path(args.export_dir)
+    out = target if target.suffix == ".gguf" else target / f"{adapter_dir.name}-lora-{quantization.upper()}.gguf"
+    refuse_overwrite(out, args.export_overwrite)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temps(out.parent)
+    tmp = temp_path(out)
+    try:
+        write_gguf_lora(adapter_dir, base_path, tmp, quantization)
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return out
