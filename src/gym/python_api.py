@@ -6,6 +6,8 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
 
 from gym.config.args import TrainArgs
@@ -40,3 +42,15 @@ class Trainer:
             overrides["dataset"] = dataset
         config = self.config.replace(**overrides) if overrides else self.config
         return run_exp(config.args)
+
+    def export(self, path: str | os.PathLike[str], format: str | None = None, quantization: str | None = None,
+               **keys: Any) -> Path:
+        """Export the trained run (this config's output_dir) as `format`: "hf" (a folder), "gguf" (the default for a
+        path ending in .gguf), "gguf-lora". `quantization`: the GGUF type (f16, q8_0, q4_k_m, ...) or "bitdelta"
+        (the fine-tune as its BitDelta variant serves it). More keys: those of `gym export` (docs/export.md)."""
+        from gym.export.run import run_export
+
+        chosen = format or ("gguf" if str(path).endswith(".gguf") else "hf")
+        config = {"output_dir": self.config.args.output_dir, "export_dir": str(path), "export_format": chosen,
+                  "export_quantization": quantization, **keys}
+        return run_export(config)

@@ -87,3 +87,31 @@ def test_delta_file_exports_as_the_rebuilt_model(make_finetune, tiny_model_dir, 
     a = AutoModelForCausalLM.from_pretrained(out).state_dict()
     b = AutoModelForCausalLM.from_pretrained(applied).state_dict()
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_python_trainer_export_as_the_seeds_write_it(train_config, tmp_path):
+    """`trainer.export("model.gguf", quantization=...)`: GGUF by the suffix; `bitdelta`: the fine-tune as its BitDelta
+    variant serves it (base + 1-bit delta), which `gym delta compress --method bitdelta --distill-steps 0` +
+    `gym delta apply` would also give."""
+    import gguf
+
+    from gym import Trainer
+
+    trainer = Trainer(train_config(lora_target="all"))
+    trainer.train()
+    path = trainer.export(tmp_path / "model.gguf", quantization="q8_0")
+    assert path == tmp_path / "model.gguf"
+    assert {t.tensor_type.name for t in gguf.GGUFReader(path).tensors} == {"Q8_0", "F32"}
+
+    folder = trainer.export(tmp_path / "bitdelta", quantization="bitdelta")
+    variant = AutoModelForCausalLM.from_pretrained(folder).state_dict()
+    base = AutoModelForCausalLM.from_pretrained(train_config()["model_name_or_path"]).state_dict()
+    merged = AutoModelForCausalLM.from_pretrained(trainer.export(tmp_path / "merged")).state_dict()
+    weight = "model.layers.0.self_attn.q_proj.weight"
+    delta = variant[weight] - base[weight]
+    # 1-bit: within each row the change is one magnitude with the fine-tune's signs
+    assert torch.allclose(delta.abs(), delta.abs().max(1, keepdim=True).values, rtol=1e-3)
+    assert (torch.sign(delta) == torch.sign(merged[weight] - base[weight])).float().mean() > 0.99
+    assert (tmp_path / "bitdelta.gguf").exists() is False
+    gguf_variant = trainer.export(tmp_path / "variant.gguf", quantization="bitdelta")
+    assert {t.tensor_type.name for t in gguf.GGUFReader(gguf_variant).tensors} == {"F16", "F32"}

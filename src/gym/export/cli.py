@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gym.config.files import parse_cli_args
-from gym.export.config import parse_export
+from gym.export.run import run_export
 
 USAGE = """usage: gym export CONFIG --export_dir DIR [--format hf|gguf|gguf-lora] [--quantization Q]
                   [--export_dtype auto|float32|float16|bfloat16] [--export_size GB] [--delta FILE] [--overwrite]
@@ -19,18 +19,6 @@ def main(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
         return 0
-    args, config = parse_export(parse_cli_args(argv))
-    if args.export_format == "gguf":
-        from gym.export.gguf import export_gguf
-
-        out = export_gguf(args, config)
-    elif args.export_format == "gguf-lora":
-        from gym.export.gguf_lora import export_gguf_lora
-
-        out = export_gguf_lora(args, config)
-    else:
-        from gym.export.hf import export_hf
-
-        out = export_hf(args, config)
+    out = run_export(parse_cli_args(argv))
     print(f"Exported {out}")
     return 0

@@ -24,6 +24,8 @@ class ExportArguments:
     """The folder (or file, for single-file formats) to write."""
     export_format: str = "hf"
     export_quantization: str | None = None
+    """gguf: the GGUF type (f16 by default); hf or gguf: `bitdelta`, the fine-tune as its BitDelta variant serves it
+    (base + 1-bit signs with one scale per row), written at export_dtype / as f16."""
     export_size: float = 5.0
     """hf: the largest safetensors shard, in GB (LLaMA-Factory's key)."""
     export_dtype: str = "auto"
@@ -40,7 +42,11 @@ class ExportArguments:
             raise ConfigError(f"export_dtype must be one of {', '.join(DTYPES)}, got {self.export_dtype!r}.")
         if not self.export_size > 0:
             raise ConfigError(f"export_size (GB per shard) must be positive, got {self.export_size}.")
-        if self.export_format == "gguf" and self.export_quantization is not None:
+        if self.export_quantization == "bitdelta":
+            if self.export_format == "gguf-lora" or self.delta:
+                raise ConfigError("export_quantization: bitdelta exports a fine-tune as its BitDelta variant; it "
+                                  "applies to --format hf or gguf, without --delta.")
+        elif self.export_format == "gguf" and self.export_quantization is not None:
             from gym.export.gguf_file import TYPES
 
             if self.export_quantization not in TYPES:
@@ -49,7 +55,7 @@ class ExportArguments:
         if self.export_format == "gguf-lora" and self.export_quantization not in (None, "f32", "f16", "bf16", "q8_0"):
             raise ConfigError(f"A gguf-lora adapter is written as f32, f16, bf16 or q8_0, not "
                               f"{self.export_quantization!r}.")
-        if self.export_format == "hf" and self.export_quantization is not None:
+        if self.export_format == "hf" and self.export_quantization not in (None, "bitdelta"):
             raise ConfigError("export_quantization applies to single-file formats; an hf export is saved at "
                               "export_dtype (float32, float16 or bfloat16).")
         if not self.export_dir:

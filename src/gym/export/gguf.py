@@ -26,10 +26,11 @@ def gguf_path(export_dir: str, name: str, quantization: str) -> Path:
 
 def export_gguf(args: ExportArguments, config: dict[str, Any]) -> Path:
     assert args.export_dir is not None
-    quantization = args.export_quantization or "f16"
-    model, tokenizer, chat, _, model_path = load_merged(config, args.delta)
+    bitdelta = args.export_quantization == "bitdelta"
+    quantization = "f16" if bitdelta or not args.export_quantization else args.export_quantization
+    model, tokenizer, chat, _, model_path = load_merged(config, args.delta, bitdelta)
     name = Path(str(config.get("adapter_name_or_path") or config.get("output_dir") or model_path).rstrip("/")).name
-    out = gguf_path(args.export_dir, name, quantization)
+    out = gguf_path(args.export_dir, name, "bitdelta-f16" if bitdelta else quantization)
     refuse_overwrite(out, args.export_overwrite)
     out.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temps(out.parent)

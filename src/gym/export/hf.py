@@ -24,6 +24,7 @@ from gym.config.parser import get_infer_args
 from gym.core.names import split_names
 from gym.data.templates import get_chat_format, jinja_chat_template
 from gym.delta.apply import apply_delta, save_model_folder
+from gym.delta.bitdelta import BitDeltaConfig, BitDeltaQuantizer
 from gym.delta.format import load_delta
 from gym.export.config import ExportArguments
 from gym.infer.config import resolve_inference_config
@@ -45,8 +46,10 @@ def _dtype(choice: str, model_path: str) -> torch.dtype:
     return saved if isinstance(saved, torch.dtype) else torch.float32
 
 
-def load_merged(config: dict[str, Any], delta: str | None = None) -> tuple[Any, Any, Any, dict[str, Any], str]:
-    """(model with every adapter merged in, tokenizer, chat format, decoding settings, base model path)."""
+def load_merged(config: dict[str, Any], delta: str | None = None, bitdelta: bool = False
+                ) -> tuple[Any, Any, Any, dict[str, Any], str]:
+    """(model with every adapter merged in, tokenizer, chat format, decoding settings, base model path). `bitdelta`:
+    the merged model replaced by base + its BitDelta (what a personalized variant of this fine-tune serves)."""
     resolved = resolve_inference_config(config)
     dropped = [k for k in _QUANTIZATION_KEYS if resolved.pop(k, None) is not None]
     if dropped:
@@ -60,14 +63,25 @@ def load_merged(config: dict[str, Any], delta: str | None = None) -> tuple[Any, 
     if delta is not None:
         entries, header = load_delta(delta)
         apply_delta(model, entries, header, delta)
+    if bitdelta:
+        model = _as_bitdelta(model, model_path, model_args)
     chat = get_chat_format(tokenizer, data_args.template, data_args.default_system, data_args.enable_thinking)
     decoding = generating.resolve(generation_defaults(model_path))
     return model.eval(), tokenizer, chat, decoding, model_path
 
 
+def _as_bitdelta(model: Any, model_path: str, model_args: Any) -> Any:
+    """base + the 1-bit delta of `model` from it (scales at mean |delta| per row: no distillation data needed)."""
+    base = load_causal_lm(model_path, model_args, dtype=torch.float32)
+    result = BitDeltaQuantizer(BitDeltaConfig(distill_steps=0)).compress(base, model, base_name=model_path)
+    logger.info("BitDelta of the fine-tune: %d changed parameters.", len(result.entries))
+    return apply_delta(base, result.entries, result.header).eval()
+
+
 def export_hf(args: ExportArguments, config: dict[str, Any]) -> Path:
     assert args.export_dir is not None  # ExportArguments requires it
-    model, tokenizer, chat, decoding, model_path = load_merged(config, args.delta)
+    model, tokenizer, chat, decoding, model_path = load_merged(config, args.delta,
+                                                               args.export_quantization == "bitdelta")
     model = model.to(_dtype(args.export_dtype, model_path))
     if chat.template is not None:
         tokenizer.chat_template = jinja_chat_template(chat.template, tokenizer.eos_token or "", chat.default_system,
@@ -82,6 +96,7 @@ def export_hf(args: ExportArguments, config: dict[str, Any]) -> Path:
     manifest = {"made_by": "gym export", "format": "hf", "base_model": str(config.get("model_name_or_path") or
                                                                             model_path),
                 "adapters": split_names(config.get("adapter_name_or_path")), "delta": args.delta,
-                "chat_template": chat.name, "dtype": str(model.dtype).removeprefix("torch.")}
+                "chat_template": chat.name, "dtype": str(model.dtype).removeprefix("torch."),
+                "quantization": args.export_quantization}
     return save_model_folder(model, tokenizer, args.export_dir, manifest, overwrite=args.export_overwrite,
                              max_shard_size=f"{int(args.export_size * 1000)}MB")
