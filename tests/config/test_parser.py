@@ -136,6 +136,11 @@ def test_every_shipped_example_parses():
     assert examples, "examples/ should hold runnable configs"
     for path in examples:
         config = yaml.safe_load(path.read_text())
+        if path.name.startswith("tfgrpo_"):  # `gym tfgrpo` configs: their own keys and parser
+            from gym.tfgrpo.config import parse_job
+
+            parse_job(config)
+            continue
         if "tune" in config:  # gym tune's search space, checked by its own parser
             from gym.tune.space import parse_space
 
