@@ -52,7 +52,7 @@ bench-llamacpp: setup
 # Opt-in: infer_backend: llamacpp needs llama-cpp-python, which compiles llama.cpp when pip installs it.
 test-llamacpp: setup
 	$(PY) -m pip install -q "llama-cpp-python>=0.3.30"
-	HF_HUB_OFFLINE=1 $(PY) -m pytest -q tests/infer/test_llamacpp_engine.py
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q tests/infer/test_llamacpp_engine.py tests/export/test_llamacpp_reads.py
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info

@@ -51,7 +51,8 @@ def main() -> None:
     tokenizer = AutoTokenizer.from_pretrained(source)
     ids = demo_text(tokenizer)
     baseline = perplexity(AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32), ids)
-    print(f"embedded model (float32, transformers): perplexity {baseline:.3f} on {ids.shape[1]} tokens of alpaca_en_demo")
+    print(f"embedded model (float32, transformers): perplexity {baseline:.3f} on {ids.shape[1]} tokens of "
+          "alpaca_en_demo")
     print("\n| type | file | export s | perplexity | vs float32 |\n|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as folder:
         for kind in args.types.split(","):
