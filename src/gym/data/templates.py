@@ -283,3 +283,29 @@ def jinja_chat_template(template: Template, eos: str, default_system: str | None
                      f"{{%- set content = {empty_thought} ~ content -%}}{{%- endif -%}}{{%- endif -%}}")
     parts.append(f"{{{{- {_jinja_turn(t.assistant, eos, 'content')} -}}}}{{%- endif -%}}{{%- endfor -%}}")
     return "".join(parts)
+
+
+def named_equivalent(tokenizer: Any) -> tuple[Template, str | None] | None:
+    """The named template that renders exactly what this tokenizer's own chat template renders (with a system
+    prompt, over one and two turns), and the default system prompt the tokenizer's template adds when none is
+    given; None when no named template matches. Lets an export describe the format in another language."""
+    if not getattr(tokenizer, "chat_template", None):
+        return None
+    own = ChatFormat(tokenizer, None)
+    turns = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"},
+             {"role": "user", "content": "Again"}, {"role": "assistant", "content": "Sure."}]
+    for template in TEMPLATES.values():
+        named = ChatFormat(tokenizer, template)
+        try:
+            if any("".join(p + r for p, r in own.render_pairs(turns[:n], "S")) !=
+                   "".join(p + r for p, r in named.render_pairs(turns[:n], "S")) for n in (2, 4)):
+                continue
+            bare = "".join(p + r for p, r in own.render_pairs(turns[:2], None))
+        except Exception:  # a tokenizer template that cannot render the probe matches nothing
+            return None
+        if bare == "".join(p + r for p, r in named.render_pairs(turns[:2], None)):
+            return template, None
+        before, _, after = "".join(p + r for p, r in named.render_pairs(turns[:2], "\0")).partition("\0")
+        if bare.startswith(before) and bare.endswith(after) and len(bare) > len(before) + len(after):
+            return template, bare[len(before):len(bare) - len(after)]
+    return None

@@ -11,7 +11,7 @@ from gym.config.coerce import coerce
 from gym.core.errors import ConfigError
 from gym.core.names import did_you_mean
 
-FORMATS = ("hf", "gguf", "gguf-lora")
+FORMATS = ("hf", "gguf", "gguf-lora", "ollama")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 # The CLI's short spellings (`--format gguf`), as the seeds and the issue write them.
 ALIASES = {"format": "export_format", "quantization": "export_quantization", "overwrite": "export_overwrite",
@@ -46,7 +46,7 @@ class ExportArguments:
             if self.export_format == "gguf-lora" or self.delta:
                 raise ConfigError("export_quantization: bitdelta exports a fine-tune as its BitDelta variant; it "
                                   "applies to --format hf or gguf, without --delta.")
-        elif self.export_format == "gguf" and self.export_quantization is not None:
+        elif self.export_format in ("gguf", "ollama") and self.export_quantization is not None:
             from gym.export.gguf_file import TYPES
 
             if self.export_quantization not in TYPES:

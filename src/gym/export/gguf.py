@@ -25,10 +25,15 @@ def gguf_path(export_dir: str, name: str, quantization: str) -> Path:
 
 
 def export_gguf(args: ExportArguments, config: dict[str, Any]) -> Path:
+    return write_model_gguf(args, config)[0]
+
+
+def write_model_gguf(args: ExportArguments, config: dict[str, Any]) -> tuple[Path, Any, dict[str, Any]]:
+    """(the GGUF written, the chat format it carries, the decoding settings training saved)."""
     assert args.export_dir is not None
     bitdelta = args.export_quantization == "bitdelta"
     quantization = "f16" if bitdelta or not args.export_quantization else args.export_quantization
-    model, tokenizer, chat, _, model_path = load_merged(config, args.delta, bitdelta)
+    model, tokenizer, chat, decoding, model_path = load_merged(config, args.delta, bitdelta)
     name = Path(str(config.get("adapter_name_or_path") or config.get("output_dir") or model_path).rstrip("/")).name
     out = gguf_path(args.export_dir, name, "bitdelta-f16" if bitdelta else quantization)
     refuse_overwrite(out, args.export_overwrite)
@@ -47,4 +52,4 @@ def export_gguf(args: ExportArguments, config: dict[str, Any]) -> Path:
         os.replace(tmp, out)
     finally:
         tmp.unlink(missing_ok=True)
-    return out
+    return out, chat, decoding

@@ -15,6 +15,10 @@ def run_export(config: dict[str, Any]) -> Path:
         from gym.export.gguf import export_gguf
 
         return export_gguf(args, model_config)
+    if args.export_format == "ollama":
+        from gym.export.ollama import export_ollama
+
+        return export_ollama(args, model_config)
     if args.export_format == "gguf-lora":
         from gym.export.gguf_lora import export_gguf_lora
 
