@@ -44,6 +44,17 @@ def test_a_variant_is_trained_stored_served_and_managed(tmp_path, embedded_dir, 
     assert answer == chat.tokenizer.decode(expected, skip_special_tokens=True).strip() or answer in \
         chat.tokenizer.decode(expected, skip_special_tokens=True)
 
+    # `gym export --variant STORE:USER`: the variant as it is served (base + its 1-bit delta), in any export format.
+    from gym.delta.apply import write_applied
+    from gym.personalization.store import VariantStore
+
+    assert cli_main(["export", "--variant", f"{store}:alice", "--export_dir", str(tmp_path / "alice-hf")]) == 0
+    rebuilt = write_applied("smollm2-135m", VariantStore(store).delta_path("alice"), tmp_path / "applied")
+    a = AutoModelForCausalLM.from_pretrained(tmp_path / "alice-hf").state_dict()
+    b = AutoModelForCausalLM.from_pretrained(rebuilt).state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in b)
+    assert cli_main(["export", "--variant", f"{store}:bob", "--export_dir", str(tmp_path / "bob")]) == 2
+
     capsys.readouterr()
     assert cli_main(["variants", "list", str(store)]) == 0
     assert capsys.readouterr().out.startswith("alice\t")

@@ -33,6 +33,8 @@ class ExportArguments:
     export_overwrite: bool = False
     delta: str | None = None
     """A BitDelta/DeltaQuant file (`gym delta compress`) applied to the base: the export is the rebuilt model."""
+    variant: str | None = None
+    """STORE:USER, a personalized variant (`gym variants`): the export is its base + 1-bit delta, as it is served."""
 
     def __post_init__(self) -> None:
         if self.export_format not in FORMATS:
@@ -58,6 +60,8 @@ class ExportArguments:
         if self.export_format == "hf" and self.export_quantization not in (None, "bitdelta"):
             raise ConfigError("export_quantization applies to single-file formats; an hf export is saved at "
                               "export_dtype (float32, float16 or bfloat16).")
+        if self.variant is not None and (self.delta or ":" not in self.variant):
+            raise ConfigError("variant: write STORE:USER (a `gym variants` store and a user in it), without --delta.")
         if not self.export_dir:
             raise ConfigError("Set export_dir: `gym export CONFIG --export_dir DIR`.")
 

@@ -11,6 +11,8 @@ from gym.export.config import parse_export
 def run_export(config: dict[str, Any]) -> Path:
     """Export what `config` names (the model keys of `gym chat`, plus export_dir, export_format, ...)."""
     args, model_config = parse_export(config)
+    if args.variant is not None:
+        args.delta, model_config["model_name_or_path"] = variant_source(args.variant)
     if args.export_format == "gguf":
         from gym.export.gguf import export_gguf
 
@@ -26,3 +28,14 @@ def run_export(config: dict[str, Any]) -> Path:
     from gym.export.hf import export_hf
 
     return export_hf(args, model_config)
+
+
+def variant_source(reference: str) -> tuple[str, str]:
+    """(the variant's delta file, its base model) for STORE:USER."""
+    from gym.personalization.store import VariantStore
+
+    folder, _, user = reference.rpartition(":")
+    store = VariantStore(folder)
+    store.get(user)  # a missing user is a clear error naming the known ones
+    base = (store.base() or {}).get("name") or "smollm2-135m"
+    return str(store.delta_path(user)), base
