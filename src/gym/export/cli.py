@@ -1,11 +1,11 @@
-"""`gym export CONFIG --export_dir DIR [--format hf|gguf|gguf-lora|ollama] [--quantization Q] [key=value ...]`."""
+"""`gym export CONFIG --export_dir DIR [--format hf|gguf|gguf-lora|ollama|onnx] [--quantization Q] [key=value ...]`."""
 
 from __future__ import annotations
 
 from gym.config.files import parse_cli_args
 from gym.export.run import run_export
 
-USAGE = """usage: gym export CONFIG --export_dir DIR [--format hf|gguf|gguf-lora|ollama] [--quantization Q]
+USAGE = """usage: gym export CONFIG --export_dir DIR [--format hf|gguf|gguf-lora|ollama|onnx] [--quantization Q]
                   [--export_dtype auto|float32|float16|bfloat16] [--export_size GB] [--delta FILE] [--overwrite]
 
 CONFIG names the model as `gym chat` does (model_name_or_path, adapter_name_or_path, or a training config whose

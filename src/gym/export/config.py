@@ -11,7 +11,7 @@ from gym.config.coerce import coerce
 from gym.core.errors import ConfigError
 from gym.core.names import did_you_mean
 
-FORMATS = ("hf", "gguf", "gguf-lora", "ollama")
+FORMATS = ("hf", "gguf", "gguf-lora", "ollama", "onnx")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 # The CLI's short spellings (`--format gguf`), as the seeds and the issue write them.
 ALIASES = {"format": "export_format", "quantization": "export_quantization", "overwrite": "export_overwrite",
@@ -57,9 +57,9 @@ class ExportArguments:
         if self.export_format == "gguf-lora" and self.export_quantization not in (None, "f32", "f16", "bf16", "q8_0"):
             raise ConfigError(f"A gguf-lora adapter is written as f32, f16, bf16 or q8_0, not "
                               f"{self.export_quantization!r}.")
-        if self.export_format == "hf" and self.export_quantization not in (None, "bitdelta"):
-            raise ConfigError("export_quantization applies to single-file formats; an hf export is saved at "
-                              "export_dtype (float32, float16 or bfloat16).")
+        if self.export_format in ("hf", "onnx") and self.export_quantization not in (None, "bitdelta"):
+            raise ConfigError("export_quantization applies to the GGUF formats; an hf export is saved at "
+                              "export_dtype (float32, float16 or bfloat16), an onnx export in float32.")
         if self.variant is not None and (self.delta or ":" not in self.variant):
             raise ConfigError("variant: write STORE:USER (a `gym variants` store and a user in it), without --delta.")
         if not self.export_dir:

@@ -17,6 +17,10 @@ def run_export(config: dict[str, Any]) -> Path:
         from gym.export.gguf import export_gguf
 
         return export_gguf(args, model_config)
+    if args.export_format == "onnx":
+        from gym.export.onnx import export_onnx
+
+        return export_onnx(args, model_config)
     if args.export_format == "ollama":
         from gym.export.ollama import export_ollama
 
