@@ -2,9 +2,10 @@
 
 Each file is written by `gym export --format gguf` and read back by transformers' GGUF loader (which dequantizes
 every tensor with the gguf package), so the perplexity measures what our quantizers kept; the baseline is the
-float32 model, measured in the same run. llama.cpp's own perplexity is the opt-in check (docs/export.md).
+float32 model, measured in the same run. With --llamacpp (llama-cpp-python installed: `make test-llamacpp`),
+llama.cpp itself also computes each file's perplexity on the same tokens.
 
-    HF_HUB_OFFLINE=1 .venv/bin/python bench/export_gguf.py [--types f16,q8_0,q4_k_m]
+    HF_HUB_OFFLINE=1 .venv/bin/python bench/export_gguf.py [--types f16,q8_0,q4_k_m] [--llamacpp]
 """
 
 from __future__ import annotations
@@ -43,9 +44,23 @@ def perplexity(model, ids: torch.Tensor, window: int = 256) -> float:
     return math.exp(total / count)
 
 
+def perplexity_llamacpp(path: Path, ids: torch.Tensor) -> float:
+    import llama_cpp
+    import numpy as np
+
+    llm = llama_cpp.Llama(model_path=str(path), n_ctx=ids.shape[1] + 8, n_threads=2, logits_all=True, verbose=False)
+    tokens = ids[0].tolist()
+    llm.eval(tokens)
+    scores = np.asarray(llm.scores[:len(tokens) - 1], dtype=np.float64)
+    top = scores.max(1)
+    log_z = top + np.log(np.exp(scores - top[:, None]).sum(1))
+    return math.exp(float((log_z - scores[np.arange(len(tokens) - 1), tokens[1:]]).mean()))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--types", default=",".join(TYPES))
+    parser.add_argument("--llamacpp", action="store_true", help="also llama.cpp's perplexity of each file")
     args = parser.parse_args()
     source = resolve_model_path("smollm2-135m")
     tokenizer = AutoTokenizer.from_pretrained(source)
@@ -53,7 +68,9 @@ def main() -> None:
     baseline = perplexity(AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32), ids)
     print(f"embedded model (float32, transformers): perplexity {baseline:.3f} on {ids.shape[1]} tokens of "
           "alpaca_en_demo")
-    print("\n| type | file | export s | perplexity | vs float32 |\n|---|---|---|---|---|")
+    extra = " llama.cpp perplexity | vs float32 |" if args.llamacpp else ""
+    print(f"\n| type | file | export s | perplexity | vs float32 |{extra}\n|---|---|---|---|---|"
+          + ("---|---|" if args.llamacpp else ""))
     with tempfile.TemporaryDirectory() as folder:
         for kind in args.types.split(","):
             started = time.perf_counter()
@@ -62,8 +79,12 @@ def main() -> None:
             seconds = time.perf_counter() - started
             model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=path.name, dtype=torch.float32)
             ppl = perplexity(model, ids)
-            print(f"| {kind} | {path.stat().st_size / 2**20:.1f} MiB | {seconds:.1f} | {ppl:.3f} | "
-                  f"{100 * (ppl / baseline - 1):+.2f}% |", flush=True)
+            row = (f"| {kind} | {path.stat().st_size / 2**20:.1f} MiB | {seconds:.1f} | {ppl:.3f} | "
+                   f"{100 * (ppl / baseline - 1):+.2f}% |")
+            if args.llamacpp:
+                theirs = perplexity_llamacpp(path, ids)
+                row += f" {theirs:.3f} | {100 * (theirs / baseline - 1):+.2f}% |"
+            print(row, flush=True)
             path.unlink()
 
 

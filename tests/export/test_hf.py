@@ -115,3 +115,14 @@ def test_python_trainer_export_as_the_seeds_write_it(train_config, tmp_path):
     assert (tmp_path / "bitdelta.gguf").exists() is False
     gguf_variant = trainer.export(tmp_path / "variant.gguf", quantization="bitdelta")
     assert {t.tensor_type.name for t in gguf.GGUFReader(gguf_variant).tensors} == {"F16", "F32"}
+
+
+def test_dora_export_equals_the_served_model(train_config, tmp_path):
+    result = run_exp(train_config(use_dora=True))
+    out = tmp_path / "dora"
+    assert main(["export", "--output_dir", result.output_dir, "--export_dir", str(out)]) == 0
+    served = ChatModel({"adapter_name_or_path": result.output_dir})
+    prompt = served.render(PROMPT)
+    assert torch.allclose(_logits(AutoModelForCausalLM.from_pretrained(out), prompt), _logits(served.model, prompt),
+                          atol=1e-5)
+    served.close()
