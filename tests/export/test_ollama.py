@@ -134,3 +134,55 @@ def test_the_tokenizers_own_template_is_matched_to_a_named_one(tiny_model_dir, t
     modelfile = (out / "Modelfile").read_text()
     assert "<|im_start|>system\n{{ .System }}<|im_end|>" in modelfile  # SmolLM's own template is ChatML
     assert 'SYSTEM """You are a helpful AI assistant named SmolLM, trained by Hugging Face"""' in modelfile
+
+
+GO_RENDER = """package main
+
+import (
+	"encoding/json"
+	"os"
+	"text/template"
+)
+
+type Message struct {
+	Role    string
+	Content string
+}
+
+func main() {
+	var input struct {
+		Template string
+		System   string
+		Messages []Message
+	}
+	if err := json.NewDecoder(os.Stdin).Decode(&input); err != nil {
+		panic(err)
+	}
+	t := template.Must(template.New("ollama").Parse(input.Template))
+	if err := t.Execute(os.Stdout, input); err != nil {
+		panic(err)
+	}
+}
+"""
+
+
+@pytest.mark.skipif(__import__("shutil").which("go") is None, reason="needs Go (apt-get install golang-go)")
+@pytest.mark.parametrize("name", sorted(TEMPLATES))
+def test_go_text_template_itself_renders_the_trained_prompt(tokenizer, name, tmp_path):
+    """Go's own text/template (what Ollama runs) renders the TEMPLATE as Gym renders the format."""
+    import json
+    import subprocess
+
+    (tmp_path / "render.go").write_text(GO_RENDER)
+    binary = tmp_path / "render"
+    subprocess.run(["go", "build", "-o", str(binary), str(tmp_path / "render.go")], check=True, cwd=tmp_path,
+                   env={**__import__("os").environ, "GOCACHE": str(tmp_path / "cache"), "GO111MODULE": "off"})
+    chat = ChatFormat(tokenizer, TEMPLATES[name], None, False)
+    go = go_chat_template(TEMPLATES[name], tokenizer.eos_token, tokenizer.bos_token, False)
+    for messages, system in CONVERSATIONS:
+        payload = {"Template": go, "System": system or TEMPLATES[name].default_system or "",
+                   "Messages": [{"Role": "tool" if m["role"] == "observation" else m["role"], "Content": m["content"]}
+                                for m in messages]}
+        rendered = subprocess.run([str(binary)], input=json.dumps(payload), capture_output=True, text=True,
+                                  check=True).stdout
+        assert rendered == chat.render_prompt(messages, system), (name, messages)
