@@ -44,17 +44,24 @@ def perplexity(model, ids: torch.Tensor, window: int = 256) -> float:
     return math.exp(total / count)
 
 
-def perplexity_llamacpp(path: Path, ids: torch.Tensor) -> float:
+def perplexity_llamacpp(path: Path, ids: torch.Tensor, window: int = 256) -> float:
+    """The same windows as `perplexity` (each scored from a fresh context), computed by llama.cpp."""
     import llama_cpp
     import numpy as np
 
-    llm = llama_cpp.Llama(model_path=str(path), n_ctx=ids.shape[1] + 8, n_threads=2, logits_all=True, verbose=False)
+    llm = llama_cpp.Llama(model_path=str(path), n_ctx=window + 8, n_threads=2, logits_all=True, verbose=False)
     tokens = ids[0].tolist()
-    llm.eval(tokens)
-    scores = np.asarray(llm.scores[:len(tokens) - 1], dtype=np.float64)
-    top = scores.max(1)
-    log_z = top + np.log(np.exp(scores - top[:, None]).sum(1))
-    return math.exp(float((log_z - scores[np.arange(len(tokens) - 1), tokens[1:]]).mean()))
+    total, count = 0.0, 0
+    for start in range(0, len(tokens) - 1, window):
+        chunk = tokens[start:start + window + 1]
+        llm.reset()
+        llm.eval(chunk[:-1])
+        scores = np.asarray(llm.scores[:len(chunk) - 1], dtype=np.float64)
+        top = scores.max(1)
+        log_z = top + np.log(np.exp(scores - top[:, None]).sum(1))
+        total += float((log_z - scores[np.arange(len(chunk) - 1), chunk[1:]]).sum())
+        count += len(chunk) - 1
+    return math.exp(total / count)
 
 
 def main() -> None:
