@@ -23,7 +23,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("config", ("gym.config",)),
     ("building blocks", ("gym.data", "gym.models")),
     ("infer", ("gym.infer",)),
-    ("jobs", ("gym.train", "gym.delta", "gym.soup", "gym.personalization", "gym.tfgrpo",
+    ("jobs", ("gym.train", "gym.delta", "gym.soup", "gym.personalization", "gym.tfgrpo", "gym.eval",
               "gym.export")),
     ("doors", ("gym", "gym.cli", "gym.python_api", "gym.hparams", "gym.quantization", "gym.serve")),
 ]

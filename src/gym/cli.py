@@ -43,6 +43,9 @@ commands:
   variants create|add|list|delete|chat|export STORE  per-user fine-tunes as 1-bit deltas (`gym variants -h`)
   tfgrpo train|eval CONFIG [key=value ...]         Training-Free GRPO: learn a library of lessons in the prompt
   export CONFIG --export_dir DIR [--format hf]     the trained model for other tools (`gym export -h`)
+  eval CONFIG --task T [--task T2 ...] [-o results.json]
+                                                   multiple choice, perplexity, verified generation, lm-eval
+                                                   (`gym eval -h`); --compare A B: the difference, tested
   env                                              versions of Python, torch and the HF stack, and the device
   version                                          Gym's version
 
@@ -256,6 +259,12 @@ def cmd_export(argv: list[str]) -> int:
     return export_main(argv)
 
 
+def cmd_eval(argv: list[str]) -> int:
+    from gym.eval.cli import main as eval_main
+
+    return eval_main(argv)
+
+
 def cmd_env(argv: list[str]) -> int:
     import platform
 
@@ -298,6 +307,7 @@ COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "variants": cmd_variants,
     "tfgrpo": cmd_tfgrpo,
     "export": cmd_export,
+    "eval": cmd_eval,
     "env": cmd_env,
     "version": cmd_version,
 }

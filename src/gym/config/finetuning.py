@@ -107,6 +107,12 @@ class FinetuningArguments(OptimizerArguments):
     delta_distill_steps: int = field(
         default=200, metadata={"help": "bitdelta: scale-distillation steps on the training data (0: none)."}
     )
+    # Evaluation of the result (gym.eval), written into the run folder.
+    eval_tasks: list[str] | None = field(
+        default=None,
+        metadata={"help": "After training, run these `gym eval` tasks (mc_demo, arithmetic, mc:<data>, ppl:<data>, "
+                  "gen:<data>, lm_eval:<tasks>) on the result and, once (cached), on the base."},
+    )
     # Outputs.
     plot_loss: bool = field(default=False, metadata={"help": "Save training_loss.png in the output folder."})
     overwrite_output_dir: bool = field(

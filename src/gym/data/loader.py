@@ -42,8 +42,13 @@ def _hub_rows(attr: DatasetAttr) -> Iterator[tuple[RowSource, Any]]:
         yield RowSource(attr.path, i), row
 
 
+def raw_rows(attr: DatasetAttr) -> Iterator[tuple[RowSource, Any]]:
+    """Every row as stored, with where it came from (a file's path and row, or the hub id and index)."""
+    return _hub_rows(attr) if attr.load_from == "hub" else read_rows(attr.path)
+
+
 def load_examples(attr: DatasetAttr, kind: str, max_samples: int | None = None) -> list[Example]:
-    rows = _hub_rows(attr) if attr.load_from == "hub" else read_rows(attr.path)
+    rows = raw_rows(attr)
     limit = min(x for x in (attr.num_samples, max_samples) if x) if (attr.num_samples or max_samples) else None
     examples: list[Example] = []
     for source, row in rows:

@@ -32,6 +32,8 @@ SHAREGPT_TAGS = {
     "role_tag": "from", "content_tag": "value", "user_tag": "human", "assistant_tag": "gpt",
     "observation_tag": "observation", "function_tag": "function_call", "system_tag": "system",
 }
+# Multiple-choice evaluation data (gym.eval.mc): MMLU's layout, question + choices + answer (+ subject).
+EVAL_COLUMNS = ("question", "choices", "subject")
 OPENAI_TAGS = {
     "role_tag": "role", "content_tag": "content", "user_tag": "user", "assistant_tag": "assistant",
     "observation_tag": "tool", "function_tag": "function_call", "system_tag": "system",
@@ -76,7 +78,8 @@ def _check_keys(where: str, given: Any, known: Any) -> None:
 
 def _attr_from_info(name: str, info: dict[str, Any], dataset_dir: Path) -> DatasetAttr:
     _check_keys(f"entry '{name}'", info, ENTRY_KEYS)
-    _check_keys(f"'{name}'.columns", info.get("columns", {}), [*ALPACA_COLUMNS, *SHAREGPT_COLUMNS, "messages"])
+    _check_keys(f"'{name}'.columns", info.get("columns", {}),
+                [*ALPACA_COLUMNS, *SHAREGPT_COLUMNS, "messages", *EVAL_COLUMNS])
     _check_keys(f"'{name}'.tags", info.get("tags", {}), SHAREGPT_TAGS)
     formatting = info.get("formatting", "alpaca")
     if formatting not in ("alpaca", "sharegpt", "openai"):

@@ -46,6 +46,11 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--calibration-samples", type=int, default=0, help="sequences that weigh errors (mixed precision)")
     c.add_argument("--bit-budget", type=float, help="mixed precision: average bits per weight, chosen by sensitivity")
     c.add_argument("--layer-bits", help='mixed precision by name: "down_proj=int8,self_attn=int4"')
+    c.add_argument("--eval-task", action="append", default=[],
+                   help="a `gym eval` task (repeatable): score base, fine-tune and compressed model on it")
+    c.add_argument("--min-kept", type=float,
+                   help="with --eval-task: fail when the compressed model keeps less of the fine-tune's score")
+    c.add_argument("--eval-limit", type=int, help="with --eval-task: at most this many items per task/subject")
 
     a = sub.add_parser("apply", help="base + delta -> model folder")
     a.add_argument("--base", required=True)
@@ -92,6 +97,13 @@ def quantizer_for(args: argparse.Namespace) -> Any:
 
 def compress(args: argparse.Namespace) -> int:
     quantizer = quantizer_for(args)  # option errors before any model is loaded
+    if args.min_kept is not None and not args.eval_task:
+        raise ConfigError("--min-kept needs --eval-task: the task whose score the compressed model must keep.")
+    if args.eval_task:
+        from gym.eval.config import parse_task
+
+        for task in args.eval_task:
+            parse_task(task)
     refuse_overwrite(args.output, args.overwrite)  # and before minutes of compression, not after
     base, finetuned = load_model(args.base), load_model(args.finetuned, args.base)
     tokenizer = load_tokenizer(resolve_model_path(args.base)) if quantizer.needs_tokenizer else None
@@ -103,6 +115,11 @@ def compress(args: argparse.Namespace) -> int:
     if "distillation" in result.header:
         d = result.header["distillation"]
         print(f"Scale distillation: logit MSE {d['mse_before']:.4f} -> {d['mse_after']:.4f} in {d['steps']} steps.")
+    if args.eval_task:
+        from gym.eval.after_training import delta_quality_gate
+
+        print(delta_quality_gate(args.base, args.finetuned, str(path), args.eval_task, dataset_dir=args.dataset_dir,
+                                 min_kept=args.min_kept, limit=args.eval_limit))
     return 0
 
 

@@ -5,11 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
 from gym.config.data import DataArguments
 from gym.data.loader import get_dataset
 from gym.data.templates import get_chat_format
+from gym.eval.perplexity import token_nll
 
 
 @dataclass
@@ -32,20 +31,7 @@ def eval_rows(tokenizer: Any, dataset: str, dataset_dir: str, cutoff_len: int, m
     return get_dataset(args, get_chat_format(tokenizer), "supervised", seed=seed).train
 
 
-@torch.no_grad()
 def eval_loss(model: Any, rows: list[dict[str, list[int]]], batch_size: int = 8) -> float:
-    """Mean cross-entropy per supervised token over `rows`."""
-    total, count = 0.0, 0
-    model.eval()
-    for start in range(0, len(rows), batch_size):
-        batch = rows[start:start + batch_size]
-        longest = max(len(r["input_ids"]) for r in batch)
-        ids = torch.tensor([r["input_ids"] + [0] * (longest - len(r["input_ids"])) for r in batch])
-        labels = torch.tensor([r["labels"] + [-100] * (longest - len(r["labels"])) for r in batch])
-        mask = torch.tensor([[1] * len(r["input_ids"]) + [0] * (longest - len(r["input_ids"])) for r in batch])
-        logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits.float()
-        loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]),
-                                                 labels[:, 1:].reshape(-1), ignore_index=-100, reduction="sum")
-        total += loss.item()
-        count += int((labels[:, 1:] != -100).sum())
-    return total / max(count, 1)
+    """Mean cross-entropy per supervised token over `rows` (gym eval's perplexity is exp of it)."""
+    nll, counts = token_nll(model, rows, batch_size)
+    return sum(nll) / max(sum(counts), 1)

@@ -30,7 +30,14 @@ from gym.config.args import TrainArgs
 from gym.core.errors import ConfigError, GymError
 from gym.core.names import did_you_mean
 from gym.train.reward_model import load_reward_model, reward_model_reward
-from gym.train.verifiers import RewardFunc, accuracy_reward, format_reward, length_reward
+from gym.train.verifiers import (
+    RewardFunc,
+    accuracy_reward,
+    exact_reward,
+    format_reward,
+    length_reward,
+    regex_reward,
+)
 
 __all__ = ["REWARD_FUNCS", "RewardChoice", "RewardFunc", "combined_reward", "get_reward_funcs", "load_reward_model",
            "rewards_of"]
@@ -93,6 +100,8 @@ def python_reward(arg: str | None) -> RewardFunc:
 
 REWARD_FUNCS: dict[str, Callable[[str | None], RewardFunc]] = {
     "accuracy": accuracy_reward,
+    "exact": exact_reward,
+    "regex": regex_reward,
     "format": format_reward,
     "length": length_reward,
     "reward_model": reward_model_reward,
@@ -104,7 +113,7 @@ def _split_specs(names: str) -> list[str]:
     """Split "accuracy,format:<regex>" on commas, except the commas inside a regex (`\\d{1,3}`)."""
     specs: list[str] = []
     for piece in names.split(","):
-        if specs and specs[-1].startswith("format:") and piece.split(":", 1)[0].strip() not in REWARD_FUNCS:
+        if specs and specs[-1].startswith(("format:", "regex:")) and piece.split(":", 1)[0].strip() not in REWARD_FUNCS:
             specs[-1] += "," + piece
         else:
             specs.append(piece.strip())

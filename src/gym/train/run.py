@@ -47,11 +47,23 @@ def run_exp(config: ConfigSource | TrainArgs[Any] = None) -> RunResult:
             result = method.run(args)
             if args.finetuning.delta_compression:
                 result.metrics["delta_file"] = str(compress_output(args, result.output_dir))
+            if args.finetuning.eval_tasks:
+                result.metrics.update(_evaluate(args, result.output_dir))
         except OSError as exc:
             if exc.errno not in _NO_SPACE:
                 raise
             raise _out_of_space(args.output_dir, exc) from None
     return result
+
+
+def _evaluate(args: TrainArgs[Any], output_dir: str) -> dict[str, float]:
+    from gym.eval.after_training import evaluate_after_training
+
+    base = {"model_name_or_path": args.model.model_name_or_path, "template": args.data.template,
+            "default_system": args.data.default_system, "enable_thinking": args.data.enable_thinking}
+    return evaluate_after_training(list(args.finetuning.eval_tasks or []), output_dir, base,
+                                   dataset_dir=args.data.dataset_dir, cutoff_len=args.data.cutoff_len,
+                                   seed=args.training.seed)
 
 
 def _clean_after_dead_runs(output_dir: str) -> None:

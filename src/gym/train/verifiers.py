@@ -113,6 +113,52 @@ def accuracy_reward(arg: str | None) -> RewardFunc:
     return accuracy
 
 
+def exact_reward(arg: str | None) -> RewardFunc:
+    """1 when the whole answer (after a thought, or inside \\boxed{}) equals the reference, compared without case,
+    surrounding spaces, dollar signs or a final full stop."""
+    _no_argument("exact", arg)
+
+    def exact(prompts: list[Any], completions: list[Any], answer: list[Any] | None = None,
+              **kwargs: Any) -> list[float | None]:
+        if answer is None:
+            raise ConfigError("The `exact` reward needs an `answer` column in the dataset.")
+        rewards: list[float | None] = []
+        for completion, raw in zip(completions, answer, strict=True):
+            target = _answer_value(raw)
+            text = as_text(completion)
+            text = _last_boxed(text) or text.rsplit("</think>", 1)[-1]
+            rewards.append(None if target is None else float(_normalise(text) == _normalise(target)))
+        return rewards
+
+    return exact
+
+
+def regex_reward(arg: str | None) -> RewardFunc:
+    """1 when the pattern's first group (the whole match without one) at its last match equals the reference:
+    `regex:The answer is (\\w+)`."""
+    try:
+        pattern = re.compile(arg or "", re.DOTALL)
+    except re.error as exc:
+        raise ConfigError(f"reward `regex:{arg}`: not a valid regular expression ({exc}).") from None
+    if not arg:
+        raise ConfigError("reward `regex` needs a pattern whose first group is the answer: regex:Answer: (\\S+)")
+
+    def regex(prompts: list[Any], completions: list[Any], answer: list[Any] | None = None,
+              **kwargs: Any) -> list[float | None]:
+        if answer is None:
+            raise ConfigError("The `regex` reward needs an `answer` column in the dataset.")
+        rewards: list[float | None] = []
+        for completion, raw in zip(completions, answer, strict=True):
+            target = _answer_value(raw)
+            matches = list(pattern.finditer(as_text(completion)))
+            found = (matches[-1].group(1) if pattern.groups else matches[-1].group(0)) if matches else None
+            rewards.append(None if target is None else float(found is not None and
+                                                             _normalise(found) == _normalise(target)))
+        return rewards
+
+    return regex
+
+
 # ---------------------------------------------------------------- format and length
 
 _THINK_FORMAT = re.compile(r"^\s*<think>.+?</think>\s*\S", re.DOTALL)

@@ -1,0 +1,120 @@
+"""What `gym eval` reads besides the model keys: which tasks, and how to run them.
+
+Tasks (`--task`, repeatable; `eval_tasks:` in a YAML):
+
+    mc_demo             Gym's own multiple-choice demo (5 subjects, 300 questions, dev shots)
+    mmlu                MMLU from the hub (cais/mmlu, 57 subjects; needs the network once)
+    arithmetic          word problems with a checkable number (arithmetic_demo), generated and verified
+    gsm8k               GSM8K's test set from the hub (openai/gsm8k)
+    mc:<dataset>        any multiple-choice dataset (dataset_info.json name, or a file)
+    ppl:<dataset>       perplexity and loss on any dataset (answers of conversations, or plain text)
+    gen:<dataset>       generation scored by `verifier` (accuracy, exact, regex:<p>, python:module:fn)
+    lm_eval:<a>,<b>     lm-evaluation-harness tasks, in-process on the same model
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from typing import Any
+
+from gym.config.coerce import coerce
+from gym.core.errors import ConfigError
+from gym.core.names import did_you_mean
+
+BUILTIN_TASKS: dict[str, tuple[str, str]] = {
+    "mc_demo": ("mc", "mc_demo"), "mmlu": ("mc", "mmlu"),
+    "arithmetic": ("gen", "arithmetic_demo"), "gsm8k": ("gen", "gsm8k"),
+}
+KINDS = ("mc", "ppl", "gen", "lm_eval")
+TEMPLATES = ("auto", "chat", "plain")
+ALIASES = {"task": "tasks", "eval_tasks": "tasks", "batch_size": "eval_batch_size", "o": "output",
+           "reward_funcs": "verifier", "template_mode": "eval_template"}
+
+
+@dataclass
+class EvalTask:
+    kind: str
+    target: str  # a dataset for mc/ppl/gen; comma-separated task names for lm_eval
+
+    @property
+    def name(self) -> str:
+        for name, (kind, target) in BUILTIN_TASKS.items():
+            if (kind, target) == (self.kind, self.target):
+                return name
+        return f"{self.kind}:{self.target}"
+
+
+def parse_task(spec: str) -> EvalTask:
+    spec = spec.strip()
+    if spec in BUILTIN_TASKS:
+        return EvalTask(*BUILTIN_TASKS[spec])
+    kind, colon, target = spec.partition(":")
+    if colon and kind in KINDS and target.strip():
+        return EvalTask(kind, target.strip())
+    raise ConfigError(f"Unknown eval task {spec!r}.{did_you_mean(spec, [*BUILTIN_TASKS, *KINDS])} Give a built-in "
+                      f"task ({', '.join(BUILTIN_TASKS)}) or kind:dataset with kind one of {', '.join(KINDS)}.")
+
+
+@dataclass
+class EvalArguments:
+    tasks: list[str] = field(default_factory=list)
+    n_shot: int | None = None
+    """Examples shown before each question (default: 5 for multiple choice, 0 for generation, the task's own for
+    lm_eval)."""
+    eval_batch_size: int = 8
+    limit: int | None = None
+    """Score at most this many items per task (per subject for multiple choice)."""
+    output: str | None = None
+    log_samples: bool = False
+    seed: int = 42
+    eval_template: str = "auto"
+    """chat: prompts in the model's chat format; plain: plain text; auto: chat when the model has a template."""
+    num_samples: int = 1
+    temperature: float = 0.0
+    max_new_tokens: int = 256
+    verifier: list[str] = field(default_factory=lambda: ["accuracy"])
+    cutoff_len: int = 2048
+    dataset_dir: str = "data"
+    delta: str | None = None
+    variant: str | None = None
+    lm_eval_include: str | None = None
+    overwrite: bool = False
+
+    def __post_init__(self) -> None:
+        if self.eval_template not in TEMPLATES:
+            raise ConfigError(f"eval_template must be one of {', '.join(TEMPLATES)}, got {self.eval_template!r}.")
+        for key in ("eval_batch_size", "num_samples", "max_new_tokens", "cutoff_len"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"{key} must be at least 1, got {getattr(self, key)}.")
+        if self.n_shot is not None and self.n_shot < 0:
+            raise ConfigError(f"n_shot must be 0 or more, got {self.n_shot}.")
+        if self.limit is not None and self.limit < 1:
+            raise ConfigError(f"limit must be at least 1, got {self.limit}.")
+        if self.variant is not None and (self.delta or ":" not in self.variant):
+            raise ConfigError("variant: write STORE:USER (a `gym variants` store and a user in it), without delta.")
+        self.parsed_tasks()  # a bad task name fails before any model loads
+
+    def parsed_tasks(self) -> list[EvalTask]:
+        return [parse_task(t) for t in self.tasks]
+
+
+def parse_eval(config: dict[str, Any]) -> tuple[EvalArguments, dict[str, Any]]:
+    """(the eval keys, the rest: the model keys of `gym chat`). A training YAML's `eval_tasks` are its tasks."""
+    hints = typing.get_type_hints(EvalArguments)
+    names = {f.name for f in dataclasses.fields(EvalArguments)}
+    values: dict[str, Any] = {}
+    rest: dict[str, Any] = {}
+    for raw_key, value in config.items():
+        key = str(raw_key).replace("-", "_")
+        key = ALIASES.get(key, key)
+        if key in names:
+            if key == "tasks" and isinstance(value, str):
+                value = [value]
+            values[key] = coerce(key, value, hints[key])
+        else:
+            rest[raw_key] = value
+    if "dataset_dir" in values:  # the model config's data keys read it too (a dataset's template, ...)
+        rest["dataset_dir"] = values["dataset_dir"]
+    return EvalArguments(**values), rest

@@ -1,0 +1,156 @@
+"""Result files of `gym eval`: the table on stdout, the JSON on disk, and `--compare A B` with a significance test.
+
+A result file holds the eval settings, the model (what was loaded and its weight fingerprint), the seed,
+the library versions and, per task, its metrics (and with --log_samples every item's prediction). Two
+files compare task by task: where both logged the same items, the test is paired (McNemar's exact test
+for right/wrong items, a paired z-test otherwise); without samples, an unpaired z-test from the standard
+errors.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
+
+from gym.core.errors import ConfigError
+from gym.core.files import temp_path
+
+PACKAGES = ("torch", "transformers", "peft", "datasets", "lm_eval")
+
+
+def versions() -> dict[str, str | None]:
+    from gym.core.version import __version__
+
+    found: dict[str, str | None] = {"gym": __version__}
+    for name in PACKAGES:
+        try:
+            found[name] = version(name)
+        except PackageNotFoundError:
+            found[name] = None
+    return found
+
+
+def write_report(path: str | os.PathLike[str], report: dict[str, Any]) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temp_path(path)
+    tmp.write_text(json.dumps(report, indent=1, ensure_ascii=False, default=str) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+    return path
+
+
+def read_report(path: str | os.PathLike[str]) -> dict[str, Any]:
+    try:
+        report = json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such result file (write one with `gym eval ... -o {path}`).") from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path} is not a gym eval result file: not JSON (line {exc.lineno}).") from None
+    if not isinstance(report, dict) or not isinstance(report.get("results"), dict):
+        raise ConfigError(f"{path} is not a gym eval result file: it has no 'results'.")
+    return report
+
+
+def _value(value: float, stderr: float | None) -> str:
+    text = f"{value:.4f}"
+    return text + (f" ± {stderr:.4f}" if stderr is not None and not math.isnan(stderr) else "")
+
+
+def format_table(results: dict[str, Any]) -> str:
+    lines = [f"{'task':<28} {'metric':<12} {'value':>20} {'items':>7}  prompt"]
+    for task, result in results.items():
+        metrics = result.get("metrics", {})
+        for metric, value in metrics.items():
+            if metric.endswith("_stderr") or not isinstance(value, (int, float)):
+                continue
+            stderr = metrics.get(f"{metric}_stderr")
+            prompt = result.get("prompt", "")
+            if result.get("n_shot") is not None and prompt:
+                prompt += f", {result['n_shot']}-shot"
+            items = result.get("items") or ""
+            lines.append(f"{task:<28} {metric:<12} {_value(value, stderr):>20} {items:>7}  {prompt}")
+        for subject, row in (result.get("subjects") or {}).items():
+            lines.append(f"  {subject:<26} {'acc':<12} {_value(row['acc'], row.get('acc_stderr')):>20} "
+                         f"{row['items']:>7}")
+        if "tokens" in result:
+            lines.append(f"  {'tokens scored':<26} {result['tokens']:>41}")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- comparing two result files
+
+def _binomial_two_sided(k: int, n: int) -> float:
+    """McNemar's exact test: P(at most min(b, c) of the b + c discordant items go one way), two-sided."""
+    if n == 0:
+        return 1.0
+    tail = sum(math.comb(n, i) for i in range(0, min(k, n - k) + 1)) / 2 ** n
+    return min(1.0, 2 * tail)
+
+
+def _normal_p(z: float) -> float:
+    return math.erfc(abs(z) / math.sqrt(2))
+
+
+def _per_item(result: dict[str, Any], metric: str) -> dict[str, float] | None:
+    samples = result.get("samples")
+    if not samples:
+        return None
+    out = {}
+    for i, sample in enumerate(samples):
+        key = str(sample.get("source") or sample.get("row") or sample.get("doc_id") or i)
+        if metric in sample and isinstance(sample[metric], (int, float)):
+            out[key] = float(sample[metric])
+        elif metric == "loss" and "nll" in sample and sample.get("tokens"):
+            out[key] = sample["nll"] / sample["tokens"]
+    return out or None
+
+
+def significance(a: dict[str, Any], b: dict[str, Any], metric: str) -> tuple[float | None, str]:
+    """(p-value, the test's name) for metric between two task results."""
+    items_a, items_b = _per_item(a, metric), _per_item(b, metric)
+    if items_a and items_b and set(items_a) == set(items_b):
+        keys = sorted(items_a)
+        xs, ys = [items_a[k] for k in keys], [items_b[k] for k in keys]
+        if all(v in (0.0, 1.0) for v in xs + ys):
+            only_a = sum(1 for x, y in zip(xs, ys) if x > y)
+            only_b = sum(1 for x, y in zip(xs, ys) if y > x)
+            return _binomial_two_sided(only_a, only_a + only_b), "McNemar exact"
+        diffs = [y - x for x, y in zip(xs, ys)]
+        n = len(diffs)
+        mean = sum(diffs) / n
+        sd = math.sqrt(sum((d - mean) ** 2 for d in diffs) / (n - 1)) if n > 1 else 0.0
+        if sd == 0:
+            return (1.0 if mean == 0 else 0.0), "paired z"
+        return _normal_p(mean / (sd / math.sqrt(n))), "paired z"
+    se_a, se_b = a["metrics"].get(f"{metric}_stderr"), b["metrics"].get(f"{metric}_stderr")
+    if se_a is None or se_b is None or math.isnan(se_a) or math.isnan(se_b) or se_a + se_b == 0:
+        return None, "none (no samples or standard errors)"
+    return _normal_p((b["metrics"][metric] - a["metrics"][metric]) / math.sqrt(se_a ** 2 + se_b ** 2)), "z"
+
+
+def compare(path_a: str, path_b: str) -> str:
+    a, b = read_report(path_a), read_report(path_b)
+    shared = [t for t in a["results"] if t in b["results"]]
+    if not shared:
+        raise ConfigError(f"{path_a} and {path_b} have no task in common "
+                          f"({', '.join(a['results'])} vs {', '.join(b['results'])}).")
+    lines = [f"A = {path_a}\nB = {path_b}\n",
+             f"{'task':<28} {'metric':<12} {'A':>9} {'B':>9} {'B - A':>9} {'p':>8}  test"]
+    for task in shared:
+        ra, rb = a["results"][task], b["results"][task]
+        for metric, value_a in ra.get("metrics", {}).items():
+            value_b = rb.get("metrics", {}).get(metric)
+            if metric.endswith("_stderr") or not isinstance(value_a, (int, float)) or \
+                    not isinstance(value_b, (int, float)):
+                continue
+            p, test = significance(ra, rb, metric)
+            mark = " *" if p is not None and p < 0.05 else ""
+            shown = "-" if p is None else f"{p:.4f}"
+            lines.append(f"{task:<28} {metric:<12} {value_a:>9.4f} {value_b:>9.4f} {value_b - value_a:>+9.4f} "
+                         f"{shown:>8}  {test}{mark}")
+    lines.append("\n* p < 0.05: the difference is unlikely to be chance on these items.")
+    return "\n".join(lines)

@@ -1,0 +1,96 @@
+"""`run_eval`: load the model once, run every task on it, return (and write) the report."""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import random
+from typing import Any
+
+import torch
+
+from gym.core.errors import ConfigError
+from gym.core.files import refuse_overwrite
+from gym.data.registry import get_dataset_attrs
+from gym.eval.config import EvalArguments, parse_eval
+from gym.eval.generation import GenSettings, generate_task
+from gym.eval.loglik import LoglikScorer
+from gym.eval.mc import MCSettings, MCTask, dev_dataset, read_items
+from gym.eval.model import EvalModel, load_eval_model
+from gym.eval.perplexity import perplexity
+from gym.eval.results import versions, write_report
+
+logger = logging.getLogger(__name__)
+
+
+def _check_datasets(args: EvalArguments) -> None:
+    """Unknown dataset names fail before the model loads (reading the rows waits for the task)."""
+    for task in args.parsed_tasks():
+        if task.kind != "lm_eval":
+            get_dataset_attrs(task.target, args.dataset_dir)
+    if args.lm_eval_include is None and any(t.kind == "lm_eval" for t in args.parsed_tasks()):
+        from gym.eval.lm_eval_bridge import require_lm_eval
+
+        require_lm_eval()
+
+
+def evaluate_tasks(model: EvalModel, args: EvalArguments) -> dict[str, Any]:
+    """{task name: its result} for every task of `args`, on an already loaded model."""
+    random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    chat = args.eval_template == "chat" or (args.eval_template == "auto" and model.chat_format is not None)
+    scorer = LoglikScorer(model.model, args.eval_batch_size, pad_id=model.pad_id)
+    results: dict[str, Any] = {}
+    for task in args.parsed_tasks():
+        logger.info("Evaluating %s", task.name)
+        if task.kind == "mc":
+            dev = dev_dataset(task.target, args.dataset_dir)
+            mc = MCTask(task.name, read_items(task.target, args.dataset_dir),
+                        read_items(dev, args.dataset_dir) if dev else None)
+            settings = MCSettings(n_shot=5 if args.n_shot is None else args.n_shot, chat=chat, limit=args.limit,
+                                  log_samples=args.log_samples)
+            results[task.name] = mc.run(model, settings, scorer)
+        elif task.kind == "ppl":
+            results[task.name] = perplexity(model, task.target, args.dataset_dir, cutoff_len=args.cutoff_len,
+                                            limit=args.limit, batch_size=args.eval_batch_size,
+                                            log_samples=args.log_samples)
+        elif task.kind == "gen":
+            settings_gen = GenSettings(rewards=args.verifier, n_shot=args.n_shot or 0, chat=chat, limit=args.limit,
+                                       num_samples=args.num_samples, temperature=args.temperature,
+                                       max_new_tokens=args.max_new_tokens, seed=args.seed,
+                                       log_samples=args.log_samples)
+            results[task.name] = generate_task(model, task.target, args.dataset_dir, settings_gen)
+        else:
+            from gym.eval.lm_eval_bridge import run_lm_eval
+
+            results.update(run_lm_eval(model, [n.strip() for n in task.target.split(",") if n.strip()],
+                                       n_shot=args.n_shot, limit=args.limit, batch_size=args.eval_batch_size,
+                                       dataset_dir=args.dataset_dir, include=args.lm_eval_include, chat=chat,
+                                       seed=args.seed, log_samples=args.log_samples))
+    return results
+
+
+def make_report(model: EvalModel, args: EvalArguments, results: dict[str, Any]) -> dict[str, Any]:
+    settings = {k: v for k, v in vars(args).items() if k not in ("output", "overwrite")}
+    return {"made_by": "gym eval", "created": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+            "model": {**model.description, "fingerprint": model.fingerprint}, "seed": args.seed,
+            "settings": settings, "versions": versions(), "results": results}
+
+
+def run_eval(config: dict[str, Any]) -> dict[str, Any]:
+    """Evaluate what `config` names (the model keys of `gym chat` plus the eval keys); the report."""
+    args, model_config = parse_eval(config)
+    if not args.tasks:
+        raise ConfigError("No tasks to run: give --task (e.g. --task mc_demo --task arithmetic), or eval_tasks: "
+                          "in the config.")
+    if args.output:
+        refuse_overwrite(args.output, args.overwrite)
+    _check_datasets(args)
+    model = load_eval_model(model_config, delta=args.delta, variant=args.variant, batch_size=args.eval_batch_size)
+    try:
+        report = make_report(model, args, evaluate_tasks(model, args))
+    finally:
+        model.close()
+    if args.output:
+        write_report(args.output, report)
+    return report

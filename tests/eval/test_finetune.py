@@ -1,0 +1,57 @@
+"""A model fine-tuned on the demo task's answer key scores clearly above chance; `eval_tasks:` after training
+writes both reports, and scores the base once."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from gym.eval.mc import heading, letter_prompt, read_items
+from gym.train.run import run_exp
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow
+def test_answer_key_fine_tune_beats_chance_and_base(train_config, data_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("GYM_HOME", str(tmp_path / "home"))  # a fresh base-score cache
+    items = [i for i in read_items("mc_demo", str(REPO / "data"))]
+    subset = [i for n, i in enumerate(items) if n % 60 < 4]  # the first 4 questions of each of the 5 subjects
+    rows = [{"instruction": f"{heading(i.subject)}\n\n{letter_prompt(i)}", "input": "", "output": "ABCD"[i.answer]}
+            for i in subset]
+    (data_dir / "key.json").write_text(json.dumps(rows))
+    (data_dir / "mc_demo_test.json").write_text((REPO / "data" / "mc_demo_test.json").read_text())
+    info = json.loads((data_dir / "dataset_info.json").read_text())
+    info.update({"key": {"file_name": "key.json"}, "mc_demo": {"file_name": "mc_demo_test.json"}})
+    (data_dir / "dataset_info.json").write_text(json.dumps(info))
+    config = train_config(dataset="key", finetuning_type="full", cutoff_len=256, max_steps=250, learning_rate=3e-3,
+                          per_device_train_batch_size=5, eval_tasks=["mc_demo", "ppl:key"])
+    from gym.eval import after_training
+
+    original = after_training.EvalArguments
+
+    def zero_shot_first_four(**kwargs):
+        return original(**kwargs, limit=4, n_shot=0)
+
+    monkeypatch.setattr(after_training, "EvalArguments", zero_shot_first_four)
+    result = run_exp(config)
+    out = Path(result.output_dir)
+    trained = json.loads((out / "eval_results.json").read_text())
+    base = json.loads((out / "eval_base.json").read_text())
+    tuned_acc = trained["results"]["mc_demo"]["metrics"]["acc"]
+    base_acc = base["results"]["mc_demo"]["metrics"]["acc"]
+    assert trained["results"]["mc_demo"]["items"] == 20 and trained["results"]["mc_demo"]["prompt"] == "chat"
+    assert tuned_acc >= 0.7 > 0.25 + 0.2 and tuned_acc > base_acc + 0.3, (tuned_acc, base_acc)
+    assert result.metrics["eval_mc_demo_acc"] == tuned_acc and result.metrics["eval_base_mc_demo_acc"] == base_acc
+    assert trained["model"]["fingerprint"] != base["model"]["fingerprint"]
+    assert trained["results"]["ppl:key"]["metrics"]["loss"] < base["results"]["ppl:key"]["metrics"]["loss"]
+    # The base was scored once: a second run on the same base reads its report from the cache.
+    cached = list((tmp_path / "home" / "eval_cache").glob("*.json"))
+    assert len(cached) == 1
+    stamp = cached[0].stat().st_mtime_ns
+    run_exp({**config, "output_dir": str(tmp_path / "second"), "max_steps": 1})
+    assert cached[0].stat().st_mtime_ns == stamp
+    second = json.loads((tmp_path / "second" / "eval_base.json").read_text())
+    assert second["results"]["mc_demo"]["metrics"]["acc"] == base_acc
