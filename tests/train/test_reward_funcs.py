@@ -193,11 +193,11 @@ def test_get_reward_funcs_names_and_weights():
     funcs, weights = get_reward_funcs(["length:10", "length:20", "format"], weights=[1, 0.5, 2])
     assert [f.__name__ for f in funcs] == ["length", "length_2", "format"]  # distinct names in TRL's logs
     assert weights == [1.0, 0.5, 2.0]
-    assert set(REWARD_FUNCS) == {"accuracy", "format", "length", "reward_model", "python"}
+    assert set(REWARD_FUNCS) == {"accuracy", "exact", "regex", "format", "length", "reward_model", "python"}
 
 
 def test_get_reward_funcs_errors():
-    with pytest.raises(ConfigError, match="Did you mean 'accuracy'.*Known: accuracy, format"):
+    with pytest.raises(ConfigError, match="Did you mean 'accuracy'.*Known: accuracy, exact, regex, format"):
         get_reward_funcs(["acuracy"])
     with pytest.raises(ConfigError, match="reward_weights has 1 values but reward_funcs has 2"):
         get_reward_funcs(["accuracy", "format"], weights=[1.0])
@@ -331,3 +331,18 @@ def test_reward_model_key_joins_the_reward_functions(seq_cls_dir):
         rewards_of(RewardChoice(reward_funcs=["format", "length"], reward_weights=[1.0, 2.0, 3.0]))
     with pytest.raises(ConfigError, match="needs rewards: set `reward_funcs`"):
         rewards_of(RewardChoice())
+
+
+def test_exact_and_regex_verifiers():
+    from gym.train.reward_funcs import get_reward_funcs
+
+    (exact,), _ = get_reward_funcs(["exact"])
+    assert exact(prompts=[""] * 4, completions=["Lima.", "<think>hmm</think> lima", "The answer is Lima", "$42"],
+                 answer=["Lima", "Lima", "Lima", "42"]) == [1.0, 1.0, 0.0, 1.0]
+    (regex, _format), _ = get_reward_funcs("regex:ANSWER: (\\d+),format")
+    assert regex(prompts=[""] * 3, completions=["ANSWER: 1 then ANSWER: 7", "ANSWER: 8", "none"],
+                 answer=["7", "7", "7"]) == [1.0, 0.0, 0.0]
+    funcs, _ = get_reward_funcs("regex:\\d{1,3},accuracy")  # a comma inside the pattern stays in it
+    assert len(funcs) == 2
+    with pytest.raises(ConfigError, match="needs a pattern"):
+        get_reward_funcs(["regex"])

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from tqdm.auto import tqdm
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,8 @@ class LoglikScorer:
             units.append((sequence, [(i, targets[0][1], requests[i][1]) for i in members]))
         scores: list[Score | None] = [None] * len(requests)
         order = sorted(range(len(units)), key=lambda u: -len(units[u][0]))  # similar lengths share a batch
-        for start in range(0, len(order), self.batch_size):
+        batches = range(0, len(order), self.batch_size)
+        for start in tqdm(batches, desc="log-likelihoods", disable=None, dynamic_ncols=True, leave=False):
             self._run([units[u] for u in order[start:start + self.batch_size]], scores)
         assert all(s is not None for s in scores)
         return [s for s in scores if s is not None]

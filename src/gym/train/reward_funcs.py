@@ -3,7 +3,7 @@
     reward_funcs: [accuracy, format]        # or "accuracy,format"
     reward_weights: [1.0, 0.5]              # optional, all 1.0 by default
 
-Every entry is `name` or `name:argument` (`length:80`, `format:<regex>`, `reward_model:saves/rm`,
+Every entry is `name` or `name:argument` (`length:80`, `format:<regex>`, `regex:<pattern>`, `reward_model:saves/rm`,
 `python:my_rewards:score`). Each resolves to a callable with TRL's reward signature,
 `fn(prompts, completions, **columns) -> list[float | None]`, so the same list feeds TRL's trainers
 and our own PPO loop (through `combined_reward`). A None reward means "not applicable to this row".
