@@ -5,10 +5,11 @@ Runs, as a user would:
     gym delta compress --base smollm2-135m --finetuned <the adapter> --method bitdelta
                 --eval-task mc_demo --eval-task arithmetic --eval-limit N
 which scores the base (the baseline, measured in the same run), the fine-tune and the compressed fine-tune
-on the multiple-choice demo (300 held-out questions, 5-shot, chat format) and on the arithmetic generation
-task (greedy, the first N problems, checked final number), and prints the table.
+on the multiple-choice demo (the first N held-out questions of each of its 5 subjects, 5-shot, chat
+format) and on the arithmetic generation task (greedy, the first N problems, checked final number), and
+prints the table.
 
-    HF_HUB_OFFLINE=1 .venv/bin/python bench/eval_demo.py [--epochs 3] [--eval-limit 60] [--keep DIR]
+    HF_HUB_OFFLINE=1 .venv/bin/python bench/eval_demo.py [--epochs 3] [--eval-limit 30] [--keep DIR]
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ REPO = Path(__file__).resolve().parent.parent
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--epochs", type=float, default=3)
-    parser.add_argument("--eval-limit", type=int, default=60, help="items per mc subject / arithmetic problems")
+    parser.add_argument("--eval-limit", type=int, default=30, help="items per mc subject / arithmetic problems")
     parser.add_argument("--keep", help="write the run here (default: a temporary folder)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="[gym] %(message)s")
