@@ -1,0 +1,35 @@
+"""The eval keys of a config, and the training YAML's `eval_tasks` as `gym eval`'s tasks."""
+
+from __future__ import annotations
+
+import pytest
+
+from gym.core.errors import ConfigError
+from gym.eval.config import parse_eval, parse_task
+
+
+def test_a_training_yaml_gives_its_eval_tasks_and_keeps_its_model_keys():
+    args, rest = parse_eval({"model_name_or_path": "smollm2-135m", "stage": "sft", "output_dir": "saves/x",
+                             "eval_tasks": ["mc_demo", "ppl:identity"], "cutoff_len": 256, "batch_size": 4})
+    assert args.tasks == ["mc_demo", "ppl:identity"] and args.cutoff_len == 256 and args.eval_batch_size == 4
+    assert rest == {"model_name_or_path": "smollm2-135m", "stage": "sft", "output_dir": "saves/x"}
+    assert [(t.kind, t.target, t.name) for t in args.parsed_tasks()] == [
+        ("mc", "mc_demo", "mc_demo"), ("ppl", "identity", "ppl:identity")]
+
+
+def test_task_names():
+    assert parse_task("lm_eval:hellaswag,arc_easy").target == "hellaswag,arc_easy"
+    assert parse_task("arithmetic").name == "arithmetic" and parse_task("gen:arithmetic_demo").name == "arithmetic"
+    with pytest.raises(ConfigError, match="Did you mean 'gsm8k'"):
+        parse_task("gsm8")
+    with pytest.raises(ConfigError, match="kind:dataset"):
+        parse_task("bleu:data")
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("n_shot", -1, "n_shot must be 0 or more"), ("num_samples", 0, "num_samples must be at least 1"),
+    ("limit", 0, "limit must be at least 1"), ("eval_template", "html", "eval_template must be one of"),
+])
+def test_bad_values_name_the_key(key, value, message):
+    with pytest.raises(ConfigError, match=message):
+        parse_eval({"tasks": ["mc_demo"], key: value})
