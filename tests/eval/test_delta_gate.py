@@ -34,3 +34,4 @@ def test_kept_share_for_scores_and_losses():
     assert kept(0.25, 0.80, 0.76, "acc") == (0.95, (0.76 - 0.25) / (0.80 - 0.25))
     share, gain = kept(3.0, 2.0, 2.5, "loss")
     assert share == 0.8 and gain == 0.5
+    assert kept(0.1, 0.0, 0.0, "acc")[0] == 1.0  # nothing to keep is all kept

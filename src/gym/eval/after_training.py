@@ -97,8 +97,10 @@ def evaluate_after_training(tasks: list[str], output_dir: str, base: dict[str, A
 def kept(base: float, finetuned: float, compressed: float, metric: str) -> tuple[float, float]:
     """(share of the fine-tune's score kept, share of its gain over the base kept)."""
     lower = metric in LOWER_IS_BETTER
-    score_kept = (finetuned / compressed if compressed else math.inf) if lower else \
-        (compressed / finetuned if finetuned else math.nan)
+    if lower:
+        score_kept = finetuned / compressed if compressed else math.inf
+    else:  # a fine-tune that scores 0 has nothing to lose
+        score_kept = compressed / finetuned if finetuned else 1.0
     gain = finetuned - base
     gain_kept = (compressed - base) / gain if gain else math.nan
     return score_kept, gain_kept
@@ -123,7 +125,8 @@ def delta_quality_gate(base: str, finetuned: str, delta: str, tasks: list[str], 
         metric = primary_metric(result)
         b, f, c = (reports[k]["results"][task]["metrics"][metric] for k in ("base", "fine-tune", "compressed"))
         share, gain = kept(b, f, c, metric)
-        lines.append(f"{task:<28} {metric:<10} {b:>9.4f} {f:>10.4f} {c:>11.4f} {share:>7.1%} {gain:>10.1%}")
+        gain_text = "-" if math.isnan(gain) else f"{gain:.1%}"
+        lines.append(f"{task:<28} {metric:<10} {b:>9.4f} {f:>10.4f} {c:>11.4f} {share:>7.1%} {gain_text:>10}")
         if min_kept is not None and not share >= min_kept:
             failures.append(f"{task} keeps {share:.1%} of the fine-tune's {metric}")
     table = "\n".join(lines)
