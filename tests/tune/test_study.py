@@ -13,7 +13,7 @@ from gym.core.errors import ConfigError
 from gym.tune import study
 from gym.tune.space import parse_space
 
-pytest.importorskip("optuna")
+pytest.importorskip("optuna", reason="gym tune needs Optuna: pip install 'zoo-gym[tune]' (part of the dev install)")
 
 SPACE = {"learning_rate": {"low": "1e-4", "high": "1e-2", "log": True}, "lora_rank": [4, 8]}
 

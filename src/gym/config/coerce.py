@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import json
 import types
@@ -113,3 +114,22 @@ def coerce(key: str, value: Any, tp: Any) -> Any:
             raise _expected(key, tp, value, did_you_mean(str(value), [str(m.value) for m in tp])) from None
     # Types we do not check (e.g. accelerate objects): hand them to the dataclass as they are.
     return value
+
+
+def split_keys(config: dict[str, Any], owner: type, aliases: dict[str, str] | None = None
+               ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the keys dataclass `owner` declares, coerced to their field types; the rest as given). Dashes read as
+    underscores and `aliases` map short spellings (`--format`) to field names. For verbs whose own keys sit
+    beside the model keys of `gym chat` (export, eval)."""
+    hints = typing.get_type_hints(owner)
+    names = {f.name for f in dataclasses.fields(owner)}
+    own: dict[str, Any] = {}
+    rest: dict[str, Any] = {}
+    for raw_key, value in config.items():
+        key = str(raw_key).replace("-", "_")
+        key = (aliases or {}).get(key, key)
+        if key in names:
+            own[key] = coerce(key, value, hints[key])
+        else:
+            rest[raw_key] = value
+    return own, rest

@@ -14,12 +14,10 @@ Tasks (`--task`, repeatable; `eval_tasks:` in a YAML):
 
 from __future__ import annotations
 
-import dataclasses
-import typing
 from dataclasses import dataclass, field
 from typing import Any
 
-from gym.config.coerce import coerce
+from gym.config.coerce import split_keys
 from gym.core.errors import ConfigError
 from gym.core.names import did_you_mean
 
@@ -102,19 +100,12 @@ class EvalArguments:
 
 def parse_eval(config: dict[str, Any]) -> tuple[EvalArguments, dict[str, Any]]:
     """(the eval keys, the rest: the model keys of `gym chat`). A training YAML's `eval_tasks` are its tasks."""
-    hints = typing.get_type_hints(EvalArguments)
-    names = {f.name for f in dataclasses.fields(EvalArguments)}
-    values: dict[str, Any] = {}
-    rest: dict[str, Any] = {}
-    for raw_key, value in config.items():
-        key = str(raw_key).replace("-", "_")
-        key = ALIASES.get(key, key)
-        if key in names:
-            if key == "tasks" and isinstance(value, str):
-                value = [value]
-            values[key] = coerce(key, value, hints[key])
-        else:
-            rest[raw_key] = value
+    def as_list(key: Any, value: Any) -> Any:  # one --task is a list of one
+        name = str(key).replace("-", "_")
+        return [value] if ALIASES.get(name, name) == "tasks" and isinstance(value, str) else value
+
+    tasks = {k: as_list(k, v) for k, v in config.items()}
+    values, rest = split_keys(tasks, EvalArguments, ALIASES)
     if "dataset_dir" in values:  # the model config's data keys read it too (a dataset's template, ...)
         rest["dataset_dir"] = values["dataset_dir"]
     return EvalArguments(**values), rest

@@ -21,9 +21,9 @@ from typing import Any
 from gym.core.errors import ConfigError, DataError
 from gym.eval.mc import mean_and_stderr
 from gym.eval.model import EvalModel
-from gym.infer.batch import load_rows
-from gym.infer.requests import Finished, Request
-from gym.train.reward_funcs import get_reward_funcs
+from gym.infer.batch import final_text, load_rows
+from gym.infer.requests import Request
+from gym.train.reward_funcs import combined_reward, get_reward_funcs
 
 
 @dataclass
@@ -91,14 +91,10 @@ def generate_task(model: EvalModel, dataset: str, dataset_dir: str, settings: Ge
                                            max_new_tokens=settings.max_new_tokens, seed=settings.seed + i * k + j)
             params.stop = stop
             requests.append(model.engine.submit(ids, params))
-    answers = [_text(r) for r in requests]
+    answers = [final_text(r).strip() for r in requests]
     references = [str(row["reference"]) for row in rows for _ in range(k)]
-    total = sum(weights)
-    combined = [0.0] * len(answers)
-    for fn, weight in zip(funcs, weights):
-        values = fn(prompts=[p for p in prompts for _ in range(k)], completions=answers, answer=references)
-        for i, value in enumerate(values):
-            combined[i] += weight * (0.0 if value is None or math.isnan(value) else float(value)) / total
+    totals = combined_reward(funcs, weights, [p for p in prompts for _ in range(k)], answers, answer=references)
+    combined = [t / sum(weights) for t in totals]  # the weighted mean: full marks stay 1
     samples: list[dict[str, Any]] = []
     per_item: list[float] = []
     item_scores: list[float] = []
@@ -125,8 +121,3 @@ def generate_task(model: EvalModel, dataset: str, dataset_dir: str, settings: Ge
         result["samples"] = samples
     return result
 
-
-def _text(request: Request) -> str:
-    *_, last = request.events()
-    assert isinstance(last, Finished)
-    return last.text.strip()

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import dataclasses
-import typing
 from dataclasses import dataclass
 from typing import Any
 
-from gym.config.coerce import coerce
+from gym.config.coerce import split_keys
 from gym.core.errors import ConfigError
 from gym.core.names import did_you_mean
 
@@ -68,14 +66,5 @@ class ExportArguments:
 
 def parse_export(config: dict[str, Any]) -> tuple[ExportArguments, dict[str, Any]]:
     """(the export keys, the rest: the model keys of `gym chat`, checked when the model loads)."""
-    hints = typing.get_type_hints(ExportArguments)
-    names = {f.name for f in dataclasses.fields(ExportArguments)}
-    export: dict[str, Any] = {}
-    rest: dict[str, Any] = {}
-    for raw_key, value in config.items():
-        key = ALIASES.get(str(raw_key).replace("-", "_"), str(raw_key).replace("-", "_"))
-        if key in names:
-            export[key] = coerce(key, value, hints[key])
-        else:
-            rest[raw_key] = value
+    export, rest = split_keys(config, ExportArguments, ALIASES)
     return ExportArguments(**export), rest

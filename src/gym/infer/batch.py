@@ -69,7 +69,8 @@ def _done_indices(path: Path) -> set[int]:
     return done
 
 
-def _answer(request: Request) -> str:
+def final_text(request: Request) -> str:
+    """The whole answer of a request, once it has finished."""
     *_, last = request.events()
     assert isinstance(last, Finished)
     return last.text
@@ -108,7 +109,7 @@ def _answer_rows(config: Config, rows: list[dict[str, Any]], output: Path, batch
                     pending.append((i, model.engine.submit(prompt, model.sampling_params(seed=seed + i))))
                 if pending and (len(pending) >= 2 * batch_size or position >= len(todo)):
                     i, request = pending.popleft()
-                    line = {"index": i, "messages": rows[i]["messages"], "prediction": _answer(request).strip(),
+                    line = {"index": i, "messages": rows[i]["messages"], "prediction": final_text(request).strip(),
                             "reference": rows[i]["reference"]}
                     handle.write(json.dumps(line, ensure_ascii=False) + "\n")
                     handle.flush()
