@@ -13,7 +13,7 @@ from transformers import AutoModelForCausalLM
 from gym.cli import main
 from gym.export.onnx import cache_shape
 
-ort = pytest.importorskip("onnxruntime", reason="the ONNX check needs onnxruntime: pip install 'zoo-gym[onnx]' (part of the dev install)")
+ort = pytest.importorskip("onnxruntime", reason="the ONNX check needs onnxruntime: pip install 'zoo-gym[onnx]'")
 
 
 def _session(folder):
