@@ -18,7 +18,7 @@ import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from gym.core.errors import ConfigError, GymError, as_gym_error
+from gym.core.errors import ConfigError, GymError, RunStopped, as_gym_error
 from gym.core.version import __version__
 
 if TYPE_CHECKING:
@@ -334,6 +334,9 @@ def main(argv: list[str] | None = None) -> int:
         return COMMANDS[command](rest)
     except KeyboardInterrupt:
         print("\ngym: interrupted", file=sys.stderr)
+        return 130
+    except RunStopped as stopped:
+        print(f"gym: {stopped}", file=sys.stderr)
         return 130
     except Exception as exc:
         error = as_gym_error(exc)

@@ -28,6 +28,11 @@ class OutputError(GymError):
     """An output that cannot be written: no space, no permission, or a path that is in the way."""
 
 
+class RunStopped(GymError):
+    """A run that stopped when asked (Ctrl-C, the web UI's Stop) after saving a checkpoint to resume from.
+    The CLI exits with 130, as for an interrupt, so scripts can tell it from a failure and from a finished run."""
+
+
 _NO_SPACE = {28, 122}  # ENOSPC, EDQUOT
 _NO_ACCESS = {1, 13, 30}  # EPERM, EACCES, EROFS
 

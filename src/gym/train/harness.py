@@ -32,8 +32,8 @@ logger = logging.getLogger(__name__)
 
 class RunLog:
     """output_dir/trainer_log.jsonl, one JSON object per logged step. `start(step)` keeps only the lines up
-    to `step` (a resumed run continues the log of the run it resumes; lines past the checkpoint, and a
-    line cut short by the interruption, belong to the run that died)."""
+    to `step` (a resumed run continues the log of the run it resumes; lines past the checkpoint, a line cut
+    short by the interruption and a stopped run's closing summary belong to the run that ended)."""
 
     def __init__(self, output_dir: str | Path) -> None:
         self.path = Path(output_dir) / LOG_FILE
@@ -45,7 +45,9 @@ class RunLog:
         if resume_step > 0 and self.path.is_file():
             for line in self.path.read_text(encoding="utf-8").splitlines():
                 try:
-                    if json.loads(line).get("step", 0) <= resume_step:
+                    entry = json.loads(line)
+                    # A stopped run's closing summary (train_runtime ...) is not a step of the resumed run.
+                    if entry.get("step", 0) <= resume_step and "train_runtime" not in entry:
                         kept.append(line)
                 except json.JSONDecodeError:
                     break

@@ -30,7 +30,7 @@ from gym.data.loader import TokenizedData, get_dataset
 from gym.data.templates import ChatFormat, get_chat_format
 from gym.models.adapters import count_parameters, setup_finetuning
 from gym.models.loader import load_causal_lm, load_tokenizer, resolve_model_path
-from gym.train import harness, optimizers
+from gym.train import harness, optimizers, stopping
 from gym.train.checkpoints import resolve_resume
 from gym.train.memory import needs_checkpointing
 from gym.train.trainer import GymTrainer
@@ -162,7 +162,11 @@ def train_and_save(trainer: Any, setup: Setup, args: TrainArgs[Any]) -> RunResul
     optimizers.install(trainer, args)
     harness.attach(trainer, args)
     started = time.perf_counter()
-    result = trainer.train(resume_from_checkpoint=setup.resume)
+    with stopping.stop_on_interrupt() as stop:
+        trainer.add_callback(stopping.StopCallback(stop))
+        result = trainer.train(resume_from_checkpoint=setup.resume)
+    if stop.requested and trainer.state.global_step < trainer.state.max_steps:
+        raise stopping.stopped(args.output_dir, trainer.state.global_step, trainer.state.max_steps)
     seconds = time.perf_counter() - started
     metrics = dict(result.metrics)
     if trainer.eval_dataset is not None:

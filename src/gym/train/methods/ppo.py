@@ -44,6 +44,7 @@ from gym.train.checkpoints import load_checkpoint, save_checkpoint, save_every
 from gym.train.harness import Progress, RunLog, finish_run
 from gym.train.ppo_loop import build_loop, collect_rollout, optimise, prompt_batches
 from gym.train.reward_funcs import RewardChoice
+from gym.train.stopping import stop_on_interrupt, stopped
 from gym.train.workflow import prepare
 
 logger = logging.getLogger(__name__)
@@ -135,24 +136,29 @@ def run(args: TrainArgs[PPOOptions]) -> RunResult:
     save_steps = save_every(training.save_strategy, training.save_steps, max_steps)
 
     started, entry = time.perf_counter(), {}
-    for step in range(first_step, max_steps + 1):
-        learning_rate = loop.scheduler.get_last_lr()[0]
-        kl_coef = loop.kl_ctl.value
-        rollout = collect_rollout(loop, next(prompts), device)
-        losses = optimise(loop, rollout, generator)
-        loop.scheduler.step()
-        loop.kl_ctl.update(rollout.stats["kl"], rollout_size)
-        tokens += int(rollout.stats.pop("tokens"))
-        entry = log.write(step, max_steps, {**losses, **rollout.stats, "kl_coef": kl_coef,
-                                            "learning_rate": learning_rate})
-        progress.advance_to(step)
-        progress.show(step, {k: entry[k] for k in ("reward", "kl", "loss")})
-        if save_steps and step % save_steps == 0 and step < max_steps:
-            moments = loop.score_moments
-            save_checkpoint(args.output_dir, step, modules, loop.optimizer, loop.scheduler, generator,
-                            {"tokens": tokens, "kl_coef": loop.kl_ctl.value,
-                             "score_moments": [moments.mean, moments.var, moments.count]},
-                            training.save_total_limit)
+    with stop_on_interrupt() as stop:
+        for step in range(first_step, max_steps + 1):
+            learning_rate = loop.scheduler.get_last_lr()[0]
+            kl_coef = loop.kl_ctl.value
+            rollout = collect_rollout(loop, next(prompts), device)
+            losses = optimise(loop, rollout, generator)
+            loop.scheduler.step()
+            loop.kl_ctl.update(rollout.stats["kl"], rollout_size)
+            tokens += int(rollout.stats.pop("tokens"))
+            entry = log.write(step, max_steps, {**losses, **rollout.stats, "kl_coef": kl_coef,
+                                                "learning_rate": learning_rate})
+            progress.advance_to(step)
+            progress.show(step, {k: entry[k] for k in ("reward", "kl", "loss")})
+            asked_to_stop = stop.requested and step < max_steps
+            if (save_steps and step % save_steps == 0 and step < max_steps) or asked_to_stop:
+                moments = loop.score_moments
+                save_checkpoint(args.output_dir, step, modules, loop.optimizer, loop.scheduler, generator,
+                                {"tokens": tokens, "kl_coef": loop.kl_ctl.value,
+                                 "score_moments": [moments.mean, moments.var, moments.count]},
+                                training.save_total_limit)
+            if asked_to_stop:
+                progress.close()
+                raise stopped(args.output_dir, step, max_steps)
     progress.close()
     seconds = time.perf_counter() - started
     return finish_run(

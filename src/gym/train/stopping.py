@@ -1,0 +1,68 @@
+"""Stopping a run on request without losing it: the first Ctrl-C (SIGINT, which is also what the web UI's
+Stop sends) lets the current step finish, saves a checkpoint and ends the run with `RunStopped`;
+`resume_from_checkpoint: true` continues from there. A second Ctrl-C interrupts at once, as usual.
+
+Only the main thread can own a signal handler; a run started from another thread (a test, a notebook
+worker) keeps Python's default behaviour.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from transformers import TrainerCallback
+
+from gym.core.errors import RunStopped
+
+logger = logging.getLogger(__name__)
+
+
+class StopRequest:
+    """Set by the first SIGINT; the training loop polls it between steps."""
+
+    def __init__(self) -> None:
+        self.requested = False
+
+    def handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        logger.warning("Stop requested: saving a checkpoint after this step (Ctrl-C again to quit at once).")
+
+
+@contextmanager
+def stop_on_interrupt() -> Iterator[StopRequest]:
+    request = StopRequest()
+    if threading.current_thread() is not threading.main_thread():
+        yield request
+        return
+    previous = signal.signal(signal.SIGINT, request.handle)
+    try:
+        yield request
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+class StopCallback(TrainerCallback):
+    """Turns a stop request into the Trainer's own save-then-stop at the end of the current step."""
+
+    def __init__(self, request: StopRequest) -> None:
+        self.request = request
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.request.requested:
+            control.should_save = True
+            control.should_training_stop = True
+
+
+def stopped(output_dir: str, step: int, max_steps: int) -> RunStopped:
+    checkpoint = Path(output_dir) / f"checkpoint-{step}"
+    return RunStopped(f"stopped at step {step} of {max_steps} on request; the checkpoint is {checkpoint}. "
+                      "Continue with resume_from_checkpoint=true.")
