@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.gym-installed
 
 export HF_HUB_DISABLE_TELEMETRY := 1
 
-.PHONY: setup demo lint test bench bench-llamacpp test-llamacpp clean
+.PHONY: setup browser demo lint test bench bench-llamacpp test-llamacpp clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +23,12 @@ $(STAMP): pyproject.toml | $(PY)
 
 setup: $(STAMP)
 
+# The web UI's browser test drives Debian's Chromium (Playwright cannot download browsers here).
+browser:
+	@command -v chromium >/dev/null 2>&1 || [ -x /usr/bin/chromium ] || \
+		(apt-get install -y -q chromium >/dev/null 2>&1 || (apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null)) || \
+		echo "chromium could not be installed: the web UI's browser test will be skipped"
+
 demo: setup
 	HF_HUB_OFFLINE=1 $(GYM) train examples/quickstart.yaml
 	HF_HUB_OFFLINE=1 $(GYM) chat examples/quickstart.yaml --prompt "Who are you?"
@@ -32,7 +38,7 @@ lint: setup
 	$(VENV)/bin/ruff check src tests bench
 	$(VENV)/bin/mypy
 
-test: lint
+test: lint browser
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q tests
 
 bench: setup

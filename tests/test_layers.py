@@ -25,7 +25,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("infer", ("gym.infer",)),
     ("jobs", ("gym.train", "gym.delta", "gym.soup", "gym.personalization", "gym.tfgrpo", "gym.eval",
               "gym.export")),
-    ("doors", ("gym", "gym.cli", "gym.python_api", "gym.hparams", "gym.quantization", "gym.serve")),
+    ("doors", ("gym", "gym.cli", "gym.python_api", "gym.hparams", "gym.quantization", "gym.serve", "gym.webui")),
 ]
 
 

@@ -46,6 +46,8 @@ commands:
   eval CONFIG --task T [--task T2 ...] [-o results.json]
                                                    multiple choice, perplexity, verified generation, lm-eval
                                                    (`gym eval -h`); --compare A B: the difference, tested
+  webui [--host 127.0.0.1] [--port 7860] [--auth user:pass] [--runs_dir saves/webui] [--dataset_dir data]
+                                                   the web UI: train, watch, chat, compress, export, evaluate
   env                                              versions of Python, torch and the HF stack, and the device
   version                                          Gym's version
 
@@ -265,6 +267,41 @@ def cmd_eval(argv: list[str]) -> int:
     return eval_main(argv)
 
 
+def cmd_webui(argv: list[str]) -> int:
+    if "--help" in argv or "-h" in argv:
+        print("usage: gym webui [--host 127.0.0.1] [--port 7860] [--auth user:password] [--runs_dir saves/webui]\n"
+              "                 [--dataset_dir data] [--share off]\n\nThe web UI (docs/webui.md). It binds to "
+              "127.0.0.1; with --host 0.0.0.0, add --auth. Every job it starts is a `gym` command in its own folder "
+              "under --runs_dir.")
+        return 0
+    values: dict[str, str | None] = {}
+    for name, default in {"--host": "127.0.0.1", "--port": "7860", "--auth": None, "--runs_dir": "saves/webui",
+                          "--dataset_dir": "data", "--share": "off"}.items():
+        values[name], argv = _take_option(argv, name, default)
+    if argv:
+        raise ConfigError(f"gym webui: unknown argument {argv[0]!r} (see gym webui --help).")
+    if values["--share"] not in ("off", "false", "no"):
+        raise ConfigError("gym webui --share: public share links send the page through Gradio's servers; Gym "
+                          "keeps the UI on this machine. Use --host 0.0.0.0 --auth user:password on a trusted network.")
+    try:
+        port = int(values["--port"] or "")
+    except ValueError:
+        raise ConfigError(f"--port takes a whole number, got {values['--port']!r}.") from None
+    auth = None
+    if values["--auth"]:
+        user, sep, password = values["--auth"].partition(":")
+        if not (user and sep and password):
+            raise ConfigError("--auth takes user:password.")
+        auth = (user, password)
+    if importlib.util.find_spec("gradio") is None:
+        raise ConfigError("gym webui needs Gradio: pip install 'zoo-gym[webui]'.")
+    from gym.webui.app import serve
+
+    serve(host=values["--host"] or "127.0.0.1", port=port, auth=auth, runs_dir=values["--runs_dir"] or "saves/webui",
+          dataset_dir=values["--dataset_dir"] or "data")
+    return 0
+
+
 def cmd_env(argv: list[str]) -> int:
     import platform
 
@@ -308,6 +345,7 @@ COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "tfgrpo": cmd_tfgrpo,
     "export": cmd_export,
     "eval": cmd_eval,
+    "webui": cmd_webui,
     "env": cmd_env,
     "version": cmd_version,
 }

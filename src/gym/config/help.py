@@ -11,7 +11,7 @@ from gym.config.parser import ALIASES, CONCERNS, fields_of
 from gym.core.kinds import DataKind
 
 
-def _default(f: dataclasses.Field[Any]) -> Any:
+def field_default(f: dataclasses.Field[Any]) -> Any:
     if f.default is not dataclasses.MISSING:
         default = f.default
     elif f.default_factory is not dataclasses.MISSING:
@@ -44,7 +44,7 @@ def _section(title: str, cls: type) -> list[str]:
 
 def _key_line(name: str, tp: Any, f: dataclasses.Field[Any]) -> str:
     text = " ".join(str(f.metadata.get("help", "")).split())
-    return f"  {name} ({type_name(tp)}, default {_default(f)!r})\n      {text}"
+    return f"  {name} ({type_name(tp)}, default {field_default(f)!r})\n      {text}"
 
 
 def train_help() -> str:
