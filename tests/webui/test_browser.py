@@ -1,7 +1,8 @@
 """The web UI end to end in a real browser (headless Chromium driven by Playwright): pick a local model and the
 demo dataset, train, watch the loss chart gain points, reload mid-run and find the run again, see it finish, chat
 with the result, and check that the page never asked anything of another origin. Screenshots of every tab are
-saved in the test's folder.
+saved in the test's folder. From the Deltas and Evaluate tabs it also compresses the run into a BitDelta, inspects it
+and scores the run on the demo multiple-choice task.
 
 `GYM_WEBUI_SCREENSHOTS=docs/images/webui GYM_WEBUI_MODEL=smollm2-135m` runs the same test on the embedded model
 and writes the screenshots docs/webui.md shows.
@@ -9,6 +10,7 @@ and writes the screenshots docs/webui.md shows.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -76,6 +78,10 @@ def _wait_for(predicate, timeout: float, what: str, poll: float = 0.5):
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
+def _ended(page, selector: str) -> bool:
+    return any(state in page.locator(selector).inner_text() for state in ("finished", "failed", "stopped", "lost"))
+
+
 def _line_points(page) -> int:
     """How many points the loss chart's line has (its SVG path: a move, then one line-to per further point)."""
     path = page.locator("#plot-loss .mark-line path")
@@ -92,7 +98,7 @@ def test_train_watch_reload_chat_in_a_real_browser(server, tiny_model_dir, tmp_p
     shots = Path(os.environ.get("GYM_WEBUI_SCREENSHOTS") or tmp_path / "screenshots")
     shots.mkdir(parents=True, exist_ok=True)
     model = os.environ.get("GYM_WEBUI_MODEL") or str(tiny_model_dir)
-    steps = "40" if os.environ.get("GYM_WEBUI_MODEL") else "200"
+    steps = "40" if os.environ.get("GYM_WEBUI_MODEL") else "150"
     origin = urlparse(server).netloc
     elsewhere: list[str] = []
 
@@ -144,15 +150,38 @@ def test_train_watch_reload_chat_in_a_real_browser(server, tiny_model_dir, tmp_p
         _fill(page, "#chat-model", str(output))
         page.locator("#chat-load").click()
         _wait_for(lambda: "Loaded" in page.locator("#chat-loaded").inner_text(), 120, "the model to load")
-        _fill(page, "#chat-input", "Who are you?")
+        page.locator("#chat-input textarea").fill("Who are you?")
         page.locator("#chat-send").click()
         answer = page.locator("#chat-box .bot, #chat-box [data-testid='bot']").last
         _wait_for(lambda: answer.count() and answer.inner_text().strip(), 120, "an answer")
         page.wait_for_timeout(1000)
         page.screenshot(path=str(shots / "chat.png"), full_page=True)
 
+        # Compress the run into a BitDelta, inspect it, and score the run on the demo multiple-choice task:
+        # each a `gym` job started from its tab, followed to its end in the page.
+        page.get_by_role("tab", name="Deltas & variants").click()
+        _fill(page, "#delta-finetuned", str(output))
+        page.locator("#delta-compress").click()
+        _wait_for(lambda: _ended(page, "#delta-status"), 300, "the delta", poll=1)
+        assert "finished" in page.locator("#delta-status").inner_text(), page.locator("#delta-console").inner_text()
+        delta = next(runs.glob("*/delta.safetensors"))
+        _fill(page, "#delta-file", str(delta))
+        page.locator("#delta-inspect").click()
+        _wait_for(lambda: "bitdelta" in page.locator("#delta-inspected").inner_text().lower(), 120, "the inspection")
+        page.screenshot(path=str(shots / "deltas.png"), full_page=True)
+
+        page.get_by_role("tab", name="Evaluate").click()
+        _fill(page, "#eval-model", str(output))
+        _fill(page, "#eval-limit", "2")
+        page.locator("#eval-start").click()
+        _wait_for(lambda: _ended(page, "#eval-status"), 300, "the evaluation", poll=1)
+        assert "finished" in page.locator("#eval-status").inner_text(), page.locator("#eval-console").inner_text()
+        assert "acc" in page.locator("#eval-console textarea").input_value()
+        assert json.loads(next(runs.glob("*/results.json")).read_text())["results"]["mc_demo"]
+        page.screenshot(path=str(shots / "evaluate.png"), full_page=True)
+
         for name, file in TABS.items():
-            if file not in ("train", "chat"):
+            if file not in ("train", "chat", "deltas", "evaluate"):
                 page.get_by_role("tab", name=name).click()
                 page.wait_for_timeout(800)
                 page.screenshot(path=str(shots / f"{file}.png"), full_page=True)

@@ -7,6 +7,7 @@ LM head) appear once.
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,11 +17,22 @@ import torch
 from peft import PeftModel
 
 from gym.core.errors import ConfigError
+from gym.core.files import MANIFEST_FILE
 from gym.models.loader import load_causal_lm, require_safetensors, resolve_model_path
 
 logger = logging.getLogger(__name__)
 
 LINEAR, EMBEDDING, OTHER = "linear", "embedding", "other"
+
+
+def _trained_base(adapter: Path) -> str | None:
+    """The base a Gym run's adapter was trained on, from its manifest (None for other adapters)."""
+    try:
+        manifest = json.loads((adapter / MANIFEST_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    base = manifest.get("base_model")
+    return str(base) if base else None
 
 
 def load_model(ref: str, base_ref: str | None = None) -> Any:
@@ -35,7 +47,11 @@ def load_model(ref: str, base_ref: str | None = None) -> Any:
         try:
             model = PeftModel.from_pretrained(model, str(folder)).merge_and_unload()
         except (ValueError, RuntimeError, KeyError) as exc:
-            raise ConfigError(f"The adapter {folder} does not fit the base {base_ref}: {exc}") from None
+            detail = next((line.strip() for line in str(exc).splitlines() if "mismatch" in line or "Missing" in line),
+                          str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+            trained_on = _trained_base(folder)
+            hint = f" It was trained on {trained_on}: pass --base {trained_on}." if trained_on else ""
+            raise ConfigError(f"The adapter {folder} does not fit the base {base_ref} ({detail}).{hint}") from None
     else:
         model = load_causal_lm(resolve_model_path(ref))
     return model.eval().requires_grad_(False)

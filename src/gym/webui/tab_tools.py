@@ -25,7 +25,7 @@ def _job_panel(ui: UI, demo: gr.Blocks, kind: str, name: str) -> tuple[gr.Dropdo
     """A picker of this tab's jobs, their status and console, refreshed every 2 s; returns the picker and the
     function that starts a job and selects it."""
     picker = gr.Dropdown([], label=f"{name} jobs", elem_id=f"{kind}-jobs")
-    status = gr.Markdown()
+    status = gr.Markdown(elem_id=f"{kind}-status")
     console = gr.Textbox(label="console", lines=10, max_lines=10, autoscroll=True, elem_id=f"{kind}-console")
 
     def view(job_id: str | None) -> tuple[str, str]:
@@ -53,16 +53,18 @@ def _quick(args: Sequence[str]) -> str:
 def build_deltas(ui: UI, demo: gr.Blocks) -> None:
     gr.Markdown("### Compress a fine-tune into a delta")
     with gr.Row():
-        base = gr.Dropdown([forms.EMBEDDED_MODEL], value=forms.EMBEDDED_MODEL, allow_custom_value=True, label="base")
-        finetuned = gr.Dropdown([], allow_custom_value=True, label="fine-tune (a run's output, a model or adapter)")
+        base = gr.Dropdown([forms.EMBEDDED_MODEL], value=forms.EMBEDDED_MODEL, allow_custom_value=True,
+                           label="base (a run's own, when it is one)", elem_id="delta-base")
+        finetuned = gr.Dropdown([], allow_custom_value=True, label="fine-tune (a run's output, a model or adapter)",
+                                elem_id="delta-finetuned")
         method = gr.Dropdown(DELTA_METHODS, value="bitdelta", label="method")
         distill = gr.Number(0, label="distill steps (bitdelta)", precision=0)
-    compress = gr.Button("Compress", variant="primary")
+    compress = gr.Button("Compress", variant="primary", elem_id="delta-compress")
     gr.Markdown("### Inspect a delta: size, and the error of each layer")
     with gr.Row():
-        delta_file = gr.Textbox(label="delta file (.safetensors)", scale=4)
-        inspect = gr.Button("Inspect")
-    inspected = gr.Code(label="gym delta inspect", language=None, interactive=False)
+        delta_file = gr.Textbox(label="delta file (.safetensors)", scale=4, elem_id="delta-file")
+        inspect = gr.Button("Inspect", elem_id="delta-inspect")
+    inspected = gr.Code(label="gym delta inspect", language=None, interactive=False, elem_id="delta-inspected")
     gr.Markdown("### Personalized variants: one 1-bit delta per user on one base")
     with gr.Row():
         store = gr.Textbox(str(ui.store.root / "variants"), label="variants store", scale=3)
@@ -99,12 +101,24 @@ def build_deltas(ui: UI, demo: gr.Blocks) -> None:
         return launch(job)
 
     compress.click(on_compress, [base, finetuned, method, distill], picker)
+    finetuned.change(lambda tuned: gr.update(value=trained_base(tuned) or forms.EMBEDDED_MODEL), finetuned, base)
     inspect.click(user_errors(lambda path: _quick(["delta", "inspect", path])), delta_file, inspected)
     create.click(on_create, [store, user, steps, rows], picker)
     listing.click(user_errors(lambda folder: _quick(["variants", "list", folder])), store, listed_box)
     delete.click(user_errors(lambda folder, who: _quick(["variants", "delete", folder, "--user", who])),
                  [store, user], listed_box)
     demo.load(lambda: gr.update(choices=ui.outputs()), None, finetuned)
+
+
+def trained_base(folder: str | None) -> str | None:
+    """The base a Gym run was trained on (its manifest says), so its delta is taken against the right model."""
+    import json
+
+    try:
+        manifest = json.loads((Path(folder or "") / "gym_manifest.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return str(manifest.get("base_model") or "") or None
 
 
 def contributions_table(path: str) -> list[list[Any]]:
@@ -173,12 +187,12 @@ def build_export(ui: UI, demo: gr.Blocks) -> None:
 def build_evaluate(ui: UI, demo: gr.Blocks) -> None:
     with gr.Row():
         model = gr.Dropdown([forms.EMBEDDED_MODEL], value=forms.EMBEDDED_MODEL, allow_custom_value=True,
-                            label="model", scale=3)
+                            label="model", scale=3, elem_id="eval-model")
         tasks = gr.Dropdown(EVAL_TASKS, value=["mc_demo"], multiselect=True, allow_custom_value=True,
                             label="tasks", info="also mc:<data>, ppl:<data>, gen:<data>, lm_eval:<task>", scale=3)
         n_shot = gr.Number(0, label="n_shot", precision=0)
-        limit = gr.Number(20, label="limit (per subject)", precision=0)
-    evaluate = gr.Button("Evaluate", variant="primary")
+        limit = gr.Number(20, label="limit (per subject)", precision=0, elem_id="eval-limit")
+    evaluate = gr.Button("Evaluate", variant="primary", elem_id="eval-start")
     picker, launch = _job_panel(ui, demo, "eval", "evaluation")
 
     @user_errors

@@ -4,6 +4,8 @@ progress, curves, console), several runs on one chart."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +16,7 @@ from gym.core.errors import GymError
 from gym.data.registry import read_dataset_info
 from gym.webui import curves, estimate, forms
 from gym.webui.common import UI, choices, job_status, user_errors
-from gym.webui.jobs import CONFIG_NAME, Job
+from gym.webui.jobs import CONFIG_NAME
 from gym.webui.preview import preview_rows
 
 NUMBER_KEYS = {"learning_rate": 5e-5, "num_train_epochs": 3.0, "max_steps": -1, "per_device_train_batch_size": 4,
@@ -37,7 +39,32 @@ def _plot(rows: list[dict[str, Any]], title: str) -> Any:
     return gr.update(value=frame, visible=bool(rows), title=title)
 
 
-def build(ui: UI, demo: gr.Blocks) -> None:
+@dataclass
+class Form:
+    """The form's components; `inputs` in the order `form_of` reads them."""
+
+    model: Any
+    stage: Any
+    template: Any
+    dataset_dir: Any
+    dataset: Any
+    cutoff_len: Any
+    options: Any
+    inputs: list[Any]
+
+
+def form_of(values: tuple[Any, ...]) -> tuple[dict[str, Any], str, str]:
+    """The form's values -> (the keys it sets, the stage's options YAML, the "more keys" YAML)."""
+    keys = ["model_name_or_path", "stage", "finetuning_type", "template", "dataset_dir", "dataset", *NUMBER_KEYS]
+    form = dict(zip(keys, values[: len(keys)]))
+    if form.get("max_steps") == -1:
+        form["max_steps"] = None
+    if not form.get("max_samples"):  # 0 or blank: every row
+        form["max_samples"] = None
+    return form, values[-2], values[-1]
+
+
+def _form(ui: UI) -> Form:
     with gr.Row():
         model = gr.Dropdown(forms.local_models([ui.store.root]), value=forms.EMBEDDED_MODEL, label="model",
                             allow_custom_value=True, scale=3, elem_id="train-model",
@@ -59,44 +86,27 @@ def build(ui: UI, demo: gr.Blocks) -> None:
         more = gr.Code("", language="yaml", label="more keys (YAML), e.g. lora_target: all", interactive=True)
         gr.Dataframe(forms.key_catalogue(), headers=["key", "section", "type", "default", "help"],
                      interactive=False, max_height=360, wrap=True, label="every key gym train accepts")
-    with gr.Accordion("Preview: the first rows as this stage trains on them", open=False):
-        preview_button = gr.Button("Preview rows")
-        preview = gr.HighlightedText(label="rendered by the chat format; marked: what the loss is on",
-                                     color_map=COLORS, combine_adjacent=False, show_legend=True)
-    with gr.Row():
-        estimate_button = gr.Button("Estimate (formula)")
-        measure_button = gr.Button("Measure (3-step dry run)")
-        start = gr.Button("Start", variant="primary", elem_id="train-start")
-        stop = gr.Button("Stop", variant="stop", elem_id="train-stop")
-        resume = gr.Button("Resume", elem_id="train-resume")
-    estimate_box = gr.Markdown()
+    stage.change(forms.stage_options_yaml, stage, options)
+    dataset_dir.change(lambda d: gr.update(choices=dataset_names(d)), dataset_dir, dataset)
+    return Form(model, stage, template, dataset_dir, dataset, numbers["cutoff_len"], options,
+                [model, stage, finetuning_type, template, dataset_dir, dataset, *numbers.values(), options, more])
+
+
+def _live_view(ui: UI, demo: gr.Blocks) -> tuple[Any, Any, Callable[[str | None], list[Any]]]:
+    """The run picker, the runs to compare, and the run's status, progress, curves, console and YAML, refreshed
+    every 2 s from disk; returns the two pickers and the function that refreshes their choices."""
     with gr.Row():
         run = gr.Dropdown([], label="run", scale=2, elem_id="train-run")
         compare = gr.Dropdown([], multiselect=True, label="compare with", scale=2)
     status = gr.Markdown(elem_id="train-status")
     progress = gr.Slider(0, 1, value=0, label="progress (steps)", interactive=False, elem_id="train-progress")
     with gr.Row():
-        plots = {chart: gr.LinePlot(x="step", y="value", color="run", title=chart, visible=False,
-                                    elem_id=f"plot-{chart}") for chart in curves.CHARTS}
+        plots = [gr.LinePlot(x="step", y="value", color="run", title=chart, visible=False, elem_id=f"plot-{chart}")
+                 for chart in curves.CHARTS]
     console = gr.Textbox(label="console", lines=12, max_lines=12, autoscroll=True, elem_id="train-console")
     with gr.Accordion("The YAML this run is (run it yourself: gym train config.yaml)", open=False):
         yaml_box = gr.Code(language="yaml", label="config.yaml", interactive=False)
         download = gr.DownloadButton("Download config.yaml", visible=False)
-
-    form_inputs = [model, stage, finetuning_type, template, dataset_dir, dataset, *numbers.values(), options, more]
-
-    def form_of(values: tuple[Any, ...]) -> tuple[dict[str, Any], str, str]:
-        keys = ["model_name_or_path", "stage", "finetuning_type", "template", "dataset_dir", "dataset",
-                *NUMBER_KEYS]
-        form = dict(zip(keys, values[: len(keys)]))
-        if form.get("max_steps") == -1:
-            form["max_steps"] = None
-        if not form.get("max_samples"):  # 0 or blank: every row
-            form["max_samples"] = None
-        return form, values[-2], values[-1]
-
-    def train_jobs() -> list[Job]:
-        return ui.store.list("train")
 
     def view(run_id: str | None, compare_ids: list[str] | None) -> list[Any]:
         job = ui.store.get(run_id) if run_id else None
@@ -116,14 +126,36 @@ def build(ui: UI, demo: gr.Blocks) -> None:
             gr.update(value=str(config) if has_config else None, visible=has_config),
         ]
 
-    view_outputs = [status, progress, *plots.values(), console, yaml_box, download]
-
     def pickers(selected: str | None = None) -> list[Any]:
-        jobs = train_jobs()
+        jobs = ui.store.list("train")
         if selected is None and jobs:
             running = [j for j in jobs if j.running]
             selected = (running or jobs)[0].id
         return [gr.update(choices=choices(jobs), value=selected), gr.update(choices=choices(jobs))]
+
+    outputs = [status, progress, *plots, console, yaml_box, download]
+    run.change(view, [run, compare], outputs)
+    compare.change(view, [run, compare], outputs)
+    gr.Timer(2.0).tick(view, [run, compare], outputs, show_progress="hidden")
+    # A reload (or a second tab) finds the runs on disk and shows the running one.
+    demo.load(lambda: pickers(), None, [run, compare])
+    return run, compare, pickers
+
+
+def build(ui: UI, demo: gr.Blocks) -> None:
+    form = _form(ui)
+    with gr.Accordion("Preview: the first rows as this stage trains on them", open=False):
+        preview_button = gr.Button("Preview rows")
+        preview = gr.HighlightedText(label="rendered by the chat format; marked: what the loss is on",
+                                     color_map=COLORS, combine_adjacent=False, show_legend=True)
+    with gr.Row():
+        estimate_button = gr.Button("Estimate (formula)")
+        measure_button = gr.Button("Measure (3-step dry run)")
+        start = gr.Button("Start", variant="primary", elem_id="train-start")
+        stop = gr.Button("Stop", variant="stop", elem_id="train-stop")
+        resume = gr.Button("Resume", elem_id="train-resume")
+    estimate_box = gr.Markdown()
+    run, compare, pickers = _live_view(ui, demo)
 
     @user_errors
     def on_start(*values: Any) -> list[Any]:
@@ -175,17 +207,11 @@ def build(ui: UI, demo: gr.Blocks) -> None:
         return preview_rows(model_name, ",".join(names), folder, stage_name, template_name or None,
                             int(cutoff or 1024))
 
-    stage.change(forms.stage_options_yaml, stage, options)
-    dataset_dir.change(lambda d: gr.update(choices=dataset_names(d)), dataset_dir, dataset)
-    start.click(on_start, form_inputs, [run, compare])
+    start.click(on_start, form.inputs, [run, compare])
     stop.click(on_stop, run, estimate_box)
     resume.click(on_resume, run, [run, compare])
-    estimate_button.click(on_estimate, form_inputs, estimate_box)
-    measure_button.click(on_measure, form_inputs, estimate_box)
-    preview_button.click(on_preview, [model, stage, template, dataset_dir, dataset, numbers["cutoff_len"]], preview)
-    run.change(view, [run, compare], view_outputs)
-    compare.change(view, [run, compare], view_outputs)
-    gr.Timer(2.0).tick(view, [run, compare], view_outputs, show_progress="hidden")
-    # A reload (or a second tab) finds the runs on disk and shows the running one.
-    demo.load(lambda: pickers(), None, [run, compare])
-    demo.load(lambda: gr.update(choices=forms.local_models([ui.store.root])), None, model)
+    estimate_button.click(on_estimate, form.inputs, estimate_box)
+    measure_button.click(on_measure, form.inputs, estimate_box)
+    preview_button.click(on_preview, [form.model, form.stage, form.template, form.dataset_dir, form.dataset,
+                                      form.cutoff_len], preview)
+    demo.load(lambda: gr.update(choices=forms.local_models([ui.store.root])), None, form.model)
