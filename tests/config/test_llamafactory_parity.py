@@ -34,7 +34,7 @@ REFUSED = {
     "train_lora/mossvl_lora_sft.yaml": "image and video inputs",
     "train_lora/qwen3_lora_kto.yaml": "stage: kto needs per_device_train_batch_size of at least 2",
     "train_lora/qwen3_lora_sft_ds3.yaml": "'deepspeed' needs the deepspeed package",
-    "train_lora/qwen3_lora_sft_ray.yaml": "'ray_num_workers' .* Gym runs one process",
+    "train_lora/qwen3_lora_sft_ray.yaml": "'ray_num_workers' .* Ray are not supported yet",
     "train_lora/qwen3_preprocess.yaml": "'tokenized_path' .* keeps no tokenized copy",
     "train_lora/qwen3vl_lora_dpo.yaml": "image and video inputs",
     "train_lora/qwen3vl_lora_sft.yaml": "image and video inputs",

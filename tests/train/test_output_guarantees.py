@@ -138,3 +138,26 @@ def test_an_output_dir_that_cannot_be_written_is_one_line(train_config, tmp_path
     proc = subprocess.run([sys.executable, "-m", "gym.cli", "train", str(config)], capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 2 and fragment in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_an_adapter_saved_empty_is_an_error_not_a_silent_file(train_config, monkeypatch):
+    """What a sharded run that saves without gathering writes: every tensor with no elements."""
+    from peft import PeftModel
+    from safetensors.torch import save_file
+
+    from gym.core.errors import OutputError
+
+    real_save = PeftModel.save_pretrained
+
+    def save_unshared(self, folder, *args, **kwargs):
+        real_save(self, folder, *args, **kwargs)
+        from safetensors.torch import load_file
+
+        path = Path(folder) / "adapter_model.safetensors"
+        save_file({k: v.new_empty(0) for k, v in load_file(str(path)).items()}, str(path))
+
+    monkeypatch.setattr(PeftModel, "save_pretrained", save_unshared)
+    config = train_config()
+    with pytest.raises(OutputError, match="empty tensors"):
+        run_exp(config)
+    assert not (Path(config["output_dir"]) / "gym_manifest.json").exists()

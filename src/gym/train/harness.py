@@ -24,7 +24,7 @@ from gym.config.args import TrainArgs
 from gym.core.files import LOG_FILE
 from gym.core.hardware import peak_memory_bytes
 from gym.core.results import RunResult
-from gym.train import outputs
+from gym.train import outputs, ranks
 from gym.train.outputs import read_log
 
 logger = logging.getLogger(__name__)
@@ -155,10 +155,14 @@ def finish_run(model: Any, tokenizer: Any, args: TrainArgs[Any], *, model_path: 
                seconds: float, tokens_seen: int, tokens_per_second: float, final_loss: float | None,
                metrics: dict[str, Any], pissa_init_dir: str | None = None,
                extra: outputs.ExtraFiles | None = None) -> RunResult:
-    """Save the final model (temp + rename), plot the curves if asked, and report."""
-    out = outputs.save_final(model, tokenizer, args, model_path, global_step, pissa_init_dir, extra=extra)
-    if args.finetuning.plot_loss:
-        outputs.plot_loss(out, read_log(out))
+    """Save the final model (temp + rename), plot the curves if asked, and report. In a distributed run only rank 0
+    writes (every rank holds the same weights after DDP's averaged updates); the others wait until it has."""
+    out = Path(args.output_dir)
+    if ranks.is_main_process():
+        out = outputs.save_final(model, tokenizer, args, model_path, global_step, pissa_init_dir, extra=extra)
+        if args.finetuning.plot_loss:
+            outputs.plot_loss(out, read_log(out))
+    ranks.wait_for_everyone()
     return RunResult(output_dir=str(out), global_step=global_step, final_loss=final_loss,
                      tokens_per_second=tokens_per_second, peak_memory_bytes=peak_memory_bytes(),
                      train_seconds=seconds, tokens_seen=tokens_seen, metrics=metrics)

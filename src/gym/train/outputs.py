@@ -124,6 +124,8 @@ def save_final(model: Any, tokenizer: Any, args: TrainArgs[Any], model_path: str
         model.save_pretrained(tmp, path_initial_model_for_weight_conversion=pissa_init_dir)
     else:
         model.save_pretrained(tmp)
+    if args.finetuning.finetuning_type in ADAPTER_TYPES:
+        verify_adapter(tmp, model)
     tokenizer.save_pretrained(tmp)
     (tmp / CONFIG_FILE).write_text(yaml.safe_dump(resolved_config(args, model_path), sort_keys=False))
     manifest = {
@@ -148,6 +150,29 @@ def save_final(model: Any, tokenizer: Any, args: TrainArgs[Any], model_path: str
         os.replace(item, target)
     tmp.rmdir()
     return out
+
+
+def verify_adapter(folder: Path, model: Any) -> None:
+    """The adapter just saved holds every trainable tensor, none empty. Sharded runs (ZeRO-3, FSDP) that save
+    without gathering the full state write an adapter of empty tensors that loads "fine" and does nothing;
+    that is an error here, never a silent file."""
+    from peft import get_peft_model_state_dict
+    from safetensors import safe_open
+
+    path = folder / "adapter_model.safetensors"
+    if not path.is_file():
+        raise OutputError(f"The adapter was not saved: {path} is missing.")
+    expected = set(get_peft_model_state_dict(model))
+    with safe_open(str(path), framework="pt") as saved:
+        keys = set(saved.keys())
+        empty = sorted(k for k in keys if 0 in saved.get_slice(k).get_shape() or not saved.get_slice(k).get_shape())
+    if not keys or empty or keys != expected:
+        missing = sorted(expected - keys)
+        what = (f"{len(empty)} empty tensors (e.g. {empty[0]})" if empty else
+                f"{len(missing)} missing tensors (e.g. {missing[0]})" if missing else "no tensors")
+        raise OutputError(f"The saved adapter {path} has {what}: the weights were not gathered before saving (a "
+                          "sharded run, ZeRO-3 or FSDP, must save the full state). Nothing was written over the "
+                          "output; the last checkpoint is intact.")
 
 
 # Metrics worth a picture, when a run logs them: the loss, and what alignment stages optimise.

@@ -10,6 +10,7 @@ disk removes the partial checkpoint and ends with one line saying how much space
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import shutil
@@ -26,6 +27,7 @@ from gym.core.results import RunResult
 from gym.delta.from_training import compress_output
 from gym.train.checkpoints import remove_incomplete_checkpoints, resume_requested
 from gym.train.outputs import check_output_dir, completed_run
+from gym.train.ranks import is_main_process
 
 logger = logging.getLogger(__name__)
 
@@ -37,17 +39,19 @@ def run_exp(config: ConfigSource | TrainArgs[Any] = None) -> RunResult:
     method = get_method(args.finetuning.stage)
     resuming = resume_requested(args)
     check_output_dir(args, resuming)
-    with OutputLock(args.output_dir, what="gym train"):
-        _clean_after_dead_runs(args.output_dir)
+    main = is_main_process()  # in a distributed run, rank 0 owns the output folder; the others train beside it
+    with OutputLock(args.output_dir, what="gym train") if main else contextlib.nullcontext():
+        if main:
+            _clean_after_dead_runs(args.output_dir)
         done = completed_run(args, resuming)
         if done is not None:
             logger.info("%s already holds the finished run; nothing to resume.", args.output_dir)
             return done
         try:
             result = method.run(args)
-            if args.finetuning.delta_compression:
+            if main and args.finetuning.delta_compression:
                 result.metrics["delta_file"] = str(compress_output(args, result.output_dir))
-            if args.finetuning.eval_tasks:
+            if main and args.finetuning.eval_tasks:
                 result.metrics.update(_evaluate(args, result.output_dir))
         except OSError as exc:
             if exc.errno not in _NO_SPACE:

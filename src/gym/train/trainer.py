@@ -27,7 +27,9 @@ def supervised_lm_loss(model: Any, inputs: dict[str, torch.Tensor], labels: torc
     hidden = outputs.hidden_states[-1][:, :-1]
     targets = labels[:, 1:]
     selected = targets != IGNORE_INDEX
-    logits = model.get_output_embeddings()(hidden[selected])
+    # Under DDP the model is wrapped; the head is the wrapped model's own (its gradients still reach DDP's hooks).
+    core = model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
+    logits = core.get_output_embeddings()(hidden[selected])
     token_loss = F.cross_entropy(logits.float(), targets[selected], reduction="none")
     if dft:
         token_loss = token_loss * torch.exp(-token_loss).detach()
@@ -57,6 +59,10 @@ class GymTrainer(Trainer):
         labels = inputs.pop("labels")
         loss = supervised_lm_loss(model, inputs, labels, num_items_in_batch if model.training else None,
                                   dft=self.dft_loss)
+        if model.training and num_items_in_batch is not None and self.args.average_tokens_across_devices:
+            # The token count is the whole global batch's and DDP averages the ranks' gradients: scale back up,
+            # as the stock Trainer does, so N processes step exactly as one process on the same global batch.
+            loss = loss * self.accelerator.num_processes
         return (loss, {"loss": loss}) if return_outputs else loss
 
     def count_tokens(self, model: Any, inputs: dict[str, Any]) -> dict[str, Any]:

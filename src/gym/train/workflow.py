@@ -30,7 +30,7 @@ from gym.data.loader import TokenizedData, get_dataset
 from gym.data.templates import ChatFormat, get_chat_format
 from gym.models.adapters import count_parameters, setup_finetuning
 from gym.models.loader import load_causal_lm, load_tokenizer, resolve_model_path
-from gym.train import harness, optimizers, stopping
+from gym.train import harness, optimizers, ranks, stopping
 from gym.train.checkpoints import resolve_resume
 from gym.train.memory import needs_checkpointing
 from gym.train.trainer import GymTrainer
@@ -64,12 +64,12 @@ def prepare(args: TrainArgs[Any], data_kind: DataKind, *, packing_by_default: bo
     resume = resolve_resume(args)
     _warn_about_precision(args)
 
-    model_path = resolve_model_path(model_args.model_name_or_path)
-    tokenizer = load_tokenizer(model_path, model_args)
-    chat = get_chat_format(tokenizer, data_args.template, data_args.default_system, data_args.enable_thinking)
-
-    packing = data_args.neat_packing or (packing_by_default if data_args.packing is None else data_args.packing)
-    data = get_dataset(data_args, chat, data_kind, seed=training_args.seed, packing=packing)
+    with ranks.local_main_first(training_args):
+        model_path = resolve_model_path(model_args.model_name_or_path)
+        tokenizer = load_tokenizer(model_path, model_args)
+        chat = get_chat_format(tokenizer, data_args.template, data_args.default_system, data_args.enable_thinking)
+        packing = data_args.neat_packing or (packing_by_default if data_args.packing is None else data_args.packing)
+        data = get_dataset(data_args, chat, data_kind, seed=training_args.seed, packing=packing)
     logger.info("Data: %s", data.stats)
     logger.info("Precision: %s", "bf16 mixed (float32 master weights)" if training_args.bf16 else
                 "pure bf16" if training_args.pure_bf16 else "fp16 mixed" if training_args.fp16 else "float32")

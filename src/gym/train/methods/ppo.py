@@ -43,6 +43,7 @@ from gym.core.results import RunResult
 from gym.train.checkpoints import load_checkpoint, save_checkpoint, save_every
 from gym.train.harness import Progress, RunLog, finish_run
 from gym.train.ppo_loop import build_loop, collect_rollout, optimise, prompt_batches
+from gym.train.ranks import world_size
 from gym.train.reward_funcs import RewardChoice
 from gym.train.stopping import stop_on_interrupt, stopped
 from gym.train.workflow import prepare
@@ -106,6 +107,9 @@ def _save_value_head(value_head: torch.nn.Linear, folder: Path) -> None:
 
 def run(args: TrainArgs[PPOOptions]) -> RunResult:
     opts, training = args.options, args.training
+    if world_size() > 1:
+        raise ConfigError("stage ppo runs Gym's own loop on one process; it does not split its rollouts across "
+                          f"{world_size()} processes yet. Launch it without torchrun (NPROC_PER_NODE=1).")
     setup = prepare(args, DataKind.PROMPT)
     if setup.data.eval is not None:
         logger.warning("stage: ppo does not evaluate: val_size / eval_dataset are ignored.")

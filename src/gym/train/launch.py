@@ -1,0 +1,77 @@
+"""`gym train` on many processes: relaunched under torchrun (PyTorch's own elastic launcher), never a home-made one.
+
+When to relaunch, and how, is read from the environment with LLaMA-Factory's names, so its launch scripts work:
+
+    NPROC_PER_NODE   processes on this machine (default: the visible GPUs)
+    FORCE_TORCHRUN   1: relaunch even for one process (e.g. to test the distributed path on a CPU)
+    NNODES, NODE_RANK, MASTER_ADDR, MASTER_PORT           a fixed multi-node job
+    RDZV_ID (+ MIN_NNODES, MAX_NNODES, MAX_RESTARTS)      an elastic job with c10d rendezvous
+
+Each process then runs the same `gym train` with torchrun's RANK/LOCAL_RANK/WORLD_SIZE set; the Hugging Face
+Trainer (through accelerate) takes it from there: DDP over NCCL on GPUs, over gloo on CPUs.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from collections.abc import Mapping
+
+from gym.core.errors import ConfigError
+
+TRUE = ("1", "true", "yes", "on")
+
+
+def launched_by_torchrun(env: Mapping[str, str]) -> bool:
+    return "LOCAL_RANK" in env or "TORCHELASTIC_RUN_ID" in env
+
+
+def _visible_gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _whole(env: Mapping[str, str], key: str, default: str) -> str:
+    value = env.get(key, default)
+    if not value.isdigit():
+        raise ConfigError(f"{key} must be a whole number, got {value!r}.")
+    return value
+
+
+def torchrun_command(gym_args: list[str], env: Mapping[str, str] | None = None,
+                     gpus: int | None = None) -> list[str] | None:
+    """The torchrun command that runs `gym <gym_args>` on every process of this node; None: run here, as is."""
+    env = os.environ if env is None else env
+    if launched_by_torchrun(env):
+        return None
+    force = env.get("FORCE_TORCHRUN", "").lower() in TRUE
+    if not force and "NPROC_PER_NODE" not in env and env.get("NNODES", "1") == "1":
+        gpus = _visible_gpus() if gpus is None else gpus
+        if gpus <= 1:
+            return None
+    nproc = _whole(env, "NPROC_PER_NODE", str(max(1, _visible_gpus() if gpus is None else gpus)))
+    nnodes = _whole(env, "NNODES", "1")
+    if int(nproc) <= 1 and nnodes == "1" and not force:
+        return None
+    master_addr = env.get("MASTER_ADDR", "127.0.0.1")
+    if int(nnodes) > 1 and "MASTER_PORT" not in env:
+        raise ConfigError("NNODES > 1: set MASTER_ADDR and MASTER_PORT to the same values on every node.")
+    master_port = _whole(env, "MASTER_PORT", str(free_port()))
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", nproc]
+    if "RDZV_ID" in env:
+        low, high = env.get("MIN_NNODES"), env.get("MAX_NNODES")
+        command += ["--nnodes", f"{low}:{high}" if low and high else nnodes, "--rdzv-id", env["RDZV_ID"],
+                    "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{master_addr}:{master_port}",
+                    "--max-restarts", _whole(env, "MAX_RESTARTS", "0")]
+    else:
+        command += ["--nnodes", nnodes, "--node-rank", _whole(env, "NODE_RANK", "0"),
+                    "--master-addr", master_addr, "--master-port", master_port]
+    return [*command, "-m", "gym.cli", *gym_args]
