@@ -39,7 +39,7 @@ lint: setup
 	$(VENV)/bin/mypy
 
 test: lint browser
-	HF_HUB_OFFLINE=1 $(PY) -m pytest -q tests
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q --durations=25 tests
 
 bench: setup
 	HF_HUB_OFFLINE=1 $(PY) bench/train_throughput.py
