@@ -35,19 +35,13 @@ def build_app(runs_dir: str = "saves/webui", dataset_dir: str = "data") -> Any:
     with gr.Blocks(title="Gym", analytics_enabled=False) as demo:
         gr.Markdown(f"# GYM\nFine-tune, align, compress, personalize and serve · v{__version__} · runs in "
                     f"`{ui.store.root}`", elem_classes="gym-title")
+        tabs = [("Train", "train", tab_train.build), ("Chat", "chat", tab_chat.build),
+                ("Deltas & variants", "deltas", tab_tools.build_deltas), ("Soup", "soup", tab_tools.build_soup),
+                ("Export", "export", tab_tools.build_export), ("Evaluate", "evaluate", tab_tools.build_evaluate)]
         with gr.Tabs():
-            with gr.Tab("Train", elem_id="tab-train"):
-                tab_train.build(ui, demo)
-            with gr.Tab("Chat", elem_id="tab-chat"):
-                tab_chat.build(ui, demo)
-            with gr.Tab("Deltas & variants", elem_id="tab-deltas"):
-                tab_tools.build_deltas(ui, demo)
-            with gr.Tab("Soup", elem_id="tab-soup"):
-                tab_tools.build_soup(ui, demo)
-            with gr.Tab("Export", elem_id="tab-export"):
-                tab_tools.build_export(ui, demo)
-            with gr.Tab("Evaluate", elem_id="tab-evaluate"):
-                tab_tools.build_evaluate(ui, demo)
+            for title, name, build in tabs:
+                with gr.Tab(title, elem_id=f"tab-{name}"):
+                    build(ui, demo)
     return demo
 
 
