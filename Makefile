@@ -60,5 +60,10 @@ test-llamacpp: setup
 	$(PY) -m pip install -q "llama-cpp-python>=0.3.30"
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q tests/infer/test_llamacpp_engine.py tests/export/test_llamacpp_reads.py
 
+# Opt-in: every shipped DeepSpeed config (examples/deepspeed) trains on 2 CPU processes (~3 minutes: the offload
+# configs compile DeepSpeed's CPU Adam the first time). make test runs ZeRO-3 only.
+test-deepspeed: setup
+	GYM_TEST_ALL_ZERO=1 HF_HUB_OFFLINE=1 $(PY) -m pytest -q tests/train/test_distributed.py -k every_shipped
+
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info

@@ -84,19 +84,22 @@ def cmd_train(argv: list[str]) -> int:
         return 0
     if not argv:
         raise GymError("gym train needs a config: `gym train examples/quickstart.yaml` (see `gym train --help`).")
+    from gym.config.distributed import needs_launcher
+    from gym.config.files import parse_cli_args
     from gym.train.launch import torchrun_command
 
-    launcher = torchrun_command(["train", *argv])
-    if launcher is not None:  # several processes (NPROC_PER_NODE, GPUs, NNODES): each runs this same command
+    values = parse_cli_args(argv)
+    # Several processes (NPROC_PER_NODE, GPUs, NNODES), or DeepSpeed: each process runs this same command.
+    launcher = torchrun_command(["train", *argv], needs_launcher=needs_launcher(values))
+    if launcher is not None:
         import subprocess
 
         return subprocess.call(launcher)
-    from gym.config.files import parse_cli_args
     from gym.config.parser import get_train_args
     from gym.train.ranks import is_main_process
     from gym.train.run import run_exp
 
-    args = get_train_args(parse_cli_args(argv))
+    args = get_train_args(values)
     result = run_exp(args)
     if is_main_process():
         print(result.summary())

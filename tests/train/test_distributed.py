@@ -1,10 +1,13 @@
-"""`gym train` on several processes: when and how it relaunches itself under torchrun, and DDP on CPU processes
-(gloo) ending with the weights a single process reaches on the same global batch; two "nodes" on one machine
-(two torchrun invocations meeting on loopback) likewise."""
+"""`gym train` on several processes: when and how it relaunches itself under torchrun; then DDP, FSDP2 and DeepSpeed
+ZeRO-3 on CPU processes (gloo), a DPO run under DDP, two "nodes" on one machine (two torchrun invocations meeting on
+loopback), and a 2-process checkpoint resumed on 1 and on 2 processes. Each ends with the weights a single process
+reaches on the same global batch."""
 
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +20,8 @@ from safetensors.torch import load_file
 from gym.core.errors import ConfigError
 from gym.train.launch import free_port, torchrun_command
 from gym.train.run import run_exp
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_no_relaunch_for_one_process_or_inside_torchrun():
@@ -50,10 +55,11 @@ def test_elastic_and_multi_node_settings():
         torchrun_command(["train", "c.yaml"], env={"NPROC_PER_NODE": "two"})
 
 
-def _config(train_config, tmp_path: Path, name: str, per_device: int) -> dict:
+def _config(train_config, tmp_path: Path, name: str, per_device: int, **overrides) -> dict:
     # Sequential order: one process's batch of 4 is exactly what two processes' batches of 2 make together.
-    return train_config(output_dir=str(tmp_path / name), per_device_train_batch_size=per_device, max_steps=3,
-                        train_sampling_strategy="sequential", learning_rate=5e-3)
+    return train_config(**{"output_dir": str(tmp_path / name), "per_device_train_batch_size": per_device,
+                           "max_steps": 3, "train_sampling_strategy": "sequential", "learning_rate": 5e-3,
+                           **overrides})
 
 
 def _gym_train(config: dict, tmp_path: Path, env: dict[str, str]) -> subprocess.Popen:
@@ -62,6 +68,20 @@ def _gym_train(config: dict, tmp_path: Path, env: dict[str, str]) -> subprocess.
     environment = {**os.environ, "OMP_NUM_THREADS": "1", **env}
     return subprocess.Popen([sys.executable, "-m", "gym.cli", "train", str(path)], env=environment,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _finish(proc: subprocess.Popen) -> str:
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, out[-3000:]
+    return out
+
+
+def _held_share(out: str) -> float:
+    """The share of the model's parameters rank 0 said it holds."""
+    found = re.search(r"Sharded: this process holds ([\d,]+) of the model's ([\d,]+) parameters", out)
+    assert found, out[-3000:]
+    held, total = (int(n.replace(",", "")) for n in found.groups())
+    return held / total
 
 
 def _same_adapter(a: Path, b: Path) -> None:
@@ -93,3 +113,68 @@ def test_two_nodes_on_loopback_train_together(train_config, tmp_path):
     outputs = [node.communicate(timeout=600)[0] for node in nodes]
     assert [node.returncode for node in nodes] == [0, 0], outputs[0][-2000:] + outputs[1][-2000:]
     _same_adapter(Path(single.output_dir), tmp_path / "nodes")
+
+
+@pytest.mark.slow
+def test_fsdp_on_two_cpu_processes_shards_the_model_and_equals_one_process(train_config, tmp_path):
+    # accelerate alone would train plain DDP here; the seeds' block turns on FSDP2, which Gym runs on CPU processes.
+    single = run_exp(_config(train_config, tmp_path, "single", per_device=4))
+    config = _config(train_config, tmp_path, "fsdp", per_device=2,
+                     distributed={"backend": "gloo", "strategy": "fsdp", "sharding_strategy": "full_shard"})
+    out = _finish(_gym_train(config, tmp_path, {"NPROC_PER_NODE": "2"}))
+    assert 0.45 < _held_share(out) < 0.55  # each process holds half the model: sharded, not replicated
+    _same_adapter(Path(single.output_dir), tmp_path / "fsdp")  # gathered before saving: full, not empty
+
+
+@pytest.mark.slow
+def test_deepspeed_zero3_on_two_cpu_processes_saves_the_gathered_adapter(train_config, tmp_path):
+    pytest.importorskip("deepspeed", reason="pip install 'zoo-gym[deepspeed]'")
+    single = run_exp(_config(train_config, tmp_path, "single", per_device=4))
+    config = _config(train_config, tmp_path, "zero3", per_device=2,
+                     deepspeed=str(REPO / "examples" / "deepspeed" / "ds_z3.json"))
+    out = _finish(_gym_train(config, tmp_path, {"NPROC_PER_NODE": "2"}))
+    assert 0.45 < _held_share(out) < 0.55
+    _same_adapter(Path(single.output_dir), tmp_path / "zero3")
+
+
+@pytest.mark.slow
+def test_dpo_under_ddp_equals_one_process(pairs_config, tmp_path):
+    # The reference is the base with the adapter disabled, on every rank; the loss is a mean over pairs.
+    def config(name: str, per_device: int) -> dict:
+        return pairs_config(output_dir=str(tmp_path / name), per_device_train_batch_size=per_device,
+                            train_sampling_strategy="sequential", learning_rate=5e-3)
+
+    single = run_exp(config("single", 4))
+    _finish(_gym_train(config("ddp", 2), tmp_path, {"NPROC_PER_NODE": "2"}))
+    _same_adapter(Path(single.output_dir), tmp_path / "ddp")
+
+
+@pytest.mark.slow
+def test_a_two_process_checkpoint_resumes_on_one_process_and_on_two(train_config, tmp_path):
+    # A constant learning rate, so stopping at step 2 and going on to 4 is the same schedule as 4 steps at once.
+    def config(name: str, per_device: int, steps: int, **overrides) -> dict:
+        return _config(train_config, tmp_path, name, per_device=per_device, max_steps=steps,
+                       lr_scheduler_type="constant", save_strategy="steps", save_steps=2, **overrides)
+
+    single = run_exp(config("single", 4, 4))
+    _finish(_gym_train(config("two", 2, 2), tmp_path, {"NPROC_PER_NODE": "2"}))
+    assert (tmp_path / "two" / "checkpoint-2" / "rng_state_1.pth").is_file()  # one random state per rank
+    for name in ("on-one", "on-two"):
+        shutil.copytree(tmp_path / "two", tmp_path / name)
+    run_exp(config("on-one", 4, 4, resume_from_checkpoint=True))
+    _finish(_gym_train(config("on-two", 2, 4, resume_from_checkpoint=True), tmp_path, {"NPROC_PER_NODE": "2"}))
+    for name in ("on-one", "on-two"):
+        assert (tmp_path / name / "checkpoint-4").is_dir()
+        _same_adapter(Path(single.output_dir), tmp_path / name)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.environ.get("GYM_TEST_ALL_ZERO"), reason="opt-in: make test-deepspeed")
+@pytest.mark.parametrize("name", ["ds_z0", "ds_z2", "ds_z2_offload", "ds_z3", "ds_z3_offload"])
+def test_every_shipped_deepspeed_config_trains_on_two_cpu_processes(name, train_config, tmp_path):
+    pytest.importorskip("deepspeed", reason="pip install 'zoo-gym[deepspeed]'")
+    single = run_exp(_config(train_config, tmp_path, "single", per_device=4))
+    config = _config(train_config, tmp_path, name, per_device=2,
+                     deepspeed=str(REPO / "examples" / "deepspeed" / f"{name}.json"))
+    _finish(_gym_train(config, tmp_path, {"NPROC_PER_NODE": "2"}))
+    _same_adapter(Path(single.output_dir), tmp_path / name)

@@ -140,8 +140,12 @@ def test_an_output_dir_that_cannot_be_written_is_one_line(train_config, tmp_path
     assert proc.returncode == 2 and fragment in proc.stderr and "Traceback" not in proc.stderr
 
 
-def test_an_adapter_saved_empty_is_an_error_not_a_silent_file(train_config, monkeypatch):
-    """What a sharded run that saves without gathering writes: every tensor with no elements."""
+@pytest.mark.parametrize(("what", "damage"), [
+    ("empty tensors", lambda v: v.new_empty(0)),  # ZeRO-3 saving its placeholders, ungathered
+    ("tensors of the wrong shape", lambda v: v[: max(1, v.shape[0] // 2)].clone()),  # one rank's FSDP shard
+])
+def test_an_adapter_saved_ungathered_is_an_error_not_a_silent_file(what, damage, train_config, monkeypatch):
+    """What a sharded run that saves without gathering writes: placeholders with no elements, or a shard."""
     from peft import PeftModel
     from safetensors.torch import save_file
 
@@ -154,10 +158,10 @@ def test_an_adapter_saved_empty_is_an_error_not_a_silent_file(train_config, monk
         from safetensors.torch import load_file
 
         path = Path(folder) / "adapter_model.safetensors"
-        save_file({k: v.new_empty(0) for k, v in load_file(str(path)).items()}, str(path))
+        save_file({k: damage(v) for k, v in load_file(str(path)).items()}, str(path))
 
     monkeypatch.setattr(PeftModel, "save_pretrained", save_unshared)
     config = train_config()
-    with pytest.raises(OutputError, match="empty tensors"):
+    with pytest.raises(OutputError, match=what):
         run_exp(config)
     assert not (Path(config["output_dir"]) / "gym_manifest.json").exists()

@@ -16,6 +16,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from gym.config import distributed
 from gym.config.args import TrainArgs
 from gym.config.coerce import coerce
 from gym.config.data import DataArguments
@@ -128,7 +129,7 @@ def get_train_args(config: ConfigSource | TrainArgs[Any] = None) -> TrainArgs[An
     """Parse and validate a training config (dict, or path to YAML/JSON)."""
     if isinstance(config, TrainArgs):
         return config
-    values = _canonical(as_config_dict(config))
+    values = distributed.expand(_canonical(as_config_dict(config)))
     stage = str(values.get("stage", FinetuningArguments.stage))
     method = get_method(stage)
     buckets = _split_by_concern(values, stage, method.options)
@@ -160,8 +161,8 @@ def _training_values(buckets: dict[type, dict[str, Any]], model: ModelArguments,
     values.update(finetuning.hf_optimizer())
     if values.get("deepspeed") and importlib.util.find_spec("deepspeed") is None:
         # Checked here: transformers refuses the key while building its arguments, with a packaging error.
-        raise ConfigError("'deepspeed' needs the deepspeed package (pip install deepspeed) and a launcher "
-                          "(deepspeed or torchrun) on GPUs; for one process on this machine remove it.")
+        raise ConfigError("'deepspeed' needs the deepspeed package: pip install 'zoo-gym[deepspeed]' (then launch "
+                          "with NPROC_PER_NODE=N gym train ..., docs/distributed.md).")
     if "optim" in values:
         check_optim(str(values["optim"]))
     if values.get("output_dir") is None:

@@ -54,6 +54,15 @@ class TrainingArguments(HFTrainingArguments):
                   "(recent GPUs, CPUs with AVX512-BF16/AMX), off elsewhere."},
     )
 
+    # Wider than Hugging Face's `str | None`: transformers itself now documents `fsdp: true` (FSDP2, tuned through
+    # fsdp_config), while LLaMA-Factory configs carry the older strings.
+    fsdp: bool | str | None = field(  # type: ignore[assignment]
+        default=None,
+        metadata={"help": "Shard parameters, gradients and optimizer state across processes (FSDP2): true, or "
+                  "'full_shard' / 'shard_grad_op' (+ ' offload'); tune with fsdp_config. Needs several processes "
+                  "(NPROC_PER_NODE); runs on GPUs and on CPU processes (gloo)."},
+    )
+
     pure_bf16: bool = field(
         default=False,
         metadata={"help": "Train with the weights themselves in bf16 (no float32 master copy, no autocast): half "
@@ -87,9 +96,12 @@ class TrainingArguments(HFTrainingArguments):
         for key in ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"'{key}' must be at least 1, got {getattr(self, key)}.")
-        if self.fsdp and not (torch_cuda_available() and int(os.environ.get("WORLD_SIZE", "1")) > 1):
-            raise ConfigError("'fsdp' shards the model across processes started by torchrun or accelerate launch on "
-                              "CUDA GPUs; this is a single process. Remove it, or launch with torchrun.")
+        if self.fsdp and int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+            raise ConfigError("'fsdp' shards the model across processes, and this is one process: launch with "
+                              "NPROC_PER_NODE=2 (or more) gym train ... (docs/distributed.md), or remove it.")
+        if self.deepspeed and "LOCAL_RANK" not in os.environ:
+            raise ConfigError("'deepspeed' runs in processes started by a launcher: `gym train CONFIG` starts torchrun "
+                              "itself (NPROC_PER_NODE=N for N processes); from Python, run under torchrun.")
         if self.do_predict:
             raise ConfigError("'do_predict' is not how Gym predicts: run `gym infer CONFIG --dataset D -o out.jsonl` "
                               "(generations for every row, resumable).")

@@ -143,6 +143,10 @@ def setup_finetuning(model: Any, args: FinetuningArguments, adapters: list[str] 
 
 
 def count_parameters(model: torch.nn.Module) -> tuple[int, int]:
-    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    total = sum(p.numel() for p in model.parameters())
+    # A parameter DeepSpeed ZeRO-3 partitioned while loading is an empty placeholder; ds_numel is its real size.
+    def size(p: torch.nn.Parameter) -> int:
+        return int(getattr(p, "ds_numel", p.numel()))
+
+    trainable = sum(size(p) for p in model.parameters() if p.requires_grad)
+    total = sum(size(p) for p in model.parameters())
     return trainable, total

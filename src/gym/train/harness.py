@@ -24,7 +24,7 @@ from gym.config.args import TrainArgs
 from gym.core.files import LOG_FILE
 from gym.core.hardware import peak_memory_bytes
 from gym.core.results import RunResult
-from gym.train import outputs, ranks
+from gym.train import outputs, ranks, sharding
 from gym.train.outputs import read_log
 
 logger = logging.getLogger(__name__)
@@ -156,10 +156,13 @@ def finish_run(model: Any, tokenizer: Any, args: TrainArgs[Any], *, model_path: 
                metrics: dict[str, Any], pissa_init_dir: str | None = None,
                extra: outputs.ExtraFiles | None = None) -> RunResult:
     """Save the final model (temp + rename), plot the curves if asked, and report. In a distributed run only rank 0
-    writes (every rank holds the same weights after DDP's averaged updates); the others wait until it has."""
+    writes (under DDP every rank holds the same weights; under FSDP they are gathered onto it first); the others
+    wait until it has."""
     out = Path(args.output_dir)
+    gathered = sharding.full_state_dict(model)  # collective under FSDP: every rank takes part
     if ranks.is_main_process():
-        out = outputs.save_final(model, tokenizer, args, model_path, global_step, pissa_init_dir, extra=extra)
+        out = outputs.save_final(model, tokenizer, args, model_path, global_step, pissa_init_dir, extra=extra,
+                                 state_dict=gathered)
         if args.finetuning.plot_loss:
             outputs.plot_loss(out, read_log(out))
     ranks.wait_for_everyone()

@@ -47,12 +47,13 @@ def _whole(env: Mapping[str, str], key: str, default: str) -> str:
 
 
 def torchrun_command(gym_args: list[str], env: Mapping[str, str] | None = None,
-                     gpus: int | None = None) -> list[str] | None:
-    """The torchrun command that runs `gym <gym_args>` on every process of this node; None: run here, as is."""
+                     gpus: int | None = None, needs_launcher: bool = False) -> list[str] | None:
+    """The torchrun command that runs `gym <gym_args>` on every process of this node; None: run here, as is.
+    `needs_launcher`: the run needs a process group even on one process (DeepSpeed), so it is relaunched anyway."""
     env = os.environ if env is None else env
     if launched_by_torchrun(env):
         return None
-    force = env.get("FORCE_TORCHRUN", "").lower() in TRUE
+    force = needs_launcher or env.get("FORCE_TORCHRUN", "").lower() in TRUE
     if not force and "NPROC_PER_NODE" not in env and env.get("NNODES", "1") == "1":
         gpus = _visible_gpus() if gpus is None else gpus
         if gpus <= 1:

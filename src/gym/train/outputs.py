@@ -110,8 +110,10 @@ def _plain(value: Any) -> Any:
 
 
 def save_final(model: Any, tokenizer: Any, args: TrainArgs[Any], model_path: str, global_step: int,
-               pissa_init_dir: str | None = None, extra: ExtraFiles | None = None) -> Path:
-    """Write the result into output_dir; `extra(tmp)` adds a method's own files (e.g. a value head)."""
+               pissa_init_dir: str | None = None, extra: ExtraFiles | None = None,
+               state_dict: dict[str, Any] | None = None) -> Path:
+    """Write the result into output_dir; `extra(tmp)` adds a method's own files (e.g. a value head).
+    `state_dict`: the full weights of a sharded model, gathered from every rank (else the model's own are saved)."""
     out = Path(args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     check_free_space(out, sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
@@ -119,13 +121,15 @@ def save_final(model: Any, tokenizer: Any, args: TrainArgs[Any], model_path: str
                      else sum(p.numel() * p.element_size() for p in model.parameters()))
     tmp = temp_path(out / "final")
     shutil.rmtree(tmp, ignore_errors=True)
+    gathered = {} if state_dict is None else {"state_dict": state_dict}
     if pissa_init_dir is not None:
         # Convert PiSSA back to a plain LoRA delta, so the adapter applies to the original base model.
-        model.save_pretrained(tmp, path_initial_model_for_weight_conversion=pissa_init_dir)
+        model.save_pretrained(tmp, path_initial_model_for_weight_conversion=pissa_init_dir, **gathered)
     else:
-        model.save_pretrained(tmp)
+        model.save_pretrained(tmp, **gathered)
     if args.finetuning.finetuning_type in ADAPTER_TYPES:
-        verify_adapter(tmp, model)
+        # Converting PiSSA to plain LoRA doubles the rank, so only the saved names are checked then.
+        verify_adapter(tmp, model, state_dict, check_shapes=pissa_init_dir is None)
     tokenizer.save_pretrained(tmp)
     (tmp / CONFIG_FILE).write_text(yaml.safe_dump(resolved_config(args, model_path), sort_keys=False))
     manifest = {
@@ -152,23 +156,29 @@ def save_final(model: Any, tokenizer: Any, args: TrainArgs[Any], model_path: str
     return out
 
 
-def verify_adapter(folder: Path, model: Any) -> None:
-    """The adapter just saved holds every trainable tensor, none empty. Sharded runs (ZeRO-3, FSDP) that save
-    without gathering the full state write an adapter of empty tensors that loads "fine" and does nothing;
-    that is an error here, never a silent file."""
+def verify_adapter(folder: Path, model: Any, state_dict: dict[str, Any] | None = None,
+                   check_shapes: bool = True) -> None:
+    """The adapter just saved holds every trainable tensor, at its full shape, none empty. Sharded runs (ZeRO-3,
+    FSDP) that save without gathering the full state write an adapter of empty tensors that loads "fine" and does
+    nothing; that is an error here, never a silent file."""
     from peft import get_peft_model_state_dict
     from safetensors import safe_open
 
     path = folder / "adapter_model.safetensors"
     if not path.is_file():
         raise OutputError(f"The adapter was not saved: {path} is missing.")
-    expected = set(get_peft_model_state_dict(model))
+    # The shapes the saved tensors must have: those of the gathered state of a sharded model, else the model's own.
+    expected = {name: list(tensor.shape) for name, tensor in get_peft_model_state_dict(model, state_dict).items()}
     with safe_open(str(path), framework="pt") as saved:
-        keys = set(saved.keys())
-        empty = sorted(k for k in keys if 0 in saved.get_slice(k).get_shape() or not saved.get_slice(k).get_shape())
-    if not keys or empty or keys != expected:
-        missing = sorted(expected - keys)
+        shapes = {key: list(saved.get_slice(key).get_shape()) for key in saved.keys()}  # noqa: SIM118
+    empty = sorted(k for k, shape in shapes.items() if not shape or 0 in shape)
+    wrong = sorted(k for k, shape in shapes.items()
+                   if check_shapes and k in expected and shape != expected[k] and k not in empty)
+    if not shapes or empty or wrong or shapes.keys() != expected.keys():
+        missing = sorted(expected.keys() - shapes.keys())
         what = (f"{len(empty)} empty tensors (e.g. {empty[0]})" if empty else
+                f"{len(wrong)} tensors of the wrong shape (e.g. {wrong[0]}: {shapes[wrong[0]]}, expected "
+                f"{expected[wrong[0]]})" if wrong else
                 f"{len(missing)} missing tensors (e.g. {missing[0]})" if missing else "no tensors")
         raise OutputError(f"The saved adapter {path} has {what}: the weights were not gathered before saving (a "
                           "sharded run, ZeRO-3 or FSDP, must save the full state). Nothing was written over the "

@@ -30,7 +30,7 @@ from gym.data.loader import TokenizedData, get_dataset
 from gym.data.templates import ChatFormat, get_chat_format
 from gym.models.adapters import count_parameters, setup_finetuning
 from gym.models.loader import load_causal_lm, load_tokenizer, resolve_model_path
-from gym.train import harness, optimizers, ranks, stopping
+from gym.train import harness, optimizers, ranks, sharding, stopping
 from gym.train.checkpoints import resolve_resume
 from gym.train.memory import needs_checkpointing
 from gym.train.trainer import GymTrainer
@@ -65,6 +65,7 @@ def prepare(args: TrainArgs[Any], data_kind: DataKind, *, packing_by_default: bo
     _warn_about_precision(args)
 
     with ranks.local_main_first(training_args):
+        sharding.connect_deepspeed(training_args)
         model_path = resolve_model_path(model_args.model_name_or_path)
         tokenizer = load_tokenizer(model_path, model_args)
         chat = get_chat_format(tokenizer, data_args.template, data_args.default_system, data_args.enable_thinking)
@@ -159,6 +160,8 @@ def drop_fresh_reference_adapter(model: Any, args: TrainArgs[Any]) -> None:
 def train_and_save(trainer: Any, setup: Setup, args: TrainArgs[Any]) -> RunResult:
     """The harness around a Trainer: log file and progress -> train (resuming if asked) -> evaluate ->
     save -> plot -> report."""
+    sharding.enable_fsdp_on_cpu(trainer)
+    trainer.add_callback(sharding.ShardReport())
     optimizers.install(trainer, args)
     harness.attach(trainer, args)
     started = time.perf_counter()
