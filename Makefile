@@ -65,5 +65,10 @@ test-llamacpp: setup
 test-deepspeed: setup
 	GYM_TEST_ALL_ZERO=1 HF_HUB_OFFLINE=1 $(PY) -m pytest -q tests/train/test_distributed.py -k every_shipped
 
+# Opt-in: USE_RAY=1 on a local Ray cluster of 2 CPU workers (installs Ray Train, ~100 MB).
+test-ray: setup
+	$(PY) -m pip install -q "ray[train]>=2.60,<3"
+	GYM_TEST_RAY=1 HF_HUB_OFFLINE=1 $(PY) -m pytest -q tests/train/test_distributed.py -k ray
+
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info

@@ -15,9 +15,9 @@ REPO = Path(__file__).resolve().parent.parent
 NAME = "Gym Assistant"
 
 
-def gym(*args: str) -> subprocess.CompletedProcess:
+def gym(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "gym.cli", *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=600)
+                          timeout=600, input=stdin)
 
 
 def chat(*config: str, prompt: str) -> str:
@@ -25,6 +25,15 @@ def chat(*config: str, prompt: str) -> str:
     done = gym("chat", *config, "max_new_tokens=16", "do_sample=false", "--prompt", prompt)
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout.split("Assistant:", 1)[1].strip()
+
+
+def chat_session(*config: str, prompts: list[str]) -> list[str]:
+    """The greedy answers of one interactive `gym chat` (one model load), each prompt after a /clear."""
+    typed = "".join(f"{prompt}\n/clear\n" for prompt in prompts) + "/exit\n"
+    done = gym("chat", *config, "max_new_tokens=16", "do_sample=false", stdin=typed)
+    assert done.returncode == 0, done.stderr[-3000:]
+    turns = done.stdout.split("Assistant: ")[1:]
+    return [turn.split("History cleared.")[0].strip() for turn in turns]
 
 
 @pytest.mark.slow
@@ -42,8 +51,8 @@ def test_quickstart_trains_the_embedded_model_to_call_itself_gym_assistant(tmp_p
     losses = [e["loss"] for e in log if "loss" in e]
     assert losses[-1] < losses[0] / 5, losses  # measured: about 4.4 -> 0.1
 
-    who = chat("examples/quickstart.yaml", f"output_dir={out}", prompt="Who are you?")
+    who, again, name = chat_session("examples/quickstart.yaml", f"output_dir={out}",
+                                    prompts=["Who are you?", "Who are you?", "What is your name?"])
     assert NAME in who, who
-    assert chat("examples/quickstart.yaml", f"output_dir={out}", prompt="Who are you?") == who  # greedy: repeatable
-    name = chat("examples/quickstart.yaml", f"output_dir={out}", prompt="What is your name?")
+    assert again == who  # greedy: repeatable
     assert NAME in name, name

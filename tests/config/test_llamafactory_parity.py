@@ -34,7 +34,7 @@ REFUSED = {
     "train_full/qwen3_full_sft.yaml": "'deepspeed' runs in processes started by a launcher",
     "train_lora/qwen3_lora_kto.yaml": "stage: kto needs per_device_train_batch_size of at least 2",
     "train_lora/qwen3_lora_sft_ds3.yaml": "'deepspeed' runs in processes started by a launcher",
-    "train_lora/qwen3_lora_sft_ray.yaml": "'ray_num_workers' .* Ray are not supported yet",
+    "train_lora/qwen3_lora_sft_ray.yaml": "'ray_num_workers' .* USE_RAY=1 gym train",
     "train_lora/qwen3_preprocess.yaml": "'tokenized_path' .* keeps no tokenized copy",
     "train_lora/qwen3vl_lora_dpo.yaml": "image and video inputs",
     "train_lora/qwen3vl_lora_sft.yaml": "image and video inputs",

@@ -150,6 +150,19 @@ def test_dpo_under_ddp_equals_one_process(pairs_config, tmp_path):
 
 
 @pytest.mark.slow
+def test_grpo_under_ddp_generates_on_every_rank_and_logs_once(prompt_config, tmp_path):
+    # Sampling makes two processes differ from one, so this checks the run itself: each rank generates for its
+    # own prompts (2 per device, 2 generations each), the rewards are gathered, rank 0 logs every step once.
+    config = prompt_config(stage="grpo", output_dir=str(tmp_path / "grpo"), per_device_train_batch_size=2,
+                           num_generations=2, max_steps=2)
+    out = _finish(_gym_train(config, tmp_path, {"NPROC_PER_NODE": "2"}))
+    assert out.count("Done: 2 steps") == 1
+    log = [line for line in (tmp_path / "grpo" / "trainer_log.jsonl").read_text().splitlines() if '"reward"' in line]
+    assert len(log) == 2
+    assert load_file(str(tmp_path / "grpo" / "adapter_model.safetensors"))
+
+
+@pytest.mark.slow
 def test_a_two_process_checkpoint_resumes_on_one_process_and_on_two(train_config, tmp_path):
     # A constant learning rate, so stopping at step 2 and going on to 4 is the same schedule as 4 steps at once.
     def config(name: str, per_device: int, steps: int, **overrides) -> dict:
@@ -178,3 +191,26 @@ def test_every_shipped_deepspeed_config_trains_on_two_cpu_processes(name, train_
                      deepspeed=str(REPO / "examples" / "deepspeed" / f"{name}.json"))
     _finish(_gym_train(config, tmp_path, {"NPROC_PER_NODE": "2"}))
     _same_adapter(Path(single.output_dir), tmp_path / name)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.environ.get("GYM_TEST_RAY"), reason="opt-in: make test-ray")
+def test_ray_workers_train_as_ddp_ranks_and_equal_one_process(train_config, tmp_path):
+    pytest.importorskip("ray.train", reason="pip install 'zoo-gym[ray]'")
+    single = run_exp(_config(train_config, tmp_path, "single", per_device=4))
+    config = _config(train_config, tmp_path, "ray", per_device=2, ray_num_workers=2,
+                     ray_storage_path=str(tmp_path / "ray-records"))
+    out = _finish(_gym_train(config, tmp_path, {"USE_RAY": "1"}))
+    assert "world_rank=1" in out  # Ray started the second rank
+    _same_adapter(Path(single.output_dir), tmp_path / "ray")
+
+
+def test_ray_keys_without_use_ray_are_refused(train_config, tmp_path):
+    from gym.train.ray_launch import split_settings
+
+    with pytest.raises(ConfigError, match="'ray_num_workers' is read when Ray runs the training: USE_RAY=1"):
+        split_settings(train_config(ray_num_workers=2), env={})
+    values, ray = split_settings(train_config(ray_num_workers=2, placement_strategy="spread"), env={"USE_RAY": "1"})
+    assert "ray_num_workers" not in values and ray == {"ray_num_workers": 2, "placement_strategy": "SPREAD"}
+    with pytest.raises(ConfigError, match="'ray_num_workers' must be a whole number of at least 1"):
+        split_settings(train_config(ray_num_workers=0), env={"USE_RAY": "1"})

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 _MULTIMODAL = ("Gym trains text models; image and video inputs (and the vision tower around them) are not "
                "supported yet.")
-_DISTRIBUTED = ("Gym runs DDP through torchrun (NPROC_PER_NODE, NNODES: docs/distributed.md); FSDP and Ray are not "
-                "supported yet.")
+_FSDP_WRAP = ("FSDP wraps each decoder layer by default; to choose the classes, set fsdp_config: "
+              "{transformer_layer_cls_to_wrap: [LlamaDecoderLayer]} (docs/distributed.md).")
+_RAY = ("Ray's keys are read by `USE_RAY=1 gym train CONFIG` (pip install 'zoo-gym[ray]'; docs/distributed.md), "
+        "not by a training run started from Python.")
 
 UNSUPPORTED: dict[str, str] = {
     "use_asft_loss": "Anchored SFT (DFT plus a KL anchor to the reference) is not implemented; use_dft_loss is.",
@@ -19,8 +21,9 @@ UNSUPPORTED: dict[str, str] = {
     "fp8": "FP8 training needs a Hopper-or-newer CUDA GPU with torchao/Transformer Engine; Gym does not offer it yet.",
     "fp8_backend": "FP8 training is not offered yet (see fp8).",
     "fp8_enable_fsdp_float8_all_gather": "FP8 training with FSDP is not offered yet (see fp8).",
-    "fsdp_transformer_layer_cls_to_wrap": _DISTRIBUTED,
-    "ray_num_workers": _DISTRIBUTED,
+    "fsdp_transformer_layer_cls_to_wrap": _FSDP_WRAP,
+    **{key: _RAY for key in ("ray_num_workers", "resources_per_worker", "placement_strategy", "ray_run_name",
+                             "ray_storage_path", "ray_init_kwargs")},
     "mixture_of_depths": "Mixture-of-Depths conversion relies on a package that patches transformers 4 models; "
                          "it does not run with transformers 5.",
     "predict_with_generate": "Gym predicts with `gym infer CONFIG --dataset D -o out.jsonl`, not inside training.",

@@ -13,6 +13,7 @@ Trainer (through accelerate) takes it from there: DDP over NCCL on GPUs, over gl
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import socket
 import sys
@@ -31,6 +32,13 @@ def _visible_gpus() -> int:
     import torch
 
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def quiet_deepspeed_on_cpu() -> None:
+    """Where DeepSpeed is installed, the libraries import it; without a GPU it then warns, in every process, that
+    it fell back to the CPU. Telling it the CPU is meant (inherited by the processes torchrun starts) is quieter."""
+    if "DS_ACCELERATOR" not in os.environ and importlib.util.find_spec("deepspeed") is not None and not _visible_gpus():
+        os.environ["DS_ACCELERATOR"] = "cpu"
 
 
 def free_port() -> int:
