@@ -27,7 +27,7 @@ from gym.config.methods import get_method, option_classes
 from gym.config.model import ModelArguments
 from gym.config.optimizers import check_optim
 from gym.config.training import TrainingArguments
-from gym.config.unsupported import UNSUPPORTED
+from gym.config.unsupported import READ_ELSEWHERE, UNSUPPORTED
 from gym.core.errors import ConfigError
 from gym.core.hardware import has_accelerator, native_bf16
 from gym.core.names import did_you_mean
@@ -112,6 +112,8 @@ def _split_by_concern(config: dict[str, Any], stage: str, options: type | None) 
             buckets.setdefault(options, {})[key] = value
         elif key in keys and keys[key] in concerns:
             buckets.setdefault(keys[key], {})[key] = value
+        elif key in READ_ELSEWHERE:
+            raise ConfigError(f"'{key}' {READ_ELSEWHERE[key]}")
         elif key in UNSUPPORTED:
             raise ConfigError(f"'{key}' (a LLaMA-Factory key) is not supported: {UNSUPPORTED[key]}")
         elif key == "tune":

@@ -11,8 +11,7 @@ _MULTIMODAL = ("Gym trains text models; image and video inputs (and the vision t
                "supported yet.")
 _FSDP_WRAP = ("FSDP wraps each decoder layer by default; to choose the classes, set fsdp_config: "
               "{transformer_layer_cls_to_wrap: [LlamaDecoderLayer]} (docs/distributed.md).")
-_RAY = ("Ray's keys are read by `USE_RAY=1 gym train CONFIG` (pip install 'zoo-gym[ray]'; docs/distributed.md), "
-        "not by a training run started from Python.")
+
 
 UNSUPPORTED: dict[str, str] = {
     "use_asft_loss": "Anchored SFT (DFT plus a KL anchor to the reference) is not implemented; use_dft_loss is.",
@@ -22,8 +21,6 @@ UNSUPPORTED: dict[str, str] = {
     "fp8_backend": "FP8 training is not offered yet (see fp8).",
     "fp8_enable_fsdp_float8_all_gather": "FP8 training with FSDP is not offered yet (see fp8).",
     "fsdp_transformer_layer_cls_to_wrap": _FSDP_WRAP,
-    **{key: _RAY for key in ("ray_num_workers", "resources_per_worker", "placement_strategy", "ray_run_name",
-                             "ray_storage_path", "ray_init_kwargs")},
     "mixture_of_depths": "Mixture-of-Depths conversion relies on a package that patches transformers 4 models; "
                          "it does not run with transformers 5.",
     "predict_with_generate": "Gym predicts with `gym infer CONFIG --dataset D -o out.jsonl`, not inside training.",
@@ -38,3 +35,10 @@ UNSUPPORTED: dict[str, str] = {
     "freeze_multi_modal_projector": _MULTIMODAL,
     "freeze_language_model": _MULTIMODAL,
 }
+
+# Keys Gym runs, but not inside a training config parsed from Python: another entry point reads them.
+_RAY = ("is read when Ray runs the training: `USE_RAY=1 gym train CONFIG` (pip install 'zoo-gym[ray]'; "
+        "docs/distributed.md), not by a run started from Python.")
+READ_ELSEWHERE: dict[str, str] = {key: _RAY for key in ("ray_num_workers", "resources_per_worker",
+                                                        "placement_strategy", "ray_run_name", "ray_storage_path",
+                                                        "ray_init_kwargs")}
