@@ -84,22 +84,12 @@ def cmd_train(argv: list[str]) -> int:
         return 0
     if not argv:
         raise GymError("gym train needs a config: `gym train examples/quickstart.yaml` (see `gym train --help`).")
-    from gym.config.distributed import needs_launcher
     from gym.config.files import parse_cli_args
-    from gym.train.launch import quiet_deepspeed_on_cpu, torchrun_command
-    from gym.train.ray_launch import run_on_ray, split_settings, use_ray
+    from gym.train.launch import launch_elsewhere
 
-    quiet_deepspeed_on_cpu()
-
-    values, ray_settings = split_settings(parse_cli_args(argv))
-    if use_ray():
-        return run_on_ray(values, ray_settings)
-    # Several processes (NPROC_PER_NODE, GPUs, NNODES), or DeepSpeed: each process runs this same command.
-    launcher = torchrun_command(["train", *argv], needs_launcher=needs_launcher(values))
-    if launcher is not None:
-        import subprocess
-
-        return subprocess.call(launcher)
+    values, exit_code = launch_elsewhere(argv, parse_cli_args(argv))
+    if exit_code is not None:  # the run happened in processes torchrun or Ray started
+        return exit_code
     from gym.config.parser import get_train_args
     from gym.train.ranks import is_main_process
     from gym.train.run import run_exp

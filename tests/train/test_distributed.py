@@ -163,6 +163,19 @@ def test_grpo_under_ddp_generates_on_every_rank_and_logs_once(prompt_config, tmp
 
 
 @pytest.mark.slow
+def test_ppo_under_ddp_splits_the_rollout_and_keeps_the_ranks_in_step(prompt_config, tmp_path):
+    # Gym's own loop: each process generates for its half of the global rollout, the advantages are whitened
+    # over all of it, gradients are averaged, and the run ends by checking every process holds the same weights.
+    config = prompt_config(stage="ppo", output_dir=str(tmp_path / "ppo"), per_device_train_batch_size=2,
+                           ppo_buffer_size=1, ppo_epochs=1, max_steps=2)
+    out = _finish(_gym_train(config, tmp_path, {"NPROC_PER_NODE": "2"}))
+    assert "PPO: 2 steps of 4 rollouts" in out and out.count("Done: 2 steps") == 1
+    log = [line for line in (tmp_path / "ppo" / "trainer_log.jsonl").read_text().splitlines() if '"reward"' in line]
+    assert len(log) == 2
+    assert (tmp_path / "ppo" / "value_head.safetensors").is_file()
+
+
+@pytest.mark.slow
 def test_a_two_process_checkpoint_resumes_on_one_process_and_on_two(train_config, tmp_path):
     # A constant learning rate, so stopping at step 2 and going on to 4 is the same schedule as 4 steps at once.
     def config(name: str, per_device: int, steps: int, **overrides) -> dict:

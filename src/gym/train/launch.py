@@ -18,6 +18,7 @@ import os
 import socket
 import sys
 from collections.abc import Mapping
+from typing import Any
 
 from gym.core.errors import ConfigError
 
@@ -84,3 +85,22 @@ def torchrun_command(gym_args: list[str], env: Mapping[str, str] | None = None,
         command += ["--nnodes", nnodes, "--node-rank", _whole(env, "NODE_RANK", "0"),
                     "--master-addr", master_addr, "--master-port", master_port]
     return [*command, "-m", "gym.cli", *gym_args]
+
+
+def launch_elsewhere(argv: list[str], values: dict[str, Any]) -> tuple[dict[str, Any], int | None]:
+    """`gym train argv` where the run needs other processes: on Ray workers (USE_RAY=1), or under torchrun (several
+    processes, several nodes, or DeepSpeed). Returns the config to run here (Ray's keys taken out) and None, or the
+    exit code of the run that happened elsewhere."""
+    from gym.config.distributed import needs_launcher
+    from gym.train.ray_launch import run_on_ray, split_settings, use_ray
+
+    quiet_deepspeed_on_cpu()
+    values, ray_settings = split_settings(values)
+    if use_ray():
+        return values, run_on_ray(values, ray_settings)
+    launcher = torchrun_command(["train", *argv], needs_launcher=needs_launcher(values))
+    if launcher is None:
+        return values, None
+    import subprocess
+
+    return values, subprocess.call(launcher)

@@ -17,6 +17,7 @@ from transformers import GenerationConfig, get_scheduler
 
 from gym.config.args import TrainArgs
 from gym.config.finetuning import ADAPTER_TYPES
+from gym.train import ranks
 from gym.train.generation import merged_lora
 from gym.train.ppo_math import (
     AdaptiveKLController,
@@ -162,8 +163,8 @@ def collect_rollout(loop: PPOLoop, rows: list[dict[str, Any]], device: torch.dev
                                         skip_special_tokens=True)
     raw_scores = loop.score(rows, texts).to(device)
     scores = raw_scores
-    if opts.ppo_score_norm:
-        loop.score_moments.update(raw_scores)
+    if opts.ppo_score_norm:  # the moments of every process's scores, so all normalise alike
+        loop.score_moments.update(ranks.gather_across(raw_scores))
         scores = (raw_scores - loop.score_moments.mean) / loop.score_moments.std
     if opts.ppo_score_clip is not None:
         scores = scores.clamp(-opts.ppo_score_clip, opts.ppo_score_clip)
@@ -172,13 +173,14 @@ def collect_rollout(loop: PPOLoop, rows: list[dict[str, Any]], device: torch.dev
     rewards = -loop.kl_ctl.value * kl
     last = mask.sum(1).long() - 1  # every row has at least one token: the stop token or a sampled one
     rewards[torch.arange(len(rows), device=device), last] += scores
+    total = ranks.sum_across if ranks.world_size() > 1 else None  # whiten over the global batch
     if opts.ppo_whiten_rewards:
-        rewards = whiten(rewards, mask, shift_mean=False)
+        rewards = whiten(rewards, mask, shift_mean=False, total=total)
     advantages, returns = compute_gae(rewards, values, mask, opts.ppo_gamma, opts.ppo_lam)
     stats = {"reward": raw_scores.mean().item(), "kl": kl.sum(1).mean().item(),
              "entropy": masked_mean(entropy, mask).item(), "response_length": mask.sum(1).mean().item(),
              "tokens": float(attention_mask.sum().item())}
-    return Rollout(input_ids, attention_mask, n_prompt, mask, logprobs, values, whiten(advantages, mask),
+    return Rollout(input_ids, attention_mask, n_prompt, mask, logprobs, values, whiten(advantages, mask, total=total),
                    returns, stats)
 
 
@@ -204,6 +206,7 @@ def optimise(loop: PPOLoop, rollout: Rollout, generator: torch.Generator) -> dic
             loss = pg_loss + opts.ppo_vf_coef * vf_loss
             (loss / loop.grad_accum).backward()
             if (i + 1) % loop.grad_accum == 0 or part.stop >= n:
+                ranks.average_gradients(params)  # DDP's step: every process applies the mean gradient
                 torch.nn.utils.clip_grad_norm_(params, loop.max_grad_norm)
                 loop.optimizer.step()
                 loop.optimizer.zero_grad(set_to_none=True)

@@ -7,6 +7,7 @@ hand-computed example without a model.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 
@@ -15,10 +16,17 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (x * mask).sum() / mask.sum().clamp(min=1)
 
 
-def whiten(x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True) -> torch.Tensor:
-    """(x - mean) / std over the masked entries; masked-out entries become 0."""
-    mean = masked_mean(x, mask)
-    var = masked_mean((x - mean) ** 2, mask)
+def whiten(x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True,
+           total: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
+    """(x - mean) / std over the masked entries; masked-out entries become 0. `total` sums a statistic over every
+    process of a distributed run, so each whitens with the statistics of the whole global batch."""
+    if total is None:
+        mean = masked_mean(x, mask)
+        var = masked_mean((x - mean) ** 2, mask)
+    else:
+        count = total(mask.sum().float()).clamp(min=1)
+        mean = total((x * mask).sum()) / count
+        var = total((((x - mean) ** 2) * mask).sum()) / count
     out = (x - mean) * torch.rsqrt(var + 1e-8)
     if not shift_mean:
         out = out + mean

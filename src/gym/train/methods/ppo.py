@@ -40,10 +40,10 @@ from gym.config.methods import Method, register
 from gym.core.errors import ConfigError
 from gym.core.kinds import DataKind
 from gym.core.results import RunResult
+from gym.train import ranks
 from gym.train.checkpoints import load_checkpoint, save_checkpoint, save_every
 from gym.train.harness import Progress, RunLog, finish_run
 from gym.train.ppo_loop import build_loop, collect_rollout, optimise, prompt_batches
-from gym.train.ranks import world_size
 from gym.train.reward_funcs import RewardChoice
 from gym.train.stopping import stop_on_interrupt, stopped
 from gym.train.workflow import prepare
@@ -107,9 +107,6 @@ def _save_value_head(value_head: torch.nn.Linear, folder: Path) -> None:
 
 def run(args: TrainArgs[PPOOptions]) -> RunResult:
     opts, training = args.options, args.training
-    if world_size() > 1:
-        raise ConfigError("stage ppo runs Gym's own loop on one process; it does not split its rollouts across "
-                          f"{world_size()} processes yet. Launch it without torchrun (NPROC_PER_NODE=1).")
     setup = prepare(args, DataKind.PROMPT)
     if setup.data.eval is not None:
         logger.warning("stage: ppo does not evaluate: val_size / eval_dataset are ignored.")
@@ -117,12 +114,15 @@ def run(args: TrainArgs[PPOOptions]) -> RunResult:
     rollout_size = training.per_device_train_batch_size * training.gradient_accumulation_steps * opts.ppo_buffer_size
     max_steps = training.max_steps if training.max_steps > 0 else max(
         1, math.ceil(training.num_train_epochs * len(setup.data.train) / rollout_size))
-    device = torch.device("cuda" if torch.cuda.is_available() and not training.use_cpu else "cpu")
+    gpu = torch.cuda.is_available() and not training.use_cpu
+    device = torch.device("cuda", training.local_process_index) if gpu else torch.device("cpu")
     torch.manual_seed(training.seed)
     loop = build_loop(args, setup, device, max_steps)
     generator = torch.Generator().manual_seed(training.seed)
-    prompts = prompt_batches(setup.data.train, rollout_size, training.seed)
-    logger.info("PPO: %d steps of %d rollouts, %d epochs each.", max_steps, rollout_size, opts.ppo_epochs)
+    # Several processes: the rollout is global (per_device x processes), each process generating for its own share.
+    world, me, main = ranks.world_size(), ranks.rank(), ranks.is_main_process()
+    prompts = (batch[me::world] for batch in prompt_batches(setup.data.train, rollout_size * world, training.seed))
+    logger.info("PPO: %d steps of %d rollouts, %d epochs each.", max_steps, rollout_size * world, opts.ppo_epochs)
 
     modules = {"model": loop.model, "value_head": loop.value_head}
     first_step, tokens = 1, 0
@@ -135,8 +135,9 @@ def run(args: TrainArgs[PPOOptions]) -> RunResult:
             next(prompts)
         logger.info("Resumed from %s at step %d.", setup.resume, first_step)
     log = RunLog(args.output_dir)
-    log.start(first_step - 1)
-    progress = Progress(max_steps, first_step - 1, desc="ppo", enabled=not training.disable_tqdm)
+    if main:
+        log.start(first_step - 1)
+    progress = Progress(max_steps, first_step - 1, desc="ppo", enabled=main and not training.disable_tqdm)
     save_steps = save_every(training.save_strategy, training.save_steps, max_steps)
 
     started, entry = time.perf_counter(), {}
@@ -145,26 +146,31 @@ def run(args: TrainArgs[PPOOptions]) -> RunResult:
             learning_rate = loop.scheduler.get_last_lr()[0]
             kl_coef = loop.kl_ctl.value
             rollout = collect_rollout(loop, next(prompts), device)
-            losses = optimise(loop, rollout, generator)
+            losses = ranks.mean_across(optimise(loop, rollout, generator))
             loop.scheduler.step()
-            loop.kl_ctl.update(rollout.stats["kl"], rollout_size)
-            tokens += int(rollout.stats.pop("tokens"))
-            entry = log.write(step, max_steps, {**losses, **rollout.stats, "kl_coef": kl_coef,
-                                                "learning_rate": learning_rate})
-            progress.advance_to(step)
-            progress.show(step, {k: entry[k] for k in ("reward", "kl", "loss")})
-            asked_to_stop = stop.requested and step < max_steps
+            tokens += int(ranks.sum_across(torch.tensor(rollout.stats.pop("tokens"))).item())
+            stats = ranks.mean_across(rollout.stats)  # the same numbers on every process, for the KL controller
+            loop.kl_ctl.update(stats["kl"], rollout_size * world)
+            values = {**losses, **stats, "kl_coef": kl_coef, "learning_rate": learning_rate}
+            entry = log.write(step, max_steps, values) if main else values
+            if main:
+                progress.advance_to(step)
+                progress.show(step, {k: entry[k] for k in ("reward", "kl", "loss")})
+            asked_to_stop = ranks.any_across(stop.requested) and step < max_steps
             if (save_steps and step % save_steps == 0 and step < max_steps) or asked_to_stop:
                 moments = loop.score_moments
-                save_checkpoint(args.output_dir, step, modules, loop.optimizer, loop.scheduler, generator,
-                                {"tokens": tokens, "kl_coef": loop.kl_ctl.value,
-                                 "score_moments": [moments.mean, moments.var, moments.count]},
-                                training.save_total_limit)
+                if main:  # the weights are the same on every process; the random state of sampling is not kept
+                    save_checkpoint(args.output_dir, step, modules, loop.optimizer, loop.scheduler, generator,
+                                    {"tokens": tokens, "kl_coef": loop.kl_ctl.value,
+                                     "score_moments": [moments.mean, moments.var, moments.count]},
+                                    training.save_total_limit)
+                ranks.wait_for_everyone()
             if asked_to_stop:
                 progress.close()
                 raise stopped(args.output_dir, step, max_steps)
     progress.close()
     seconds = time.perf_counter() - started
+    ranks.check_in_step([p for group in loop.optimizer.param_groups for p in group["params"]])
     return finish_run(
         loop.model, setup.tokenizer, args, model_path=setup.model_path, global_step=max_steps, seconds=seconds,
         tokens_seen=tokens, tokens_per_second=tokens / max(seconds, 1e-9), final_loss=entry.get("loss"),
