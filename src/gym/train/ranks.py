@@ -15,7 +15,7 @@ def world_size() -> int:
 
 
 def is_main_process() -> bool:
-    return int(os.environ.get("RANK", "0")) == 0
+    return rank() == 0
 
 
 def wait_for_everyone() -> None:

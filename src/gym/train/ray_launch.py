@@ -20,7 +20,8 @@ from typing import Any
 
 from gym.core.errors import ConfigError, GymError
 
-TRUE = ("1", "true", "yes", "on")
+TRUE = ("1", "true", "yes", "on")  # as gym.train.launch reads its flags (which imports this module: no cycle)
+
 KEYS = ("ray_num_workers", "resources_per_worker", "placement_strategy", "ray_run_name", "ray_storage_path",
         "ray_init_kwargs")
 PLACEMENT = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")

@@ -1,4 +1,5 @@
-"""FSDP on CPU processes, and gathering a sharded model's full weights for the final save.
+"""Sharded runs (FSDP2, DeepSpeed ZeRO-3): FSDP and DeepSpeed on CPU processes, how much of the model each process
+holds, and gathering the full weights onto rank 0 for the final save.
 
 accelerate turns `fsdp` on only for accelerator devices (CUDA, XPU, NPU, ...); on CPU processes it silently trains
 plain DDP instead, so a config asking for sharding would not shard. torch's FSDP2 (`fully_shard`) runs on CPU over
