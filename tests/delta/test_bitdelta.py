@@ -166,8 +166,7 @@ def test_lora_adapter_is_merged_before_the_delta_is_taken(tiny_model_dir, models
 def test_config_errors():
     with pytest.raises(ConfigError, match="BitDelta stores 1 bit per weight"):
         BitDeltaConfig(bits=2)
-    with pytest.raises(ConfigError, match="needs calibration data"):
-        BitDeltaConfig(distill_steps=10)
+    assert BitDeltaConfig(distill_steps=10).calibration is None  # chosen when compression starts
     with pytest.raises(ConfigError, match="group_size"):
         BitDeltaConfig(group_size=0, distill_steps=0)
     assert BitDeltaConfig(enable_deltasoup=True, distill_steps=0).enable_deltasoup

@@ -89,11 +89,11 @@ def test_compress_with_each_deltaquant_method(method, gaussian_finetune, tiny_mo
 def test_errors_exit_2_with_one_message_and_write_nothing(gaussian_finetune, make_finetune, tiny_model_dir, tmp_path,
                                                           capsys):
     delta = tmp_path / "d.safetensors"
-    # bitdelta distils by default: without calibration data that is an error before any model loads.
+    # An option error comes before any model loads.
     assert main(["delta", "compress", "--base", str(tiny_model_dir), "--finetuned", str(gaussian_finetune),
-                 "-o", str(delta)]) == 2
+                 "--group-size", "0", "-o", str(delta)]) == 2
     err = capsys.readouterr().err
-    assert "needs calibration data" in err and "Traceback" not in err and not delta.exists()
+    assert "group_size must be a positive" in err and "Traceback" not in err and not delta.exists()
 
     assert main(["delta", "compress", "--base", str(tiny_model_dir), "--finetuned", str(gaussian_finetune),
                  "--distill-steps", "0", "-o", str(delta)]) == 0

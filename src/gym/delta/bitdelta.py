@@ -21,6 +21,7 @@ from typing import Any
 
 from gym.core.errors import ConfigError
 from gym.core.hardware import native_bf16
+from gym.delta.calibration import choose_calibration, tokenizer_for
 from gym.delta.compress import CompressedDelta, dense_entry, finish
 from gym.delta.distill import DISTINCT_BATCHES, calibration_batches, distill_scales
 from gym.delta.tensor_quant import Encoded, QuantMethod, quantize, relative_error
@@ -54,7 +55,8 @@ class BitDeltaConfig:
     """Calibration sequences per step. The paper used 4; 1 keeps 200 steps near 1.5 minutes on 2 CPU cores
     (docs/benchmarks.md measures both)."""
     calibration: str | None = None
-    """Calibration data for distillation: a dataset name from dataset_info.json, or a file."""
+    """Calibration data for distillation: a dataset name from dataset_info.json, or a file. None: chosen when
+    compression starts (the fine-tune's training data, else Gym's built-in set; gym.delta.calibration)."""
     calibration_dir: str = "data"
     """Where dataset_info.json lives for `calibration` names."""
     seed: int = 42
@@ -72,9 +74,6 @@ class BitDeltaConfig:
             if getattr(self, name) < (0 if name == "distill_steps" else 1):
                 raise ConfigError(f"{name} must be {'>= 0' if name == 'distill_steps' else 'positive'}, got "
                                   f"{getattr(self, name)}.")
-        if self.distill_steps and self.calibration is None:
-            raise ConfigError("Scale distillation needs calibration data: set calibration (a dataset name or file, "
-                              "e.g. alpaca_en_demo), or distill_steps=0 to keep alpha = mean|delta|.")
 
 
 class BitDeltaQuantizer:
@@ -116,12 +115,13 @@ class BitDeltaQuantizer:
                 delta, base_params[delta.name], tuned_params[delta.name])
         extra: dict[str, Any] = {"deltasoup": {"eligible": config.enable_deltasoup}}
         if config.distill_steps:
+            tokenizer = tokenizer_for(base, tokenizer)
             if tokenizer is None:
-                raise ConfigError("Scale distillation needs the base model's tokenizer for its calibration data.")
-            if config.calibration is None:
-                raise ConfigError("Scale distillation needs calibration data: set calibration (a dataset name or "
-                                  "file, e.g. alpaca_en_demo), or distill_steps=0 to keep alpha = mean|delta|.")
-            batches = calibration_batches(tokenizer, config.calibration, config.calibration_dir, config.distill_seq_len,
+                raise ConfigError("Scale distillation needs the base model's tokenizer for its calibration data: "
+                                  "pass tokenizer=, or distill_steps=0 to keep alpha = mean|delta|.")
+            dataset, dataset_dir = choose_calibration(config.calibration, config.calibration_dir, finetuned,
+                                                      "BitDelta's scales")
+            batches = calibration_batches(tokenizer, dataset, dataset_dir, config.distill_seq_len,
                                           config.distill_batch_size, min(config.distill_steps, DISTINCT_BATCHES),
                                           config.seed)
             frozen = frozenset() if config.distill_embeddings else frozenset(

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from gym.core.errors import ConfigError
+from gym.delta.calibration import choose_calibration, tokenizer_for
 from gym.delta.compress import CompressedDelta, dense_entry, finish
 from gym.delta.distill import calibration_batches
 from gym.delta.sensitivity import input_grams, weighted_error
@@ -57,7 +58,8 @@ class DeltaQuantConfig:
     enable_deltasoup: bool = False
     """Mark the delta as contributable to DeltaSoup community aggregation (opt-in, recorded in the file)."""
     calibration: str | None = None
-    """Calibration data: a dataset name from dataset_info.json, or a file."""
+    """Calibration data: a dataset name from dataset_info.json, or a file. None: chosen when compression starts
+    (the fine-tune's training data, else Gym's built-in set; gym.delta.calibration)."""
     calibration_dir: str = "data"
     seq_len: int = 128
     seed: int = 42
@@ -74,9 +76,6 @@ class DeltaQuantConfig:
                               f"got {self.bit_budget}.")
         if self.calibration_samples < 0:
             raise ConfigError(f"calibration_samples must be >= 0, got {self.calibration_samples}.")
-        if self.calibration_samples and self.calibration is None:
-            raise ConfigError("calibration_samples > 0 needs calibration data: set calibration (a dataset name "
-                              "or file).")
 
     def granularity(self) -> str:
         return "group" if self.group_size else "channel" if self.per_channel else "tensor"
@@ -167,12 +166,13 @@ class DeltaQuantizer:
         quantized = [d for d in deltas if d.kind == LINEAR or (d.kind == EMBEDDING and config.compress_embeddings)]
         grams: dict[str, torch.Tensor] = {}
         if config.calibration_samples:
+            tokenizer = tokenizer_for(base, tokenizer)
             if tokenizer is None:
-                raise ConfigError("Calibration needs the base model's tokenizer.")
-            if config.calibration is None:
-                raise ConfigError("calibration_samples > 0 needs calibration data: set calibration (a dataset name "
-                                  "or file).")
-            batches = calibration_batches(tokenizer, config.calibration, config.calibration_dir, config.seq_len, 1,
+                raise ConfigError("Calibration needs the base model's tokenizer: pass tokenizer=, or "
+                                  "calibration_samples=0.")
+            dataset, dataset_dir = choose_calibration(config.calibration, config.calibration_dir, finetuned,
+                                                      "DeltaQuant's error weights")
+            batches = calibration_batches(tokenizer, dataset, dataset_dir, config.seq_len, 1,
                                           config.calibration_samples, config.seed)
             grams = input_grams(finetuned, batches, [d.name for d in quantized])
         methods = self._methods(quantized, grams)

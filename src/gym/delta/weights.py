@@ -54,6 +54,9 @@ def load_model(ref: str, base_ref: str | None = None) -> Any:
             raise ConfigError(f"The adapter {folder} does not fit the base {base_ref} ({detail}).{hint}") from None
     else:
         model = load_causal_lm(resolve_model_path(ref))
+    # Where it came from (an adapter folder is otherwise forgotten once merged): gym.delta.calibration reads
+    # the run's gym_config.yaml there.
+    model.gym_source = str(folder) if folder.is_dir() else None
     return model.eval().requires_grad_(False)
 
 

@@ -25,12 +25,12 @@ from typing import Any
 
 import torch
 
-from gym.core.errors import ConfigError
-from gym.core.files import refuse_overwrite
+from gym.core.errors import ConfigError, GymError
+from gym.core.files import MANIFEST_FILE, refuse_overwrite
 from gym.delta.apply import save_model_folder
 from gym.delta.bitdelta import BitDeltaQuantizer
 from gym.delta.compress import reconstruct
-from gym.delta.format import save_delta
+from gym.delta.format import read_header, save_delta
 from gym.delta.weights import Delta, kind_of, load_model
 from gym.models.loader import resolve_model_path
 from gym.soup import aggregators as agg
@@ -57,13 +57,27 @@ class DeltaSoup:
     """A soup folder: `DeltaSoup(config, path=..., base_model=...)` creates it, `DeltaSoup(path=...)` reopens it.
 
     Reopening with a config replaces the stored one (each round records the method and privacy it used);
-    reopening without one uses the stored config. base_model is required only to create a soup; given on
-    reopening, it must be the same base (its fingerprint is checked).
+    reopening without one uses the stored config. Given on reopening, base_model must be the same base (its
+    fingerprint is checked). Without a path the soup lives in `$GYM_HOME/soups/<base name>`, one per base,
+    so every process on this machine that contributes to a base's soup meets the same one. Without a base
+    either (`DeltaSoup(config)`, as the seeds write it), the base is learnt from the first contribution
+    (a Gym run's manifest, a LoRA adapter's config, a PEFT model) and the soup opens then.
     """
 
-    def __init__(self, config: DeltaSoupConfig | None = None, *, path: str | os.PathLike[str],
+    def __init__(self, config: DeltaSoupConfig | None = None, *, path: str | os.PathLike[str] | None = None,
                  base_model: str | os.PathLike[str] | None = None) -> None:
-        self.path = Path(path).expanduser()
+        self._given_config = config
+        self._validator: Any = None
+        if path is not None:
+            self._open(Path(path).expanduser(), base_model)
+        elif base_model is not None:
+            self._open(default_soup_path(base_model), base_model)
+        else:
+            self.path: Path | None = None  # opened by the first contribution, which names its base
+            self.config = config or DeltaSoupConfig()
+
+    def _open(self, path: Path, base_model: str | os.PathLike[str] | None) -> None:
+        self.path, config = path, self._given_config
         if (self.path / LEDGER).is_file():
             self.store = Store(self.path)
             stored = DeltaSoupConfig.from_dict(json.loads(self.store.meta("config") or "{}"))
@@ -86,9 +100,14 @@ class DeltaSoup:
                                                   "base_model": self.base.ref,
                                                   "base_fingerprint": self.base.fingerprint})
             self._base_checked = True
-        self._validator: Any = None
+
+    def _opened(self) -> None:
+        if self.path is None:
+            raise ConfigError("This soup has no contributions yet (it opens with the first one, which names the "
+                              "base): contribute first, or give path= / base_model=.")
 
     def _checked_base(self) -> Base:
+        self._opened()
         if not self._base_checked:
             if self.base.fingerprint != self.store.meta("base_fingerprint"):
                 raise ConfigError(f"{self.base.ref} is not this soup's base: its fingerprint differs from the one "
@@ -108,6 +127,13 @@ class DeltaSoup:
             raise ConfigError(f"user_id must be a non-empty string, got {user_id!r}.")
         if num_samples is not None and (not isinstance(num_samples, int) or num_samples < 1):
             raise ConfigError(f"num_samples must be a positive integer or None, got {num_samples!r}.")
+        if self.path is None:
+            base_model = base_of(model)
+            if base_model is None:
+                raise ConfigError("DeltaSoup(config) learns its base from the first contribution, and this one does "
+                                  "not name it (a model object without a Gym manifest or PEFT config): give "
+                                  "base_model= (and path=) when creating the soup.")
+            self._open(default_soup_path(base_model), base_model)
         base, config = self._checked_base(), self.config
         info: dict[str, Any] = {}
         norm, blob, status, reason = None, None, ACCEPTED, None
@@ -152,6 +178,7 @@ class DeltaSoup:
         return self.store.write_blob(lambda tmp: save_delta(tmp, entries, header))
 
     def contributions(self, round_id: int | None = None) -> list[ContributionRecord]:
+        self._opened()
         return self.store.contributions(round_id)
 
     # rounds
@@ -162,6 +189,7 @@ class DeltaSoup:
         Returns the released delta {parameter name: tensor} (noised when differential_privacy is on).
         output_dir: also write base + delta there as a model folder (an existing one only with `overwrite`).
         """
+        self._opened()
         if output_dir is not None:  # refused before the round closes, not after
             refuse_overwrite(Path(output_dir).expanduser(), overwrite, folder=True)
         config = self.config
@@ -281,6 +309,7 @@ class DeltaSoup:
             "method": record.method, "contributors": record.n, "privacy": record.privacy}, overwrite=overwrite)
 
     def _round(self, round_id: int | None) -> RoundRecord:
+        self._opened()
         rounds = self.store.rounds()
         if not rounds:
             raise ConfigError(f"{self.path} has no aggregated round yet: run aggregate first.")
@@ -305,10 +334,12 @@ class DeltaSoup:
         return totals
 
     def reputation(self) -> dict[str, float]:
+        self._opened()
         return self.store.reputation()
 
     def status(self) -> dict[str, Any]:
         """Rounds, contributions by status (all and in the open round), and the privacy spent so far."""
+        self._opened()
         rounds, everyone = self.store.rounds(), self.store.contributions()
         open_round = self.store.open_round()
 
@@ -338,6 +369,43 @@ class _Merged:
     clip_scales: list[float]
     weights: list[float] | None  # weighted_mean's weights
     num_byzantine: int | None
+
+
+def default_soup_path(base_model: str | os.PathLike[str]) -> Path:
+    """$GYM_HOME/soups/<base name>: one soup per base on this machine."""
+    from gym.models.loader import gym_home
+
+    name = Path(_normalised(base_model)).name or "base"
+    return gym_home() / "soups" / "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+
+
+def base_of(contribution: Any) -> str | None:
+    """The base a contribution was fine-tuned from, where it says: a Gym run's manifest, a LoRA adapter's
+    config, a PEFT model's config, a Gym delta file's header."""
+    peft_config = getattr(contribution, "peft_config", None)
+    if isinstance(peft_config, dict) and peft_config:
+        base = getattr(next(iter(peft_config.values())), "base_model_name_or_path", None)
+        if base:
+            return str(base)
+    ref = contribution if isinstance(contribution, (str, os.PathLike)) else (
+        getattr(contribution, "gym_source", None) or getattr(contribution, "name_or_path", None))
+    if not ref:
+        return None
+    path = Path(ref).expanduser()
+    for name, key in ((MANIFEST_FILE, "base_model"), ("adapter_config.json", "base_model_name_or_path")):
+        try:
+            value = json.loads((path / name).read_text(encoding="utf-8")).get(key)
+        except (OSError, ValueError):
+            continue
+        if value:
+            return str(value)
+    if path.is_file() and path.suffix == ".safetensors":
+        try:
+            name = read_header(path).get("base", {}).get("name")
+        except GymError:
+            return None
+        return str(name) if name else None
+    return None
 
 
 def _normalised(ref: str | os.PathLike[str]) -> str:
