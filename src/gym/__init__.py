@@ -13,19 +13,26 @@ from typing import TYPE_CHECKING, Any
 from gym.core.version import __version__
 
 if TYPE_CHECKING:
-    from gym.delta.bitdelta import BitDeltaConfig
+    from gym.delta.bitdelta import BitDeltaConfig, BitDeltaQuantizer
+    from gym.delta.deltaquant import DeltaQuantConfig, DeltaQuantizer
+    from gym.delta.tensor_quant import QuantMethod
     from gym.infer.chat import ChatModel
     from gym.personalization.trainer import PersonalizedTrainer
     from gym.python_api import Trainer, TrainingConfig
+    from gym.soup import AggregationMethod, DeltaSoup, DeltaSoupConfig
     from gym.tfgrpo.config import GRPOConfig
     from gym.tfgrpo.trainer import TrainingFreeGRPO
 
 _LAZY = {"Trainer": "gym.python_api", "TrainingConfig": "gym.python_api", "ChatModel": "gym.infer.chat",
          "PersonalizedTrainer": "gym.personalization.trainer", "BitDeltaConfig": "gym.delta.bitdelta",
+         "BitDeltaQuantizer": "gym.delta.bitdelta", "DeltaQuantConfig": "gym.delta.deltaquant",
+         "DeltaQuantizer": "gym.delta.deltaquant", "QuantMethod": "gym.delta.tensor_quant",
+         "DeltaSoup": "gym.soup", "DeltaSoupConfig": "gym.soup", "AggregationMethod": "gym.soup",
          "TrainingFreeGRPO": "gym.tfgrpo.trainer", "GRPOConfig": "gym.tfgrpo.config"}
 
-__all__ = ["BitDeltaConfig", "ChatModel", "GRPOConfig", "PersonalizedTrainer", "Trainer", "TrainingConfig",
-           "TrainingFreeGRPO", "__version__"]
+__all__ = ["AggregationMethod", "BitDeltaConfig", "BitDeltaQuantizer", "ChatModel", "DeltaQuantConfig",
+           "DeltaQuantizer", "DeltaSoup", "DeltaSoupConfig", "GRPOConfig", "PersonalizedTrainer", "QuantMethod",
+           "Trainer", "TrainingConfig", "TrainingFreeGRPO", "__version__"]
 
 
 def __getattr__(name: str) -> Any:

@@ -18,12 +18,14 @@ from gym.train.run import run_exp
 
 
 class TrainingConfig:
-    """Any `gym train` key as a keyword (`model=` and `algorithm=` are accepted too). Parsed and validated
-    at construction, with the same errors as the CLI."""
+    """Any `gym train` key as a keyword (`model=` and `algorithm=` are accepted too). Each key and value is
+    checked at construction, with the CLI's errors; what the whole config needs (GRPO's reward, a dataset)
+    and what the machine needs (a GPU for use_unsloth) are checked when training starts, so a config can be
+    completed later (`Trainer.train(dataset=...)`) or written where it will not run."""
 
     def __init__(self, config: ConfigSource = None, **keys: Any) -> None:
         self.values: dict[str, Any] = {**as_config_dict(config), **keys}
-        self.args: TrainArgs[Any] = get_train_args(self.values)
+        self.args: TrainArgs[Any] = get_train_args(self.values, complete=False)
 
     def replace(self, **keys: Any) -> TrainingConfig:
         return TrainingConfig({**self.values, **keys})
@@ -41,7 +43,7 @@ class Trainer:
         if dataset is not None:
             overrides["dataset"] = dataset
         config = self.config.replace(**overrides) if overrides else self.config
-        return run_exp(config.args)
+        return run_exp(config.values)
 
     def export(self, path: str | os.PathLike[str], format: str | None = None, quantization: str | None = None,
                **keys: Any) -> Path:

@@ -96,6 +96,22 @@ class ModelArguments(QuantizationArguments):
 
     def validate(self, args: TrainArgs[Any]) -> None:
         super().validate(args)
+        if self.shift_attn:
+            if self.flash_attn not in ("auto", "sdpa"):
+                raise ConfigError(f"'shift_attn' is its own attention kernel (sdpa within groups); it cannot run with "
+                                  f"flash_attn: {self.flash_attn}. Leave flash_attn at auto.")
+            if args.data.packing or args.data.neat_packing:
+                raise ConfigError("'shift_attn' attends within groups of each row and cannot keep packed samples "
+                                  "apart; turn packing off.")
+        if self.use_unsloth:
+            variants = [k for k in ("use_dora", "pissa_init", "loftq_init") if getattr(args.finetuning, k)]
+            if args.finetuning.finetuning_type not in ("lora", "full") or self.shift_attn or variants:
+                raise ConfigError("'use_unsloth' covers plain LoRA/QLoRA and full fine-tuning (no OFT, DoRA, PiSSA, "
+                                  "LoftQ or shift_attn).")
+
+    def check_environment(self, args: TrainArgs[Any]) -> None:
+        """What this machine must have for the kernels asked for; checked when a run starts (a config object
+        can be written anywhere, e.g. on a laptop for a GPU box)."""
         import torch
 
         cuda = torch.cuda.is_available()
@@ -109,20 +125,9 @@ class ModelArguments(QuantizationArguments):
             if importlib.util.find_spec(package) is None:
                 pip_name = "flash-attn" if self.flash_attn == "fa2" else "flash-attn-3 (flash-attention's hopper/)"
                 raise ConfigError(f"flash_attn: {self.flash_attn} needs the {package} package: pip install {pip_name}.")
-        if self.shift_attn:
-            if self.flash_attn not in ("auto", "sdpa"):
-                raise ConfigError(f"'shift_attn' is its own attention kernel (sdpa within groups); it cannot run with "
-                                  f"flash_attn: {self.flash_attn}. Leave flash_attn at auto.")
-            if args.data.packing or args.data.neat_packing:
-                raise ConfigError("'shift_attn' attends within groups of each row and cannot keep packed samples "
-                                  "apart; turn packing off.")
         if self.use_unsloth:
             if not cuda:
                 raise ConfigError("'use_unsloth' needs a CUDA GPU (Unsloth's kernels are Triton), and this machine has "
                                   "none; leave it off here.")
             if importlib.util.find_spec("unsloth") is None:
                 raise ConfigError("'use_unsloth' needs the unsloth package: pip install unsloth.")
-            variants = [k for k in ("use_dora", "pissa_init", "loftq_init") if getattr(args.finetuning, k)]
-            if args.finetuning.finetuning_type not in ("lora", "full") or self.shift_attn or variants:
-                raise ConfigError("'use_unsloth' covers plain LoRA/QLoRA and full fine-tuning (no OFT, DoRA, PiSSA, "
-                                  "LoftQ or shift_attn).")

@@ -16,7 +16,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from gym.config import distributed
+from gym.config import compression, distributed, serving
 from gym.config.args import TrainArgs
 from gym.config.coerce import coerce
 from gym.config.data import DataArguments
@@ -28,7 +28,7 @@ from gym.config.model import ModelArguments
 from gym.config.optimizers import check_optim
 from gym.config.training import TrainingArguments
 from gym.config.unsupported import READ_ELSEWHERE, UNSUPPORTED
-from gym.core.errors import ConfigError
+from gym.core.errors import ConfigError, IncompleteConfig
 from gym.core.hardware import has_accelerator, native_bf16
 from gym.core.names import did_you_mean
 
@@ -39,7 +39,14 @@ ALIASES: dict[str, str] = {
     "warmup_ratio": "warmup_steps",  # transformers 5: warmup_steps < 1 is a ratio
     "group_by_length": "train_sampling_strategy",
     "enable_liger_kernel": "use_liger_kernel",  # LLaMA-Factory's name for Hugging Face's key
+    "group_size": "num_generations",  # the seeds' name for GRPO's answers per prompt
 }
+
+SEQUENCE_PARALLEL = (
+    "'{key}: {value}': sequence parallelism (one long sequence split across GPUs) is not in Gym yet. It would come "
+    "from DeepSpeed-Ulysses (deepspeed.sequence.layer.DistributedAttention) or ring attention (the ring-flash-attn "
+    "package) across several CUDA GPUs. For long sequences today: gradient checkpointing, shift_attn (LongLoRA) "
+    "or a shorter cutoff_len; remove the key.")
 
 CONCERNS: dict[str, type] = {
     "model": ModelArguments,
@@ -81,6 +88,10 @@ def _canonical(config: dict[str, Any]) -> dict[str, Any]:
             value = None  # unset: chosen by estimated memory (gym.train.memory)
         elif key == "group_by_length":
             value = "group_by_length" if coerce(key, value, bool) else "random"
+        elif key in ("sequence_parallel", "sequence_parallel_size"):
+            if value in (False, None, 1, "false", "1") or (key == "sequence_parallel" and value == 0):
+                continue  # off: nothing to do
+            raise ConfigError(SEQUENCE_PARALLEL.format(key=key, value=value))
         elif key == "warmup_ratio":
             ratio = coerce(key, value, float)
             if not 0 <= ratio < 1:
@@ -127,11 +138,16 @@ def _split_by_concern(config: dict[str, Any], stage: str, options: type | None) 
     return buckets
 
 
-def get_train_args(config: ConfigSource | TrainArgs[Any] = None) -> TrainArgs[Any]:
-    """Parse and validate a training config (dict, or path to YAML/JSON)."""
+def get_train_args(config: ConfigSource | TrainArgs[Any] = None, *, complete: bool = True) -> TrainArgs[Any]:
+    """Parse and validate a training config (dict, or path to YAML/JSON).
+
+    complete=False accepts a config that lacks what its run needs (IncompleteConfig: GRPO's reward) and
+    leaves what this machine needs (a GPU for GPU kernels, their packages) to the run: the Python door's
+    TrainingConfig is built that way, so a config can be completed later, or written where it will not run.
+    """
     if isinstance(config, TrainArgs):
         return config
-    values = distributed.expand(_canonical(as_config_dict(config)))
+    values = serving.expand(compression.expand(distributed.expand(_canonical(as_config_dict(config)))))
     stage = str(values.get("stage", FinetuningArguments.stage))
     method = get_method(stage)
     buckets = _split_by_concern(values, stage, method.options)
@@ -146,11 +162,25 @@ def get_train_args(config: ConfigSource | TrainArgs[Any] = None) -> TrainArgs[An
     training: TrainingArguments = _build(TrainingArguments, _training_values(buckets, model, finetuning))
 
     args = TrainArgs(model, data, training, finetuning, generating, options)
+    finetuning.stage_options = options
     for part in (model, data, training, finetuning, generating, options):
         validate = getattr(part, "validate", None)
         if validate is not None:
-            validate(args)
+            try:
+                validate(args)
+            except IncompleteConfig:
+                if complete:
+                    raise
+    if complete:
+        check_environment(args)
     return args
+
+
+def check_environment(args: TrainArgs[Any]) -> None:
+    for part in (args.model, args.data, args.training, args.finetuning, args.generating, args.options):
+        check = getattr(part, "check_environment", None)
+        if check is not None:
+            check(args)
 
 
 def _training_values(buckets: dict[type, dict[str, Any]], model: ModelArguments,

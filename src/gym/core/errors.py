@@ -16,6 +16,11 @@ class ConfigError(GymError):
     """An unknown key, a value of the wrong type, or an impossible combination of options."""
 
 
+class IncompleteConfig(ConfigError):
+    """A config right as far as it goes that lacks what its run needs (e.g. GRPO's reward). The Python door's
+    TrainingConfig accepts one, to be completed when training starts; everywhere else it is a ConfigError."""
+
+
 class DataError(GymError):
     """A dataset that is missing, malformed, or empty after filtering."""
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -34,8 +35,15 @@ def _hub_rows(attr: DatasetAttr) -> Iterator[tuple[RowSource, Any]]:
     try:
         data = datasets.load_dataset(attr.path, name=attr.subset, split=attr.split)
     except Exception as exc:  # datasets raises many types for missing/offline datasets
+        named = f"'{attr.name}' (hub dataset {attr.path})" if attr.name != attr.path else f"hub dataset '{attr.path}'"
+        if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
+            raise DataError(
+                f"Dataset {named} lives on the Hugging Face Hub, and this process is offline (HF_HUB_OFFLINE=1). "
+                f"Get it once with network (a run without HF_HUB_OFFLINE caches it, or `hf download --repo-type "
+                f"dataset {attr.path}`), or point `dataset:` at a local file."
+            ) from None
         raise DataError(
-            f"Could not load hub dataset '{attr.path}' (split {attr.split}): {exc}. Offline? Download it once with "
+            f"Could not load {named} (split {attr.split}): {exc}. Offline? Download it once with "
             "network, or point `dataset:` at a local file."
         ) from None
     for i, row in enumerate(data, start=1):

@@ -28,9 +28,11 @@ def quantizer_for_training(args: TrainArgs[Any]) -> BitDeltaQuantizer | DeltaQua
     if finetuning.delta_compression == "bitdelta":
         return BitDeltaQuantizer(BitDeltaConfig(
             group_size=finetuning.delta_group_size, distill_steps=finetuning.delta_distill_steps,
+            safety_threshold=finetuning.delta_safety_threshold, enable_deltasoup=finetuning.delta_enable_deltasoup,
             calibration=args.data.dataset if finetuning.delta_distill_steps else None,
             calibration_dir=args.data.dataset_dir, seed=args.training.seed))
-    return DeltaQuantizer(DeltaQuantConfig(method=finetuning.delta_compression, group_size=finetuning.delta_group_size))
+    return DeltaQuantizer(DeltaQuantConfig(method=finetuning.delta_compression, group_size=finetuning.delta_group_size,
+                                           enable_deltasoup=finetuning.delta_enable_deltasoup))
 
 
 def compress_output(args: TrainArgs[Any], output_dir: str | Path) -> Path:

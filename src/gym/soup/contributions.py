@@ -18,6 +18,7 @@ the soup records in its ledger with the reason.
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -27,6 +28,7 @@ from typing import Any
 import torch
 
 from gym.core.errors import ConfigError, GymError
+from gym.core.files import MANIFEST_FILE
 from gym.delta.compress import reconstruct
 from gym.delta.format import fingerprint, load_delta, read_header
 from gym.delta.weights import load_model, parameters
@@ -157,3 +159,40 @@ def _check(tensors: dict[str, torch.Tensor], base: dict[str, torch.Tensor]) -> N
 def l2_norm(delta: dict[str, torch.Tensor]) -> float:
     """The whole delta's L2 norm (accumulated in float64)."""
     return float(sum(float(t.double().pow(2).sum()) for t in delta.values()) ** 0.5)
+
+
+def default_soup_path(base_model: str | os.PathLike[str]) -> Path:
+    """$GYM_HOME/soups/<base name>: one soup per base on this machine."""
+    from gym.models.loader import gym_home
+
+    name = Path(str(base_model).rstrip('/')).name or "base"
+    return gym_home() / "soups" / "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+
+
+def base_of(contribution: Any) -> str | None:
+    """The base a contribution was fine-tuned from, where it says: a Gym run's manifest, a LoRA adapter's
+    config, a PEFT model's config, a Gym delta file's header."""
+    peft_config = getattr(contribution, "peft_config", None)
+    if isinstance(peft_config, dict) and peft_config:
+        base = getattr(next(iter(peft_config.values())), "base_model_name_or_path", None)
+        if base:
+            return str(base)
+    ref = contribution if isinstance(contribution, (str, os.PathLike)) else (
+        getattr(contribution, "gym_source", None) or getattr(contribution, "name_or_path", None))
+    if not ref:
+        return None
+    path = Path(ref).expanduser()
+    for name, key in ((MANIFEST_FILE, "base_model"), ("adapter_config.json", "base_model_name_or_path")):
+        try:
+            value = json.loads((path / name).read_text(encoding="utf-8")).get(key)
+        except (OSError, ValueError):
+            continue
+        if value:
+            return str(value)
+    if path.is_file() and path.suffix == ".safetensors":
+        try:
+            name = read_header(path).get("base", {}).get("name")
+        except GymError:
+            return None
+        return str(name) if name else None
+    return None

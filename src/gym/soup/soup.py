@@ -25,18 +25,18 @@ from typing import Any
 
 import torch
 
-from gym.core.errors import ConfigError, GymError
-from gym.core.files import MANIFEST_FILE, refuse_overwrite
+from gym.core.errors import ConfigError
+from gym.core.files import refuse_overwrite
 from gym.delta.apply import save_model_folder
 from gym.delta.bitdelta import BitDeltaQuantizer
 from gym.delta.compress import reconstruct
-from gym.delta.format import read_header, save_delta
+from gym.delta.format import save_delta
 from gym.delta.weights import Delta, kind_of, load_model
 from gym.models.loader import resolve_model_path
 from gym.soup import aggregators as agg
 from gym.soup import payouts as pay
 from gym.soup.config import KRUM_FAMILY, DeltaSoupConfig
-from gym.soup.contributions import Base, Rejected, l2_norm, to_delta
+from gym.soup.contributions import Base, Rejected, base_of, default_soup_path, l2_norm, to_delta
 from gym.soup.privacy import (
     PrivacyReport,
     add_gaussian_noise,
@@ -369,43 +369,6 @@ class _Merged:
     clip_scales: list[float]
     weights: list[float] | None  # weighted_mean's weights
     num_byzantine: int | None
-
-
-def default_soup_path(base_model: str | os.PathLike[str]) -> Path:
-    """$GYM_HOME/soups/<base name>: one soup per base on this machine."""
-    from gym.models.loader import gym_home
-
-    name = Path(_normalised(base_model)).name or "base"
-    return gym_home() / "soups" / "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
-
-
-def base_of(contribution: Any) -> str | None:
-    """The base a contribution was fine-tuned from, where it says: a Gym run's manifest, a LoRA adapter's
-    config, a PEFT model's config, a Gym delta file's header."""
-    peft_config = getattr(contribution, "peft_config", None)
-    if isinstance(peft_config, dict) and peft_config:
-        base = getattr(next(iter(peft_config.values())), "base_model_name_or_path", None)
-        if base:
-            return str(base)
-    ref = contribution if isinstance(contribution, (str, os.PathLike)) else (
-        getattr(contribution, "gym_source", None) or getattr(contribution, "name_or_path", None))
-    if not ref:
-        return None
-    path = Path(ref).expanduser()
-    for name, key in ((MANIFEST_FILE, "base_model"), ("adapter_config.json", "base_model_name_or_path")):
-        try:
-            value = json.loads((path / name).read_text(encoding="utf-8")).get(key)
-        except (OSError, ValueError):
-            continue
-        if value:
-            return str(value)
-    if path.is_file() and path.suffix == ".safetensors":
-        try:
-            name = read_header(path).get("base", {}).get("name")
-        except GymError:
-            return None
-        return str(name) if name else None
-    return None
 
 
 def _normalised(ref: str | os.PathLike[str]) -> str:

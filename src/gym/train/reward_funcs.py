@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from gym.config.args import TrainArgs
-from gym.core.errors import ConfigError, GymError
+from gym.core.errors import ConfigError, GymError, IncompleteConfig
 from gym.core.names import did_you_mean
 from gym.train.reward_model import load_reward_model, reward_model_reward
 from gym.train.verifiers import (
@@ -207,7 +207,7 @@ class RewardChoice:
             if weights is not None and len(weights) == len(names) - 1:
                 weights.append(1.0)
         if not names:
-            raise ConfigError("This stage needs rewards: set `reward_funcs` (e.g. [accuracy, format]) and/or "
+            raise IncompleteConfig("This stage needs rewards: set `reward_funcs` (e.g. [accuracy, format]) and/or "
                               "`reward_model` (the output folder of a `stage: rm` run).")
         return names, weights
 
