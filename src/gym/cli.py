@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 USAGE = """usage: gym <command> [options]
 
 commands:
-  train CONFIG [key=value ...] [--key value ...]   fine-tune (see `gym train --help` for every key)
+  train CONFIG [key=value ...] [--key value ...]   fine-tune (`gym train --help` lists every key; or --config CONFIG)
   tune CONFIG --trials N [--metric M] [--direction minimize|maximize]
                                                    hyper-parameter search over the config's `tune:` section
   chat [CONFIG] [--key value ...] [--prompt TEXT]  talk to a model; --prompt answers once and exits
@@ -37,12 +37,13 @@ commands:
                                                    --variants, model "<name>:<user>" answers as that user's variant;
                                                    --experiences: a TF-GRPO library in every chat's system prompt
   infer CONFIG --dataset D -o out.jsonl [--batch_size N] [--max_samples N]
-                                                   answer every row of a dataset (resumable)
+                                                   answer every row of a dataset (resumable; alias: inference)
   delta compress|apply|inspect|eval [options]      a fine-tune as a compressed delta (`gym delta -h`)
   soup init|contribute|status|aggregate|rewards    community merge of many users' deltas (`gym soup -h`)
   variants create|add|list|delete|chat|export STORE  per-user fine-tunes as 1-bit deltas (`gym variants -h`)
   tfgrpo train|eval CONFIG [key=value ...]         Training-Free GRPO: learn a library of lessons in the prompt
   export CONFIG --export_dir DIR [--format hf]     the trained model for other tools (`gym export -h`)
+  merge CONFIG [key=value ...]                     linear/TIES/DARE merges of fine-tunes of one base (`gym merge -h`)
   eval CONFIG --task T [--task T2 ...] [-o results.json]
                                                    multiple choice, perplexity, verified generation, lm-eval
                                                    (`gym eval -h`); --compare A B: the difference, tested
@@ -155,30 +156,15 @@ def cmd_chat(argv: list[str]) -> int:
 
 
 def cmd_api(argv: list[str]) -> int:
-    from gym.config.files import parse_cli_args
+    from gym.serve.cli import main as api_main
 
-    options = {"--host": "127.0.0.1", "--port": "8000", "--api-key": None, "--max_batch_size": "16",
-               "--max_waiting": "256", "--served_model_name": None, "--max_body_bytes": str(4 << 20),
-               "--variants": None, "--experiences": None}
-    values: dict[str, str | None] = {}
-    for name, default in options.items():
-        values[name], argv = _take_option(argv, name, default)
-    try:
-        port, batch, waiting, body = (int(values[k] or "") for k in ("--port", "--max_batch_size", "--max_waiting",
-                                                                     "--max_body_bytes"))
-    except ValueError:
-        raise ConfigError("--port, --max_batch_size, --max_waiting and --max_body_bytes take whole numbers.") from None
-    try:
-        import fastapi  # noqa: F401
-        import uvicorn  # noqa: F401
-    except ImportError:
-        raise ConfigError("gym api needs FastAPI and uvicorn: pip install 'zoo-gym[serve]'.") from None
-    from gym.serve.server import serve
+    return api_main(argv)
 
-    serve(parse_cli_args(argv), host=values["--host"] or "127.0.0.1", port=port, api_key=values["--api-key"],
-          max_batch_size=batch, max_waiting=waiting, model_name=values["--served_model_name"], max_body_bytes=body,
-          variants=values["--variants"], experiences=values["--experiences"])
-    return 0
+
+def cmd_merge(argv: list[str]) -> int:
+    from gym.merge.cli import main as merge_main
+
+    return merge_main(argv)
 
 
 def _interactive(model: ChatModel) -> int:
@@ -346,11 +332,13 @@ COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "chat": cmd_chat,
     "api": cmd_api,
     "infer": cmd_infer,
+    "inference": cmd_infer,  # the seeds' name for it
     "delta": cmd_delta,
     "soup": cmd_soup,
     "variants": cmd_variants,
     "tfgrpo": cmd_tfgrpo,
     "export": cmd_export,
+    "merge": cmd_merge,
     "eval": cmd_eval,
     "webui": cmd_webui,
     "env": cmd_env,

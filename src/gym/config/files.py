@@ -58,7 +58,8 @@ def _parse_scalar(text: str) -> Any:
 def parse_cli_args(argv: list[str]) -> Config:
     """`[CONFIG] [key=value ...] [--key value ...] [--flag]` -> one flat dict (later wins).
 
-    `key=value` is always an override, even when the value is a path ending in .json or .yaml."""
+    `key=value` is always an override, even when the value is a path ending in .json or .yaml. `--config FILE`
+    is another way to give CONFIG (LLaMA-Factory's `train --config` spelling)."""
     config: Config = {}
     overrides: Config = {}
     i = 0
@@ -66,7 +67,11 @@ def parse_cli_args(argv: list[str]) -> Config:
         arg = argv[i]
         if arg.startswith("--"):
             body = arg[2:]
-            if "=" in body:
+            if body.startswith("config=") or (body == "config" and i + 1 < len(argv)):
+                path = body.split("=", 1)[1] if "=" in body else argv[i + 1]
+                i += 0 if "=" in body else 1
+                config.update(load_config_file(path))
+            elif "=" in body:
                 key, text = body.split("=", 1)
                 overrides[key] = _parse_scalar(text)
             elif i + 1 < len(argv) and not argv[i + 1].startswith("--"):

@@ -212,9 +212,11 @@ def get_infer_args(config: ConfigSource = None) -> tuple[ModelArguments, DataArg
                                                           GeneratingArguments]:
     """Parse a config for chat/inference: model, data (template), finetuning and generation keys.
 
-    Training-only keys are accepted (so the training YAML can be reused) and ignored.
+    Training-only keys are accepted (so the training YAML can be reused) and ignored, and so is what only
+    training needs (GRPO's reward).
     """
-    args = get_train_args(config)
+    args = get_train_args(config, complete=False)
+    check_environment(args)
     return args.model, args.data, args.finetuning, args.generating
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from gym.config.coerce import split_keys
@@ -60,11 +61,23 @@ class ExportArguments:
                               "export_dtype (float32, float16 or bfloat16), an onnx export in float32.")
         if self.variant is not None and (self.delta or ":" not in self.variant):
             raise ConfigError("variant: write STORE:USER (a `gym variants` store and a user in it), without --delta.")
-        if not self.export_dir:
-            raise ConfigError("Set export_dir: `gym export CONFIG --export_dir DIR`.")
 
 
 def parse_export(config: dict[str, Any]) -> tuple[ExportArguments, dict[str, Any]]:
     """(the export keys, the rest: the model keys of `gym chat`, checked when the model loads)."""
     export, rest = split_keys(config, ExportArguments, ALIASES)
-    return ExportArguments(**export), rest
+    args = ExportArguments(**export)
+    if not args.export_dir:
+        args.export_dir = _default_export_dir(rest, args.export_format)
+    return args, rest
+
+
+def _default_export_dir(model_keys: dict[str, Any], export_format: str) -> str:
+    """`gym export --model saves/run --format gguf` (the seeds' spelling, no export_dir): saves/run-gguf/."""
+    for key in ("adapter_name_or_path", "output_dir", "model_name_or_path", "model"):
+        source = model_keys.get(key)
+        if isinstance(source, str) and Path(source).expanduser().is_dir():
+            folder = Path(source).expanduser().resolve()
+            return str(folder.with_name(f"{folder.name}-{export_format}"))
+    raise ConfigError("Set export_dir: `gym export CONFIG --export_dir DIR` (without it, the export goes next to a "
+                      "local model folder: --model saves/run writes saves/run-<format>/).")
