@@ -89,9 +89,12 @@ def _canonical(config: dict[str, Any]) -> dict[str, Any]:
         elif key == "group_by_length":
             value = "group_by_length" if coerce(key, value, bool) else "random"
         elif key in ("sequence_parallel", "sequence_parallel_size"):
-            if value in (False, None, 1, "false", "1") or (key == "sequence_parallel" and value == 0):
-                continue  # off: nothing to do
+            if value is None or value is False or (not isinstance(value, bool) and str(value).lower() in
+                                                   ("false", "no", "off", "0", "1")):
+                continue  # off (sequence_parallel_size 1 is off too): nothing to do
             raise ConfigError(SEQUENCE_PARALLEL.format(key=key, value=value))
+        elif key == "quantization_method" and str(value).lower() == "bitsandbytes":
+            value = "bnb"  # the package's own name, as the seeds write it
         elif key == "warmup_ratio":
             ratio = coerce(key, value, float)
             if not 0 <= ratio < 1:

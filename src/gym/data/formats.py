@@ -174,6 +174,10 @@ def _convert_sharegpt(attr: DatasetAttr, source: RowSource, row: dict[str, Any],
         attr.tag("user_tag"): USER, attr.tag("assistant_tag"): ASSISTANT,
         attr.tag("observation_tag"): OBSERVATION, attr.tag("function_tag"): FUNCTION,
     }
+    if (attr.tag("user_tag"), attr.tag("assistant_tag")) == ("human", "gpt"):
+        # ShareGPT files in the wild (the seeds' own example among them) write "from": "user"/"assistant" too
+        roles.setdefault("user", USER)
+        roles.setdefault("assistant", ASSISTANT)
     system_col = attr.column("system")
     system = _string(source, row, system_col, required=False) if system_col else None
     messages: list[dict[str, str]] = []

@@ -76,8 +76,20 @@ def _check_keys(where: str, given: Any, known: Any) -> None:
             raise DataError(f"dataset_info.json: unknown key '{key}' in {where}.{did_you_mean(key, known, hint)}")
 
 
+MEDIA_COLUMNS = ("images", "videos", "audios")
+
+
+def _refuse_media(where: str, names: Any) -> None:
+    media = [m for m in MEDIA_COLUMNS if m in names]
+    if media:
+        raise DataError(f"{where} has {media[0]}: Gym trains text models, and image, video and audio inputs are not "
+                        f"supported yet (training on the text alone would teach answers about {media[0]} the model "
+                        "never sees). Remove the column, or use a text-only dataset.")
+
+
 def _attr_from_info(name: str, info: dict[str, Any], dataset_dir: Path) -> DatasetAttr:
     _check_keys(f"entry '{name}'", info, ENTRY_KEYS)
+    _refuse_media(f"dataset_info.json: '{name}'.columns", info.get("columns", {}))
     _check_keys(f"'{name}'.columns", info.get("columns", {}),
                 [*ALPACA_COLUMNS, *SHAREGPT_COLUMNS, "messages", *EVAL_COLUMNS])
     _check_keys(f"'{name}'.tags", info.get("tags", {}), SHAREGPT_TAGS)
@@ -153,6 +165,7 @@ def get_dataset_attrs(names: str | list[str] | None, dataset_dir: str | Path) ->
 def _attr_from_file(name: str, path: Path) -> DatasetAttr:
     """A bare file: sniff its first row to tell alpaca from sharegpt/openai."""
     row = first_row(path) or {}
+    _refuse_media(f"{path}, row 1", row)
     info: dict[str, Any] = {"file_name": str(path.resolve())}
     columns: dict[str, str] = {}
     if "messages" in row:

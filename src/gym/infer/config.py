@@ -39,6 +39,12 @@ def _finished_output(config: dict[str, Any]) -> Path | None:
 def resolve_inference_config(config: ConfigSource) -> Config:
     """A user config -> the complete inference config: which model, adapters, template and decoding."""
     config = as_config_dict(config)
+    for key in ("model_name_or_path", "model"):
+        ref = config.get(key)
+        if isinstance(ref, str) and not config.get("adapter_name_or_path") and not config.get("output_dir") and \
+                (Path(ref) / MANIFEST_FILE).is_file() and (Path(ref) / "adapter_config.json").is_file():
+            # `--model saves/run` naming a LoRA run (the seeds' `gym export --model`): the run, on its base
+            config["output_dir"] = config.pop(key)
     trained = _finished_output(config)
     if trained is not None:
         manifest = yaml.safe_load((trained / MANIFEST_FILE).read_text())

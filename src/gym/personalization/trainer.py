@@ -70,6 +70,9 @@ def _write_dataset(folder: Path, name: str, rows: list[dict[str, Any]], *, ranki
     entry: dict[str, Any] = {"file_name": f"{name}.json", "formatting": _formatting(rows)}
     if ranking:
         entry["ranking"] = True
+        if entry["formatting"] == "alpaca":  # {instruction or prompt, input?, chosen, rejected}: TRL's and ours
+            prompt = "instruction" if "instruction" in rows[0] else "prompt"
+            entry["columns"] = {"prompt": prompt, "query": "input", "chosen": "chosen", "rejected": "rejected"}
     info[name] = entry
     info_path.write_text(json.dumps(info, indent=2))
 

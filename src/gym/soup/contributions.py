@@ -70,6 +70,11 @@ def to_delta(contribution: Any, base: Base) -> Converted:
     if isinstance(contribution, dict):
         return Converted(check_delta(contribution, base.params), "delta_dict")
     if hasattr(contribution, "named_parameters"):
+        if hasattr(contribution, "merge_and_unload"):  # a PEFT model: its adapters folded in, on a copy
+            import copy
+
+            merged = copy.deepcopy(contribution).merge_and_unload()
+            return Converted(_difference(dict(merged.named_parameters()), base.params), "peft_model")
         return Converted(_difference(dict(contribution.named_parameters()), base.params), "model")
     if isinstance(contribution, (str, os.PathLike)):
         return _from_path(Path(contribution).expanduser(), base)

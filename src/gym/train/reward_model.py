@@ -38,8 +38,11 @@ def load_reward_model(path: str) -> tuple[Any, Any, Any]:
     """The model, tokenizer and chat format of a `stage: rm` output folder, ready for batched scoring
     (cached per path). The chat format is the one the reward model was trained with (its gym_config.yaml)."""
     folder = Path(path).expanduser()
+    if not folder.is_dir() and path.count("/") == 1 and not path.startswith((".", "/", "~")):
+        folder = _from_hub(path)
     if not folder.is_dir():
-        raise ConfigError(f"reward_model: {folder} is not a folder; give the output_dir of a `stage: rm` run.")
+        raise ConfigError(f"reward_model: {folder} is not a folder; give the output_dir of a `stage: rm` run (or a "
+                          "hub id of a sequence-classification model).")
     adapter_file, manifest_file = folder / "adapter_config.json", folder / MANIFEST_FILE
     try:
         if adapter_file.is_file():
@@ -75,6 +78,21 @@ def load_reward_model(path: str) -> tuple[Any, Any, Any]:
     return model, tokenizer, _trained_chat_format(folder, tokenizer)
 
 
+def _from_hub(repo_id: str) -> Path:
+    """A hub reward model (a sequence-classification model, as TRL takes them), downloaded or from the cache."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    try:
+        return Path(snapshot_download(repo_id))
+    except LocalEntryNotFoundError:
+        raise ModelError(f"reward_model '{repo_id}' is a Hugging Face Hub id, and it is not in the local cache while "
+                         "this process is offline: download it once with network, or give the output_dir of a "
+                         "`stage: rm` run.") from None
+    except Exception as exc:  # huggingface_hub raises many types for missing or private repos
+        raise ModelError(f"reward_model '{repo_id}' could not be fetched from the Hugging Face Hub: {exc}") from None
+
+
 def _trained_chat_format(folder: Path, tokenizer: Any) -> ChatFormat:
     """The chat format recorded in a Gym output's gym_config.yaml; the tokenizer's own otherwise."""
     config_file = folder / CONFIG_FILE
@@ -97,7 +115,9 @@ def _rm_text(prompt: Any, completion: Any, chat: Any) -> str:
 def reward_model_reward(arg: str | None) -> RewardFunc:
     if not arg:
         raise ConfigError("reward `reward_model` needs a path: reward_model:<output_dir of a `stage: rm` run>.")
-    model, tokenizer, chat = load_reward_model(str(Path(arg).expanduser().resolve()))
+    local = Path(arg).expanduser()
+    # a folder is cached by its absolute path (one load per run, wherever it is named from); a hub id as given
+    model, tokenizer, chat = load_reward_model(str(local.resolve()) if local.exists() else arg)
 
     def reward_model(prompts: list[Any] | None, completions: list[Any], **kwargs: Any) -> list[float | None]:
         prompts = prompts if prompts is not None else [""] * len(completions)

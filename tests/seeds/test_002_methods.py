@@ -1,0 +1,115 @@
+"""Seed 002, "Zoo Gym Training Methods": `from zoo.gym import ...` for Training-Free GRPO, BitDelta and
+DeltaSoup, and the config objects its SDK examples build."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from gym.core.errors import ConfigError
+
+
+def test_zoo_gym_exports_every_name_the_seeds_import():
+    import importlib
+
+    import gym
+
+    names = ("Trainer", "TrainingConfig", "TrainingFreeGRPO", "GRPOConfig", "PersonalizedTrainer", "BitDeltaConfig",
+             "DeltaQuantConfig", "QuantMethod", "DeltaSoup", "DeltaSoupConfig", "AggregationMethod")
+    zoo_gym = importlib.import_module("zoo.gym")
+    exec("from zoo.gym import " + ", ".join(names), {})  # the seeds' own statement
+    for name in names:
+        assert getattr(zoo_gym, name) is getattr(gym, name), name
+
+
+def test_training_free_grpo(tiny_model_dir):
+    from zoo.gym import GRPOConfig, TrainingFreeGRPO
+
+    # Configure Training-Free GRPO
+    config = GRPOConfig(
+        group_size=5,
+        max_epochs=3,
+        temperature_train=0.7
+    )
+    # Ours: short answers from the tiny local model (hub id swapped), 2 tasks.
+    config = dataclasses.replace(config, max_tokens=6, update_max_tokens=16, batch_size=2)
+    dataset = [{"question": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(4)]
+
+    def reward_fn(completion, answer):
+        return float(answer in completion)
+
+    trainer = TrainingFreeGRPO(str(tiny_model_dir), config)
+    experiences = trainer.train(dataset[:2], reward_fn)
+    assert len(trainer.history) == 3  # one step per epoch of one batch
+
+    # Deploy instantly (no parameter updates)
+    response = trainer.infer("What is 2 + 1?", experiences)
+    assert isinstance(response, str)
+
+
+def test_bitdelta_personalization(tiny_model_dir):
+    from zoo.gym import BitDeltaConfig, PersonalizedTrainer
+
+    # Configure BitDelta
+    config = BitDeltaConfig(
+        bits=1,
+        group_size=128,
+        safety_threshold=0.6
+    )
+    config = dataclasses.replace(config, distill_steps=2)  # ours: 2 distillation steps, not 200
+    user_data = [{"instruction": f"My favourite colour, {i}?", "output": "Teal, always teal."} for i in range(6)]
+
+    # Train personalized variants (hub id -> the tiny local model)
+    trainer = PersonalizedTrainer(str(tiny_model_dir), config)
+    trainer.create_variant("user_123", user_data, max_steps=2)
+
+    # Serve variant
+    response = trainer.serve_variant("user_123", "My favourite colour?", max_new_tokens=4)
+    assert isinstance(response, str)
+
+
+def test_deltasoup_with_rewards(tiny_model_dir):
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from zoo.gym import AggregationMethod, DeltaSoup, DeltaSoupConfig
+
+    # Configure DeltaSoup
+    config = DeltaSoupConfig(
+        method=AggregationMethod.BYZANTINE_ROBUST,
+        differential_privacy=True,
+        enable_rewards=True
+    )
+
+    def fine_tune(seed):
+        torch.manual_seed(seed)
+        return get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model_dir),
+                              LoraConfig(r=2, target_modules=["v_proj"], init_lora_weights=False))
+
+    model_alice, model_bob, model_carol = fine_tune(1), fine_tune(2), fine_tune(3)
+
+    # Users contribute improvements
+    soup = DeltaSoup(config)
+    soup.contribute(user_id="alice", model=model_alice)
+    soup.contribute(user_id="bob", model=model_bob)
+
+    # Aggregate community improvements: Byzantine-robust (Krum) needs three contributions, and says so.
+    with pytest.raises(ConfigError, match="at least 3"):
+        soup.aggregate()
+    soup.contribute(user_id="carol", model=model_carol)
+    aggregated_model = soup.aggregate()
+    assert aggregated_model
+
+    # Distribute rewards
+    rewards = soup.calculate_rewards()
+    assert rewards and set(rewards) <= {"alice", "bob", "carol"} and all(v >= 0 for v in rewards.values())
+
+
+def test_sdk_config_objects():
+    from zoo.gym import BitDeltaConfig, DeltaSoupConfig, GRPOConfig
+
+    assert GRPOConfig(group_size=5).group_size == 5
+    assert BitDeltaConfig(bits=1).bits == 1
+    assert DeltaSoupConfig(method="byzantine_robust").method.value == "byzantine_robust"
