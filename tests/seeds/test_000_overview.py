@@ -215,9 +215,10 @@ def test_production_serving_block(write_yaml, tiny_model_dir, monkeypatch):
     seen = {}
     monkeypatch.setattr("gym.serve.server.serve", lambda cfg, **kw: seen.update(kw))
     assert main(["api", str(config)]) == 0
-    assert (seen["max_batch_size"], seen["max_waiting"]) == (32, 100)
+    # 100 admitted at once: 32 decoding together, 68 queued
+    assert (seen["max_batch_size"], seen["max_waiting"]) == (32, 68)
     assert main(["api", str(config), "--max_batch_size", "4"]) == 0  # a flag wins over the block
-    assert seen["max_batch_size"] == 4
+    assert (seen["max_batch_size"], seen["max_waiting"]) == (4, 96)
 
 
 def test_cli_quick_start(tiny_model_dir, tmp_path, monkeypatch):

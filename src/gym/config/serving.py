@@ -4,7 +4,7 @@
       model_format: gguf     # hf (safetensors, the default) | gguf (llama.cpp engine: model_name_or_path is a .gguf)
       quantization: int4     # weights in memory: int4 | int8 | bfloat16 | float16 | float32 (infer_dtype)
       batch_size: 32         # gym api: requests decoded together (--max_batch_size)
-      max_concurrent: 100    # gym api: requests admitted at once, running or queued (--max_waiting)
+      max_concurrent: 100    # gym api: requests admitted at once, decoding or queued (--max_waiting: the rest)
       cache_size: 10GB       # prompt-prefix KV cache (infer_prefix_cache_mb)
 
 Engine keys become model keys here; the server's own two are read by `gym api` (server_options), and a
@@ -74,15 +74,15 @@ def expand(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def server_options(config: dict[str, Any]) -> dict[str, int]:
-    """gym api's settings from the block: {"max_batch_size": .., "max_waiting": ..} (those it sets)."""
+    """gym api's settings from the block: {"batch_size": .., "max_concurrent": ..} (those it sets)."""
     block = _block(config)
     options: dict[str, int] = {}
-    for key, option in (("batch_size", "max_batch_size"), ("max_concurrent", "max_waiting")):
+    for key in ("batch_size", "max_concurrent"):
         if key in block:
             value = block[key]
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"'{KEY}.{key}' is a whole number of requests (at least 1), got {value!r}.")
-            options[option] = value
+            options[key] = value
     return options
 
 

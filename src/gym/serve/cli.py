@@ -1,7 +1,7 @@
 """`gym api [CONFIG] [--host H] [--port P] ...`: the OpenAI-compatible server.
 
-The config's `serving:` block (gym.config.serving) sets the batch and queue sizes; a flag given on the
-command line wins over it.
+The config's `serving:` block (gym.config.serving) sets the batch size and how many requests are admitted
+at once (the queue is what the batch leaves of it); a flag given on the command line wins over it.
 """
 
 from __future__ import annotations
@@ -30,8 +30,17 @@ def main(argv: list[str]) -> int:
     for name in OPTIONS:
         given[name], argv = _take(argv, name)
     config = parse_cli_args(argv)
-    from_block = {f"--{k}": str(v) for k, v in server_options(config).items()}
-    values = {name: given[name] or from_block.get(name) or default for name, default in OPTIONS.items()}
+    block = server_options(config)
+    if given["--max_batch_size"] is None and "batch_size" in block:
+        given["--max_batch_size"] = str(block["batch_size"])
+    values = {name: given[name] or default for name, default in OPTIONS.items()}
+    if given["--max_waiting"] is None and "max_concurrent" in block:
+        # the block counts every admitted request; the server's queue is what the running batch leaves
+        batch = int(values["--max_batch_size"] or "16")
+        if block["max_concurrent"] < batch:
+            raise ConfigError(f"serving.max_concurrent ({block['max_concurrent']}) is below the batch size ({batch}): "
+                              "it counts every request admitted at once, decoding or queued.")
+        values["--max_waiting"] = str(block["max_concurrent"] - batch)
     try:
         port, batch, waiting, body = (int(values[k] or "") for k in ("--port", "--max_batch_size", "--max_waiting",
                                                                      "--max_body_bytes"))
