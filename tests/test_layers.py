@@ -24,7 +24,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("building blocks", ("gym.data", "gym.models")),
     ("infer", ("gym.infer",)),
     ("jobs", ("gym.train", "gym.delta", "gym.soup", "gym.personalization", "gym.tfgrpo", "gym.eval",
-              "gym.export")),
+              "gym.export", "gym.merge")),
     ("doors", ("gym", "gym.cli", "gym.python_api", "gym.hparams", "gym.quantization", "gym.serve", "gym.webui")),
 ]
 
