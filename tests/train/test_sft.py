@@ -158,9 +158,3 @@ def test_refuses_to_overwrite_a_finished_model(train_config):
     with pytest.raises(ConfigError, match="already holds a finished model"):
         run_exp(train_config())
     run_exp(train_config(overwrite_output_dir=True))
-
-
-def test_tensorboard_logging(train_config):
-    result = run_exp(train_config(report_to="tensorboard"))
-    events = list(Path(result.output_dir).rglob("events.out.tfevents.*"))
-    assert events, "report_to: tensorboard should write event files under output_dir"

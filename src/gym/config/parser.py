@@ -26,7 +26,7 @@ from gym.config.generating import GeneratingArguments
 from gym.config.methods import get_method, option_classes
 from gym.config.model import ModelArguments
 from gym.config.optimizers import check_optim
-from gym.config.training import TrainingArguments
+from gym.config.training import TrainingArguments, training_defaults
 from gym.config.unsupported import READ_ELSEWHERE, UNSUPPORTED
 from gym.core.errors import ConfigError, IncompleteConfig
 from gym.core.hardware import has_accelerator, native_bf16
@@ -163,6 +163,7 @@ def get_train_args(config: ConfigSource | TrainArgs[Any] = None, *, complete: bo
     generating: GeneratingArguments = _build(GeneratingArguments, buckets.get(GeneratingArguments, {}))
     options = _build(method.options, buckets.get(method.options, {})) if method.options is not None else None
     training: TrainingArguments = _build(TrainingArguments, _training_values(buckets, model, finetuning))
+    training_defaults()  # built now, before any Trainer exists (see its docstring)
 
     args = TrainArgs(model, data, training, finetuning, generating, options)
     finetuning.stage_options = options

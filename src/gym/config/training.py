@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import os
@@ -10,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from transformers import TrainingArguments as HFTrainingArguments
 
+from gym.config.tracking import check_report_to, split_report_to
 from gym.core.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -86,6 +88,7 @@ class TrainingArguments(HFTrainingArguments):
                 kwargs = json.loads(kwargs)
             self.activation_checkpointing_kwargs = {**kwargs, "use_reentrant": self.use_reentrant_gc}
             self.gradient_checkpointing_kwargs = None
+        self.report_to = split_report_to(self.report_to)
         super().__post_init__()  # type: ignore[no-untyped-call]
         if auto:
             self.gradient_checkpointing = self.activation_checkpointing = None
@@ -102,6 +105,7 @@ class TrainingArguments(HFTrainingArguments):
         if self.deepspeed and "LOCAL_RANK" not in os.environ:
             raise ConfigError("'deepspeed' runs in processes started by a launcher: `gym train CONFIG` starts torchrun "
                               "itself (NPROC_PER_NODE=N for N processes); from Python, run under torchrun.")
+        check_report_to(list(self.report_to or []))
         if self.do_predict:
             raise ConfigError("'do_predict' is not how Gym predicts: run `gym infer CONFIG --dataset D -o out.jsonl` "
                               "(generations for every row, resumable).")
@@ -119,3 +123,10 @@ def torch_cuda_available() -> bool:
     import torch
 
     return bool(torch.cuda.is_available())
+
+
+@functools.cache
+def training_defaults() -> TrainingArguments:
+    """A TrainingArguments with nothing set (what gym_config.yaml leaves out as default). Built once, while a
+    config is parsed: building one resets accelerate's process-wide state, which a live Trainer reads."""
+    return TrainingArguments(output_dir="saves/defaults")

@@ -2,8 +2,8 @@
 and the end of a run (save, plot, report).
 
 TRL- and Trainer-based methods plug in through `HarnessCallback`; Gym's own loops (stage ppo) call
-`RunLog`, `Progress` and `finish_run` directly. Either way a run leaves the same files and returns
-the same `RunResult`.
+`RunLog`, `Progress` and `finish_run` directly (and reach the trackers of `report_to` through
+`tracking.LoopReporter`). Either way a run leaves the same files and returns the same `RunResult`.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from gym.config.args import TrainArgs
 from gym.core.files import LOG_FILE
 from gym.core.hardware import peak_memory_bytes
 from gym.core.results import RunResult
-from gym.train import outputs, ranks, sharding
+from gym.train import outputs, ranks, sharding, tracking
 from gym.train.outputs import read_log
 
 logger = logging.getLogger(__name__)
@@ -142,11 +142,13 @@ def extra_callbacks(*callbacks: TrainerCallback) -> Iterator[None]:
         _EXTRA_CALLBACKS.reset(token)
 
 
-def attach(trainer: Any, args: TrainArgs[Any]) -> None:
-    """Replace the trainer's own progress printing with the harness (bar or log lines, and the log file)."""
+def attach(trainer: Any, args: TrainArgs[Any], model_path: str) -> None:
+    """Replace the trainer's own progress printing with the harness (bar or log lines, and the log file), and give
+    the trackers of `report_to` Gym's config."""
     trainer.remove_callback(ProgressCallback)
     trainer.remove_callback(PrinterCallback)
     trainer.add_callback(HarnessCallback(args.output_dir, show_bar=not args.training.disable_tqdm))
+    tracking.attach(trainer, args, model_path)
     for callback in _EXTRA_CALLBACKS.get():
         trainer.add_callback(callback)
 

@@ -30,7 +30,7 @@ from gym.data.loader import TokenizedData, get_dataset
 from gym.data.templates import ChatFormat, get_chat_format
 from gym.models.adapters import count_parameters, setup_finetuning
 from gym.models.loader import load_causal_lm, load_tokenizer, resolve_model_path
-from gym.train import harness, optimizers, ranks, sharding, stopping
+from gym.train import harness, optimizers, ranks, sharding, stopping, tracking
 from gym.train.checkpoints import resolve_resume
 from gym.train.memory import needs_checkpointing
 from gym.train.trainer import GymTrainer
@@ -158,12 +158,29 @@ def drop_fresh_reference_adapter(model: Any, args: TrainArgs[Any]) -> None:
 
 
 def train_and_save(trainer: Any, setup: Setup, args: TrainArgs[Any]) -> RunResult:
-    """The harness around a Trainer: log file and progress -> train (resuming if asked) -> evaluate ->
+    """The harness around a Trainer: log file, progress and trackers -> train (resuming if asked) -> evaluate ->
     save -> plot -> report."""
     sharding.enable_fsdp_on_cpu(trainer)
     trainer.add_callback(sharding.ShardReport())
     optimizers.install(trainer, args)
-    harness.attach(trainer, args)
+    harness.attach(trainer, args, setup.model_path)
+    # The trackers' runs stay open until the final evaluation has been logged to them.
+    with tracking.runs_closed(trainer.callback_handler.callbacks):
+        metrics, seconds = _train_and_evaluate(trainer, setup, args)
+    losses = [e["loss"] for e in trainer.state.log_history if "loss" in e]
+    if isinstance(trainer, GymTrainer):  # counts from its first batch, so setup is not counted
+        tokens_seen, tokens_per_second = trainer.tokens_seen, trainer.tokens_per_second()
+    else:  # TRL trainers log the running count of tokens they trained on
+        tokens_seen = int(max((e.get("num_tokens", 0) for e in trainer.state.log_history), default=0))
+        tokens_per_second = tokens_seen / seconds if seconds else 0.0
+    return harness.finish_run(trainer.model, setup.tokenizer, args, model_path=setup.model_path,
+                              global_step=trainer.state.global_step, seconds=seconds, tokens_seen=tokens_seen,
+                              tokens_per_second=tokens_per_second, final_loss=losses[-1] if losses else None,
+                              metrics=metrics, pissa_init_dir=setup.pissa_init_dir)
+
+
+def _train_and_evaluate(trainer: Any, setup: Setup, args: TrainArgs[Any]) -> tuple[dict[str, Any], float]:
+    """The run's metrics, and the seconds it trained (the final evaluation not counted)."""
     started = time.perf_counter()
     with stopping.stop_on_interrupt() as stop:
         trainer.add_callback(stopping.StopCallback(stop))
@@ -176,16 +193,7 @@ def train_and_save(trainer: Any, setup: Setup, args: TrainArgs[Any]) -> RunResul
         final_eval = [e for e in trainer.state.log_history
                       if e.get("step") == trainer.state.global_step and any(k.startswith("eval_") for k in e)]
         metrics.update(final_eval[-1] if final_eval else trainer.evaluate())
-    losses = [e["loss"] for e in trainer.state.log_history if "loss" in e]
-    if isinstance(trainer, GymTrainer):  # counts from its first batch, so setup is not counted
-        tokens_seen, tokens_per_second = trainer.tokens_seen, trainer.tokens_per_second()
-    else:  # TRL trainers log the running count of tokens they trained on
-        tokens_seen = int(max((e.get("num_tokens", 0) for e in trainer.state.log_history), default=0))
-        tokens_per_second = tokens_seen / seconds if seconds else 0.0
-    return harness.finish_run(trainer.model, setup.tokenizer, args, model_path=setup.model_path,
-                              global_step=trainer.state.global_step, seconds=seconds, tokens_seen=tokens_seen,
-                              tokens_per_second=tokens_per_second, final_loss=losses[-1] if losses else None,
-                              metrics=metrics, pissa_init_dir=setup.pissa_init_dir)
+    return metrics, seconds
 
 
 def run_causal_lm(args: TrainArgs[Any], data_kind: DataKind, packing_by_default: bool) -> RunResult:

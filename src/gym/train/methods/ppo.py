@@ -21,6 +21,8 @@ Where we depart from the paper / classic TRL:
 - Checkpoints (`save_strategy: steps`, `save_steps`) hold the trainable weights, the value head, the
   optimizer, scheduler, KL controller and random states; `resume_from_checkpoint: true` continues the
   same run (gym.train.checkpoints).
+- `report_to` trackers get what a Trainer's run gives them (config, each step's stats, the closing summary)
+  through the same transformers callbacks (gym.train.tracking.LoopReporter).
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from gym.train.harness import Progress, RunLog, finish_run
 from gym.train.ppo_loop import build_loop, collect_rollout, optimise, prompt_batches
 from gym.train.reward_funcs import RewardChoice
 from gym.train.stopping import stop_on_interrupt, stopped
+from gym.train.tracking import LoopReporter
 from gym.train.workflow import prepare
 
 logger = logging.getLogger(__name__)
@@ -140,8 +143,12 @@ def run(args: TrainArgs[PPOOptions]) -> RunResult:
     progress = Progress(max_steps, first_step - 1, desc="ppo", enabled=main and not training.disable_tqdm)
     save_steps = save_every(training.save_strategy, training.save_steps, max_steps)
 
+    # report_to: the Trainer's tracker callbacks, driven by this loop (rank 0 logs, as under a Trainer).
+    reporter = LoopReporter(args, loop.model, setup.tokenizer, setup.model_path, max_steps=max_steps,
+                            done_steps=first_step - 1, enabled=main)
+
     started, entry = time.perf_counter(), {}
-    with stop_on_interrupt() as stop:
+    with stop_on_interrupt() as stop, reporter:
         for step in range(first_step, max_steps + 1):
             learning_rate = loop.scheduler.get_last_lr()[0]
             kl_coef = loop.kl_ctl.value
@@ -153,6 +160,7 @@ def run(args: TrainArgs[PPOOptions]) -> RunResult:
             loop.kl_ctl.update(stats["kl"], rollout_size * world)
             values = {**losses, **stats, "kl_coef": kl_coef, "learning_rate": learning_rate}
             entry = log.write(step, max_steps, values) if main else values
+            reporter.log(step, values)
             if main:
                 progress.advance_to(step)
                 progress.show(step, {k: entry[k] for k in ("reward", "kl", "loss")})
@@ -168,6 +176,7 @@ def run(args: TrainArgs[PPOOptions]) -> RunResult:
             if asked_to_stop:
                 progress.close()
                 raise stopped(args.output_dir, step, max_steps)
+        reporter.end()
     progress.close()
     seconds = time.perf_counter() - started
     ranks.check_in_step([p for group in loop.optimizer.param_groups for p in group["params"]])
