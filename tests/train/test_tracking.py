@@ -224,3 +224,11 @@ def test_report_to_names_are_checked_and_comma_lists_split(train_config):
         get_train_args(train_config(report_to="wandbb"))
     with pytest.raises(ConfigError, match="stands alone"):
         get_train_args(train_config(report_to=["none", "wandb"]))
+
+
+def test_hub_tokens_never_reach_gym_config_or_trackers(train_config):
+    from gym.config.parser import get_train_args
+    from gym.train.outputs import resolved_config
+
+    config = resolved_config(get_train_args(train_config(hf_hub_token="hf_secret123")), "model")
+    assert config["hf_hub_token"] == "<hidden>" and "hf_secret123" not in str(config)

@@ -93,6 +93,9 @@ def resolved_config(args: TrainArgs[Any], model_path: str) -> dict[str, Any]:
     if args.options is not None:
         config.update(dataclasses.asdict(args.options))
     config["resolved_model_path"] = model_path
+    for key in config:
+        if key.endswith("hub_token") and config[key]:
+            config[key] = "<hidden>"  # a credential: never written to disk or sent to a tracker
     plain: dict[str, Any] = _plain(config)
     return plain
 
