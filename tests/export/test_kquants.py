@@ -73,8 +73,9 @@ def test_mix_types_per_tensor():
 
 @pytest.mark.parametrize("quantization", ["q4_k_m", "q5_k_m", "q6_k"])
 def test_k_quant_file_of_a_model_with_256_wide_rows(tokenizer, tmp_path, quantization):
-    """A model whose matrices fill whole super-blocks, so the K types are used; transformers' GGUF loader reads it
-    back and its next-token distribution stays close to the source's."""
+    """A model whose matrices fill whole super-blocks, so the K types are used; every K tensor dequantized by gguf
+    is within its type's error; transformers' GGUF loader reads the q4_k_m file back and its next-token
+    distribution stays close to the source's."""
     from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
     from gym.cli import main
@@ -116,6 +117,8 @@ def test_k_quant_file_of_a_model_with_256_wide_rows(tokenizer, tmp_path, quantiz
             got = gguf.quants.dequantize(tensor.data, tensor.tensor_type).reshape(want.shape)
             error = np.sqrt(((got - want) ** 2).mean() / (want ** 2).mean())
             assert error < bound[tensor.tensor_type], (tensor.name, error)
+    if quantization != "q4_k_m":
+        return  # transformers' GGUF loader (10 s here) reads one of the three; the checks above cover each type
     rebuilt = AutoModelForCausalLM.from_pretrained(out, gguf_file=path.name, dtype=torch.float32)
     ids = torch.tensor([tokenizer.encode("Once upon a time, in a small village")])
     with torch.no_grad():
