@@ -27,3 +27,30 @@ def test_training_config_validates_at_construction():
 def test_get_train_args_is_the_llamafactory_entry_point():
     model, data, training, finetuning, generating = get_train_args({"template": "qwen3", "finetuning_type": "lora"})
     assert data.template == "qwen3" and finetuning.finetuning_type == "lora"
+
+
+def test_apply_deltasoup_contributes_then_loads_the_aggregate_and_export_uses_it(train_config, make_finetune,
+                                                                                tiny_model_dir, tmp_path):
+    import torch
+    from safetensors.torch import load_file
+
+    from gym.soup import DeltaSoup, DeltaSoupConfig
+
+    soup = DeltaSoup(DeltaSoupConfig(method="mean", min_contributors=2), path=tmp_path / "soup",
+                     base_model=str(tiny_model_dir))
+    trainer = Trainer(TrainingConfig(**train_config()))
+    trainer.train()
+    first = trainer.apply_deltasoup(soup, user_id="me")  # no round yet: contributed, nothing loaded
+    assert first.contribution.status == "accepted" and first.model_dir is None and trainer.model_dir is None
+
+    other = make_finetune(lambda name, p: p.add_(0.01) if name.endswith("q_proj.weight") else None, "other")
+    soup.contribute(user_id="them", model=str(other))
+    released = soup.aggregate()
+    applied = trainer.apply_deltasoup(soup, contribute=False)
+    assert applied.round == 1 and applied.model_dir == trainer.model_dir and applied.contribution is None
+    # the loaded model is the base plus the round's aggregate, and export() now exports it
+    exported = trainer.export(tmp_path / "exported")
+    base = load_file(str(Path(tiny_model_dir) / "model.safetensors"))
+    weights = load_file(str(exported / "model.safetensors"))
+    name = next(n for n in released if n.endswith("q_proj.weight"))
+    assert torch.allclose(weights[name], base[name] + released[name], atol=1e-6)

@@ -63,7 +63,7 @@ def test_compare_without_samples_uses_the_standard_errors(tmp_path):
     (["--task", "mc_demo", "--eval_template", "chatty"], "eval_template must be one of auto, chat, plain"),
     (["--task", "mc_demo", "--variant", "nouser"], "variant: write STORE:USER"),
     ([], "No tasks to run"),
-    (["--task", "mmlu"], "Could not load hub dataset 'cais/mmlu' (split test)"),  # offline: how to get it
+    (["--task", "mmlu"], "Dataset 'mmlu' (hub dataset cais/mmlu) lives on the Hugging Face Hub"),  # offline
 ])
 def test_user_errors_exit_2_with_one_line(tiny_model_dir, argv, message, capsys):
     assert main(["eval", f"model_name_or_path={tiny_model_dir}", *argv]) == 2

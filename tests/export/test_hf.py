@@ -66,7 +66,9 @@ def test_dtype_and_overwrite(train_config, tiny_model_dir, tmp_path, capsys):
 ])
 def test_bad_export_options_exit_2(tiny_model_dir, tmp_path, capsys, args, message):
     dest = [] if message == "Set export_dir" else ["--export_dir", str(tmp_path / "x")]
-    assert main(["export", "--model_name_or_path", str(tiny_model_dir), *dest, *args]) == 2
+    # Without export_dir, a local model folder exports beside itself (DIR-<format>/); a model name has no folder.
+    model = "smollm2-135m" if message == "Set export_dir" else str(tiny_model_dir)
+    assert main(["export", "--model_name_or_path", model, *dest, *args]) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
 

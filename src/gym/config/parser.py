@@ -162,8 +162,8 @@ def get_train_args(config: ConfigSource | TrainArgs[Any] = None, *, complete: bo
     finetuning: FinetuningArguments = _build(FinetuningArguments, buckets.get(FinetuningArguments, {}))
     generating: GeneratingArguments = _build(GeneratingArguments, buckets.get(GeneratingArguments, {}))
     options = _build(method.options, buckets.get(method.options, {})) if method.options is not None else None
+    training_defaults()  # built before the run's own TrainingArguments, the one that must set the process up last
     training: TrainingArguments = _build(TrainingArguments, _training_values(buckets, model, finetuning))
-    training_defaults()  # built now, before any Trainer exists (see its docstring)
 
     args = TrainArgs(model, data, training, finetuning, generating, options)
     finetuning.stage_options = options

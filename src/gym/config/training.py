@@ -127,6 +127,8 @@ def torch_cuda_available() -> bool:
 
 @functools.cache
 def training_defaults() -> TrainingArguments:
-    """A TrainingArguments with nothing set (what gym_config.yaml leaves out as default). Built once, while a
-    config is parsed: building one resets accelerate's process-wide state, which a live Trainer reads."""
+    """A TrainingArguments with nothing set (what gym_config.yaml leaves out as default). Built once per process,
+    by the parser, before the run's own TrainingArguments: building one resets accelerate's process-wide state
+    (in a torchrun process, to a single process), which the run's arguments set up again and a live Trainer
+    reads, so it must never be built after them."""
     return TrainingArguments(output_dir="saves/defaults")
