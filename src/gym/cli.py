@@ -18,6 +18,7 @@ import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from gym.config.files import take_option
 from gym.core.errors import ConfigError, GymError, RunStopped, as_gym_error
 from gym.core.version import __version__
 
@@ -108,9 +109,9 @@ def cmd_tune(argv: list[str]) -> int:
               "Searches the keys of the config's `tune:` section with Optuna; each trial trains in "
               "output_dir/trial-<n>. Resumable (output_dir/tune.db); writes tune_results.md and best.yaml.")
         return 0 if argv else 2
-    trials, argv = _take_option(argv, "--trials", "10")
-    metric, argv = _take_option(argv, "--metric", "eval_loss")
-    direction, argv = _take_option(argv, "--direction", "minimize")
+    trials, argv = take_option(argv, "--trials", "10")
+    metric, argv = take_option(argv, "--metric", "eval_loss")
+    direction, argv = take_option(argv, "--direction", "minimize")
     if importlib.util.find_spec("optuna") is None:
         raise ConfigError("gym tune needs Optuna: pip install 'zoo-gym[tune]'.")
     try:
@@ -127,18 +128,8 @@ def cmd_tune(argv: list[str]) -> int:
     return 0
 
 
-def _take_option(argv: list[str], name: str, default: str | None = None) -> tuple[str | None, list[str]]:
-    """`--name value` out of argv -> (value, the rest)."""
-    if name not in argv:
-        return default, argv
-    i = argv.index(name)
-    if i + 1 >= len(argv):
-        raise GymError(f"{name} needs a value.")
-    return argv[i + 1], argv[:i] + argv[i + 2:]
-
-
 def cmd_chat(argv: list[str]) -> int:
-    prompt, argv = _take_option(argv, "--prompt")
+    prompt, argv = take_option(argv, "--prompt")
     from gym.config.files import parse_cli_args
     from gym.infer.chat import ChatModel
 
@@ -204,13 +195,13 @@ def cmd_infer(argv: list[str]) -> int:
     from gym.config.files import parse_cli_args
     from gym.infer.batch import run_infer
 
-    dataset, argv = _take_option(argv, "--dataset")
-    output, argv = _take_option(argv, "-o")
-    output, argv = _take_option(argv, "--output", output)
-    dataset_dir, argv = _take_option(argv, "--dataset_dir", "data")
-    batch_size, argv = _take_option(argv, "--batch_size", "8")
+    dataset, argv = take_option(argv, "--dataset")
+    output, argv = take_option(argv, "-o")
+    output, argv = take_option(argv, "--output", output)
+    dataset_dir, argv = take_option(argv, "--dataset_dir", "data")
+    batch_size, argv = take_option(argv, "--batch_size", "8")
     dataset_dir, batch_size = dataset_dir or "data", batch_size or "8"
-    max_samples, argv = _take_option(argv, "--max_samples")
+    max_samples, argv = take_option(argv, "--max_samples")
     if not dataset or not output:
         raise GymError("gym infer needs --dataset NAME_OR_FILE and -o OUT.jsonl: "
                        "gym infer examples/quickstart.yaml --dataset identity -o preds.jsonl")
@@ -270,7 +261,7 @@ def cmd_webui(argv: list[str]) -> int:
     values: dict[str, str | None] = {}
     for name, default in {"--host": "127.0.0.1", "--port": "7860", "--auth": None, "--runs_dir": "saves/webui",
                           "--dataset_dir": "data", "--share": "off"}.items():
-        values[name], argv = _take_option(argv, name, default)
+        values[name], argv = take_option(argv, name, default)
     if argv:
         raise ConfigError(f"gym webui: unknown argument {argv[0]!r} (see gym webui --help).")
     if values["--share"] not in ("off", "false", "no"):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from gym.config.blocks import block_of, set_flat
 from gym.core.errors import ConfigError
 from gym.core.names import did_you_mean
 
@@ -39,13 +40,7 @@ def expand(config: dict[str, Any]) -> dict[str, Any]:
         raise ConfigError(f"'{KEY}' names how the trained model is stored as a delta from its base "
                           f"({', '.join(METHODS)}), got {value!r}; for QLoRA's 4-bit base during training use "
                           f"'quantization_bit: {value}'.")
-    block = {"method": value} if isinstance(value, str) else value
-    if not isinstance(block, dict):
-        raise ConfigError(f"'{KEY}' is a method name or a block ({', '.join(BLOCK_KEYS)}), got {value!r}.")
-    for key in block:
-        if key not in BLOCK_KEYS:
-            raise ConfigError(f"Unknown key '{KEY}.{key}'.{did_you_mean(str(key), BLOCK_KEYS)} It takes: "
-                              f"{', '.join(BLOCK_KEYS)}.")
+    block = block_of({KEY: {"method": value}} if isinstance(value, str) else config, KEY, BLOCK_KEYS)
     if "method" not in block:
         raise ConfigError(f"'{KEY}' needs a method: one of {', '.join(METHODS)}.")
     _set(out, "delta_compression", _method(block["method"], block.get("bits")))
@@ -77,6 +72,4 @@ def _method(method: Any, bits: Any) -> str:
 
 
 def _set(config: dict[str, Any], key: str, value: Any) -> None:
-    if key in config and config[key] != value:
-        raise ConfigError(f"'{KEY}:' sets '{key}: {value}', and the config also has '{key}: {config[key]}'; keep one.")
-    config[key] = value
+    set_flat(config, KEY, key, value)

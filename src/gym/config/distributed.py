@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from gym.config.blocks import block_of, set_flat
 from gym.core.errors import ConfigError
 from gym.core.names import did_you_mean
 
@@ -73,23 +74,14 @@ def _flag(key: str, value: Any) -> bool:
 
 
 def _set(config: dict[str, Any], key: str, value: Any) -> None:
-    if key in config and config[key] != value:
-        raise ConfigError(f"'{BLOCK}:' sets '{key}: {value}', and the config also has '{key}: {config[key]}'; "
-                          "keep one.")
-    config[key] = value
+    set_flat(config, BLOCK, key, value)
 
 
 def expand(config: dict[str, Any], cuda: bool | None = None) -> dict[str, Any]:
     """The config with its `distributed:` block replaced by the flat keys it means."""
     if BLOCK not in config:
         return config
-    block = config[BLOCK]
-    if not isinstance(block, dict):
-        raise ConfigError(f"'{BLOCK}' is a block of keys ({', '.join(KEYS)}), got {block!r}.")
-    for key in block:
-        if key not in KEYS:
-            raise ConfigError(f"Unknown key '{BLOCK}.{key}'.{did_you_mean(str(key), KEYS)} It takes: "
-                              f"{', '.join(KEYS)}.")
+    block = block_of(config, BLOCK, KEYS)
     out = {k: v for k, v in config.items() if k != BLOCK}
     strategy = _choice("strategy", block.get("strategy", "ddp"), STRATEGIES)
     for key, owner in (("sharding_strategy", "fsdp"), ("cpu_offload", "fsdp"), ("zero_stage", "deepspeed"),

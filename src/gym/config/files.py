@@ -89,3 +89,13 @@ def parse_cli_args(argv: list[str]) -> Config:
         i += 1
     config.update(overrides)
     return config
+
+
+def take_option(argv: list[str], name: str, default: str | None = None) -> tuple[str | None, list[str]]:
+    """`--name value` out of argv -> (value, the rest); (default, argv) when it is not there."""
+    if name not in argv:
+        return default, argv
+    i = argv.index(name)
+    if i + 1 >= len(argv):
+        raise ConfigError(f"{name} needs a value.")
+    return argv[i + 1], argv[:i] + argv[i + 2:]

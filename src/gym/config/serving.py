@@ -16,6 +16,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from gym.config.blocks import block_of, set_flat
 from gym.core.errors import ConfigError
 from gym.core.names import did_you_mean
 
@@ -25,16 +26,6 @@ FORMATS = ("hf", "safetensors", "gguf")
 DTYPES = ("int4", "int8", "bfloat16", "float16", "float32", "auto")
 _UNITS = {"": 1 / (1 << 20), "b": 1 / (1 << 20), "kb": 1 / 1024, "k": 1 / 1024, "mb": 1, "m": 1, "gb": 1024,
           "g": 1024, "tb": 1 << 20, "kib": 1 / 1024, "mib": 1, "gib": 1024}
-
-
-def _block(config: dict[str, Any]) -> dict[str, Any]:
-    block = config.get(KEY) or {}
-    if not isinstance(block, dict):
-        raise ConfigError(f"'{KEY}' is a block of keys ({', '.join(KEYS)}), got {block!r}.")
-    for key in block:
-        if key not in KEYS:
-            raise ConfigError(f"Unknown key '{KEY}.{key}'.{did_you_mean(str(key), KEYS)} It takes: {', '.join(KEYS)}.")
-    return block
 
 
 def megabytes(value: Any) -> int:
@@ -53,7 +44,7 @@ def expand(config: dict[str, Any]) -> dict[str, Any]:
     """The config with `serving:` replaced by the engine keys it means (the server's own keys dropped)."""
     if KEY not in config:
         return config
-    block = _block(config)
+    block = block_of(config, KEY, KEYS)
     out = {k: v for k, v in config.items() if k != KEY}
     if "model_format" in block:
         fmt = str(block["model_format"]).lower()
@@ -75,7 +66,7 @@ def expand(config: dict[str, Any]) -> dict[str, Any]:
 
 def server_options(config: dict[str, Any]) -> dict[str, int]:
     """gym api's settings from the block: {"batch_size": .., "max_concurrent": ..} (those it sets)."""
-    block = _block(config)
+    block = block_of(config, KEY, KEYS)
     options: dict[str, int] = {}
     for key in ("batch_size", "max_concurrent"):
         if key in block:
@@ -87,6 +78,4 @@ def server_options(config: dict[str, Any]) -> dict[str, int]:
 
 
 def _set(config: dict[str, Any], key: str, value: Any) -> None:
-    if key in config and config[key] != value:
-        raise ConfigError(f"'{KEY}:' sets '{key}: {value}', and the config also has '{key}: {config[key]}'; keep one.")
-    config[key] = value
+    set_flat(config, KEY, key, value)

@@ -6,9 +6,9 @@ at once (the queue is what the batch leaves of it); a flag given on the command 
 
 from __future__ import annotations
 
-from gym.config.files import parse_cli_args
+from gym.config.files import parse_cli_args, take_option
 from gym.config.serving import server_options
-from gym.core.errors import ConfigError, GymError
+from gym.core.errors import ConfigError
 
 OPTIONS: dict[str, str | None] = {
     "--host": "127.0.0.1", "--port": "8000", "--api-key": None, "--max_batch_size": "16", "--max_waiting": "256",
@@ -16,19 +16,10 @@ OPTIONS: dict[str, str | None] = {
 }
 
 
-def _take(argv: list[str], name: str) -> tuple[str | None, list[str]]:
-    if name not in argv:
-        return None, argv
-    i = argv.index(name)
-    if i + 1 >= len(argv):
-        raise GymError(f"{name} needs a value.")
-    return argv[i + 1], argv[:i] + argv[i + 2:]
-
-
 def main(argv: list[str]) -> int:
     given: dict[str, str | None] = {}
     for name in OPTIONS:
-        given[name], argv = _take(argv, name)
+        given[name], argv = take_option(argv, name)
     config = parse_cli_args(argv)
     block = server_options(config)
     if given["--max_batch_size"] is None and "batch_size" in block:

@@ -1,0 +1,78 @@
+"""The seeds' `quantization:` and `serving:` blocks and their spellings, as the parser reads them."""
+
+from __future__ import annotations
+
+import pytest
+
+from gym.config import compression, serving
+from gym.config.parser import get_train_args
+from gym.core.errors import ConfigError
+
+
+@pytest.mark.parametrize(("value", "expected"), [
+    ("bitdelta", {"delta_compression": "bitdelta"}),
+    ("int4", {"delta_compression": "int4"}),
+    ({"method": "deltaquant", "bits": 2}, {"delta_compression": "int2"}),
+    ({"method": "deltaquant"}, {"delta_compression": "int8"}),
+    ({"method": "bitdelta", "bits": 1, "group_size": 128, "safety_threshold": 0.6, "enable_deltasoup": True,
+      "distill_steps": 5},
+     {"delta_compression": "bitdelta", "delta_group_size": 128, "delta_safety_threshold": 0.6,
+      "delta_enable_deltasoup": True, "delta_distill_steps": 5}),
+])
+def test_quantization_becomes_the_delta_keys(value, expected):
+    assert compression.expand({"quantization": value, "stage": "sft"}) == {"stage": "sft", **expected}
+
+
+@pytest.mark.parametrize(("config", "match"), [
+    ({"quantization": 4}, "quantization_bit: 4"),
+    ({"quantization": {"method": "bitdelta", "bits": 4}}, "method: deltaquant"),
+    ({"quantization": {"method": "int4", "bits": 8}}, "disagree"),
+    ({"quantization": {"method": "bitdetla"}}, "Did you mean 'bitdelta'"),
+    ({"quantization": {"metod": "bitdelta"}}, "Unknown key 'quantization.metod'. Did you mean 'method'"),
+    ({"quantization": {"bits": 1}}, "needs a method"),
+    ({"quantization": "bitdelta", "delta_compression": "int8"}, "keep one"),
+    ({"delta_enable_deltasoup": True}, "set delta_compression"),
+    ({"quantization": {"method": "int8", "safety_threshold": 0.5}}, "applies to bitdelta"),
+])
+def test_quantization_mistakes_are_named(config, match):
+    with pytest.raises(ConfigError, match=match):
+        get_train_args(config)
+
+
+def test_serving_becomes_engine_keys_and_server_options():
+    block = {"model_format": "gguf", "quantization": "int8", "batch_size": 8, "max_concurrent": 20,
+             "cache_size": "512MB"}
+    assert serving.expand({"serving": block}) == {"infer_backend": "llamacpp", "infer_dtype": "int8",
+                                                  "infer_prefix_cache_mb": 512}
+    assert serving.server_options({"serving": block}) == {"batch_size": 8, "max_concurrent": 20}
+    assert serving.expand({"serving": {"model_format": "hf"}}) == {}  # the default engine choice stands
+    assert serving.megabytes("1.5GB") == 1536 and serving.megabytes(300) == 300
+
+
+@pytest.mark.parametrize(("block", "match"), [
+    ({"cache": "1GB"}, "Unknown key 'serving.cache'. Did you mean 'cache_size'"),
+    ({"cache_size": "lots"}, "a size such as 10GB"),
+    ({"quantization": "int3"}, "serving.quantization' is one of"),
+    ({"model_format": "onnx"}, "serving.model_format' is one of"),
+    ({"batch_size": 0}, "at least 1"),
+])
+def test_serving_mistakes_are_named(block, match):
+    with pytest.raises(ConfigError, match=match):
+        get_train_args({"serving": block})
+
+
+@pytest.mark.parametrize("value", [False, 1, "false"])
+def test_sequence_parallel_off_is_accepted(value):
+    get_train_args({"sequence_parallel": value})
+
+
+@pytest.mark.parametrize(("key", "value"), [("sequence_parallel", True), ("sequence_parallel_size", 4)])
+def test_sequence_parallel_on_names_what_would_provide_it(key, value):
+    with pytest.raises(ConfigError, match="DeepSpeed-Ulysses"):
+        get_train_args({key: value})
+
+
+def test_seed_spellings():
+    args = get_train_args({"stage": "grpo", "group_size": 4, "reward_funcs": ["accuracy"],
+                           "per_device_train_batch_size": 4, "quantization_method": "bitsandbytes"})
+    assert args.options.num_generations == 4 and args.model.quantization_method == "bnb"
