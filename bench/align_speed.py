@@ -73,7 +73,7 @@ def run_trl(method: str, steps: int, out: str, bf16: bool = False) -> dict:
     from peft import LoraConfig
 
     from gym.models.loader import resolve_model_path
-    from gym.train.reward_funcs import get_reward_funcs
+    from gym.rewards.functions import get_reward_funcs
 
     model_path = resolve_model_path(None)
     common = dict(output_dir=out, per_device_train_batch_size=BATCH, max_steps=steps, learning_rate=LR, bf16=bf16,
@@ -100,7 +100,7 @@ def run_trl(method: str, steps: int, out: str, bf16: bool = False) -> dict:
 
 def run_gym(method: str, steps: int, out: str, **extra) -> dict:
     from gym.train.harness import read_log
-    from gym.train.run import run_exp
+    from gym.workflows.training import run_exp
 
     config = {"stage": method, "finetuning_type": "lora", "lora_rank": LORA["r"], "lora_alpha": LORA["lora_alpha"],
               "per_device_train_batch_size": BATCH, "max_steps": steps, "learning_rate": LR, "seed": SEED,

@@ -43,7 +43,7 @@ def held_out_split(work: Path) -> tuple[str, int]:
 
 
 def fine_tune(kind: str, steps: int, work: Path, dataset_dir: str, n_train: int) -> Path:
-    from gym.train.run import run_exp
+    from gym.workflows.training import run_exp
 
     out = work / f"ft-{kind}"
     config = {"stage": "sft", "finetuning_type": kind, "dataset": "identity,alpaca_en_demo",

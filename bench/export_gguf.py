@@ -82,7 +82,7 @@ def main() -> None:
         for kind in args.types.split(","):
             started = time.perf_counter()
             path = run_export({"model_name_or_path": "smollm2-135m", "export_dir": folder, "export_format": "gguf",
-                               "export_quantization": kind})
+                               "export_type": kind})
             seconds = time.perf_counter() - started
             model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=path.name, dtype=torch.float32)
             ppl = perplexity(model, ids)

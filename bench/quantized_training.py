@@ -33,7 +33,7 @@ import json, sys, time
 import torch
 from transformers import TrainerCallback
 from gym.train import harness, workflow
-from gym.train.run import run_exp
+from gym.workflows.training import run_exp
 
 config = json.loads(sys.argv[1])
 seen = {}

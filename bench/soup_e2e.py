@@ -50,7 +50,7 @@ def split_data(work: Path, users: int, rows: int, eval_rows: int, validation_row
 
 
 def fine_tune(user: int, args: argparse.Namespace, work: Path, dataset_dir: str) -> Path:
-    from gym.train.run import run_exp
+    from gym.workflows.training import run_exp
 
     out = work / f"lora-user{user}"
     run_exp({"model_name_or_path": BASE, "stage": "sft", "finetuning_type": "lora", "lora_rank": 8,

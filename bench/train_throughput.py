@@ -84,7 +84,7 @@ def run_trl(data: Path, steps: int, batch: int, out: str, bf16: bool = False) ->
 
 
 def run_gym(data: Path, steps: int, batch: int, out: str, **extra) -> dict:
-    from gym.train.run import run_exp
+    from gym.workflows.training import run_exp
 
     config = {"stage": "sft", "finetuning_type": "lora", "dataset": str(data), "cutoff_len": 1024,
               "lora_rank": LORA["r"], "lora_alpha": LORA["lora_alpha"], "per_device_train_batch_size": batch,

@@ -73,7 +73,7 @@ def test_a_truncated_safetensors_file_is_one_line(untokenized, tmp_path):
 
 
 def test_a_full_disk_is_one_line_from_any_verb(monkeypatch, capsys, tmp_path):
-    import gym.delta.cli as delta_cli
+    import gym.cli.delta as delta_cli
 
     def no_space(*args: object, **kwargs: object) -> None:
         raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "out"))
@@ -87,7 +87,7 @@ def test_a_full_disk_is_one_line_from_any_verb(monkeypatch, capsys, tmp_path):
 
 
 def test_a_bug_keeps_its_traceback(monkeypatch):
-    import gym.delta.cli as delta_cli
+    import gym.cli.delta as delta_cli
 
     monkeypatch.setattr(delta_cli, "write_applied", lambda *a, **k: [][1])
     with pytest.raises(IndexError, match="list index out of range"):

@@ -13,7 +13,7 @@ import pytest
 from safetensors.torch import load_file
 
 from gym.config.files import parse_cli_args
-from gym.train.run import run_exp
+from gym.workflows.training import run_exp
 
 REPO = Path(__file__).resolve().parent.parent
 SHORT = {"max_steps": 1, "max_samples": 8, "cutoff_len": 160, "disable_tqdm": True, "save_strategy": "no",

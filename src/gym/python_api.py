@@ -15,7 +15,7 @@ from gym.config.args import TrainArgs
 from gym.config.files import ConfigSource, as_config_dict
 from gym.config.parser import get_train_args
 from gym.core.results import RunResult
-from gym.train.run import run_exp
+from gym.workflows.training import run_exp
 
 
 class TrainingConfig:
@@ -99,17 +99,18 @@ class Trainer:
             self.model_dir = applied.model_dir
         return applied
 
-    def export(self, path: str | os.PathLike[str], format: str | None = None, quantization: str | None = None,
+    def export(self, path: str | os.PathLike[str], format: str | None = None, export_type: str | None = None,
                **keys: Any) -> Path:
         """Export the trained run (this config's output_dir, or the soup model apply_deltasoup loaded) as
-        `format`: "hf" (a folder), "gguf" (the default for a path ending in .gguf), "gguf-lora". `quantization`:
-        the GGUF type (f16, q8_0, q4_k_m, ...) or "bitdelta" (the fine-tune as its BitDelta variant serves it).
-        More keys: those of `gym export` (docs/export.md)."""
+        `format`: "hf" (a folder), "gguf" (the default for a path ending in .gguf), "gguf-lora". `export_type`:
+        the GGUF type (f16, q8_0, q4_k_m, ...) or "bitdelta" (the fine-tune as its BitDelta variant serves it);
+        the documents' keyword for it is accepted too (gym.config.aliases). More keys: those of `gym export`
+        (docs/export.md)."""
         from gym.export.run import run_export
 
         chosen = format or ("gguf" if str(path).endswith(".gguf") else "hf")
         source = {"model_name_or_path": str(self.model_dir)} if self.model_dir is not None else {
             "output_dir": self.config.args.output_dir}
-        config = {**source, "export_dir": str(path), "export_format": chosen, "export_quantization": quantization,
-                  **keys}
+        typed = {"export_type": export_type} if export_type is not None else {}
+        config = {**source, "export_dir": str(path), "export_format": chosen, **typed, **keys}
         return run_export(config)

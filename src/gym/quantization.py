@@ -1,7 +1,9 @@
-"""The seeds' public names for delta compression: `from gym.quantization import BitDeltaConfig, ...`.
+"""`from gym.quantization import BitDeltaConfig, ...`: the Gym documents' module name for delta compression, kept
+as a facade at the door. Inside Gym these are deltas (gym.delta), and "quantization" means only a base model loaded
+quantized for training; the other spellings are listed in gym.config.aliases.
 
 BitDelta (1 bit per weight plus distilled scales) and DeltaQuant (int8/int4/int2, ternary, binary,
-mixed precision) compress the difference between a fine-tune and its base; see gym.delta.
+mixed precision) compress the difference between a fine-tune and its base.
 """
 
 from gym.delta.bitdelta import BitDeltaConfig, BitDeltaQuantizer

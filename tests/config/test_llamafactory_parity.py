@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gym.config.parser import ALIASES, get_train_args, known_keys
+from gym.config.aliases import KEY_ALIASES
+from gym.config.parser import get_train_args, known_keys
 from gym.config.unsupported import READ_ELSEWHERE, UNSUPPORTED
 from gym.core.errors import ConfigError
 
@@ -52,7 +53,7 @@ def _config(name: str, model_dir: Path, out: Path) -> dict:
 
 def test_the_fixtures_cover_llamafactorys_examples():
     assert len(ALL) == 41 and set(REFUSED) <= set(ALL)
-    accepted = set(known_keys()) | set(ALIASES) | set(UNSUPPORTED) | set(READ_ELSEWHERE)
+    accepted = set(known_keys()) | set(KEY_ALIASES) | set(UNSUPPORTED) | set(READ_ELSEWHERE)
     for name in ALL:
         keys = set(yaml.safe_load((FIXTURES / name).read_text()))
         assert keys <= accepted, (name, keys - accepted)  # no key meets "Unknown config key"
@@ -67,7 +68,7 @@ def test_what_cannot_run_here_is_refused_with_the_reason(name, tiny_model_dir, t
 @pytest.mark.slow
 @pytest.mark.parametrize("name", [n for n in ALL if n not in REFUSED])
 def test_what_runs_here_trains_one_step(name, tiny_model_dir, tmp_path):
-    from gym.train.run import run_exp
+    from gym.workflows.training import run_exp
 
     result = run_exp(_config(name, tiny_model_dir, tmp_path / "out"))
     out = Path(result.output_dir)

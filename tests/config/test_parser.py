@@ -28,11 +28,13 @@ def test_wrong_type_says_what_was_expected(key, value, expected):
         get_train_args({key: value})
 
 
-def test_returns_the_five_concerns_in_seed_order():
-    model, data, training, finetuning, generating = get_train_args(
+def test_returns_the_five_concerns():
+    args = get_train_args(
         {"model_name_or_path": "smollm2-135m", "dataset": "alpaca_en_demo", "lora_rank": 4, "learning_rate": "1e-4",
          "temperature": 0.3}
     )
+    model, data, training, finetuning, generating = (args.model, args.data, args.training, args.finetuning,
+                                                     args.generating)
     assert model.model_name_or_path == "smollm2-135m"
     assert data.dataset == "alpaca_en_demo"
     assert training.learning_rate == 1e-4  # YAML 1.1 reads 1e-4 as a string; we accept it as a number
@@ -168,10 +170,14 @@ def test_every_config_field_has_help():
 
 
 def test_bf16_unset_follows_the_hardware(monkeypatch):
-    import gym.config.parser as parser
+    """Unset bf16 stays unset in the config (it is written anywhere) and is decided when the run starts."""
+    import gym.train.hf_args as hf_args
 
-    monkeypatch.setattr(parser, "native_bf16", lambda: False)
-    assert get_train_args({}).training.bf16 is False
-    monkeypatch.setattr(parser, "native_bf16", lambda: True)
-    assert get_train_args({}).training.bf16 is True
-    assert get_train_args({"bf16": False}).training.bf16 is False
+    assert get_train_args({}).training.bf16 is None
+    monkeypatch.setattr(hf_args, "native_bf16", lambda: False)
+    assert hf_args.machine_values(get_train_args({}))["bf16"] is False
+    assert hf_args.hf_training_args(get_train_args({})).bf16 is False
+    monkeypatch.setattr(hf_args, "native_bf16", lambda: True)
+    assert hf_args.machine_values(get_train_args({}))["bf16"] is True
+    assert "bf16" not in hf_args.machine_values(get_train_args({"bf16": False}))
+    assert hf_args.hf_training_args(get_train_args({"bf16": False})).bf16 is False

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from gym.config.methods import registered_methods
 from gym.config.parser import get_train_args
+from gym.config.stages.registry import registered_stages
 from gym.core.errors import ConfigError
 from gym.python_api import TrainingConfig
 
@@ -56,7 +56,7 @@ def test_every_door_refuses_it_before_anything_loads(monkeypatch):
 
 def test_a_valid_config_of_every_stage_parses():
     """Each registered method's defaults (plus rewards for the online ones) form a runnable config."""
-    for name, method in registered_methods().items():
+    for name, method in registered_stages().items():
         online = method.data_kind.value == "prompt"
         args = get_train_args({"stage": name, **(ONLINE if online else {})})
         assert args.finetuning.stage == name
@@ -75,4 +75,6 @@ def test_unpacks_as_the_five_llama_factory_dataclasses():
 
     model, data, training, finetuning, generating = hparams_get_train_args({"stage": "dpo", "pref_beta": 0.2})
     args = hparams_get_train_args({"stage": "dpo", "pref_beta": 0.2})
-    assert finetuning.stage == "dpo" and args.options.pref_beta == 0.2 and data.cutoff_len == 2048
+    assert type(args) is tuple and len(args) == 5  # LLaMA-Factory's plain five-tuple: indexing works too
+    assert args[0].model_name_or_path == model.model_name_or_path and args[3].stage == "dpo"
+    assert finetuning.stage == "dpo" and finetuning.stage_options.pref_beta == 0.2 and data.cutoff_len == 2048

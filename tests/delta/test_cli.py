@@ -110,7 +110,7 @@ def test_errors_exit_2_with_one_message_and_write_nothing(gaussian_finetune, mak
 
 def test_training_config_compresses_the_result(train_config, tmp_path):
     from gym.delta.format import load_delta
-    from gym.train.run import run_exp
+    from gym.workflows.training import run_exp
 
     result = run_exp(train_config(delta_compression="bitdelta", delta_distill_steps=2, max_steps=2))
     entries, header = load_delta(result.metrics["delta_file"])

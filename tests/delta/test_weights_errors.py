@@ -6,7 +6,7 @@ import pytest
 
 from gym.core.errors import ConfigError
 from gym.delta.weights import load_model
-from gym.train.run import run_exp
+from gym.workflows.training import run_exp
 
 
 def test_an_adapter_on_the_wrong_base_names_the_right_one(train_config, tiny_model_dir):

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from gym.eval.mc import heading, letter_prompt, read_items
-from gym.train.run import run_exp
+from gym.workflows.training import run_exp
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -8,7 +8,7 @@ import pytest
 
 from gym.eval.model import load_eval_model
 from gym.eval.perplexity import perplexity
-from gym.train.run import run_exp
+from gym.workflows.training import run_exp
 
 
 def test_perplexity_is_exp_of_the_trainers_eval_loss(train_config, data_dir):

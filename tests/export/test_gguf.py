@@ -126,7 +126,7 @@ def test_qwen_models_are_written_without_the_llama_permutation(family, tokenizer
 
 
 def test_named_template_and_bad_choices(train_config, tmp_path, capsys):
-    from gym.train.run import run_exp
+    from gym.workflows.training import run_exp
 
     result = run_exp(train_config(template="llama3", cutoff_len=256))
     path = tmp_path / "model.gguf"

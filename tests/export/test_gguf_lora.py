@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from gym.cli import main
-from gym.train.run import run_exp
+from gym.workflows.training import run_exp
 
 
 def _tensors(path):

@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from gym.cli import main
 from gym.core.files import MANIFEST_FILE
 from gym.infer.chat import ChatModel
-from gym.train.run import run_exp
+from gym.workflows.training import run_exp
 
 PROMPT = [{"role": "user", "content": "Add 2 and 3."}]
 
@@ -75,8 +75,8 @@ def test_bad_export_options_exit_2(tiny_model_dir, tmp_path, capsys, args, messa
 
 def test_delta_file_exports_as_the_rebuilt_model(make_finetune, tiny_model_dir, tmp_path):
     """A BitDelta/DeltaQuant file exports as base + delta: the same weights `gym delta apply` writes."""
+    from gym.cli.delta import main as delta_main
     from gym.delta.apply import write_applied
-    from gym.delta.cli import main as delta_main
 
     tuned = make_finetune(lambda name, p: p.add_(0.01 * torch.randn_like(p)) if p.ndim == 2 else None)
     delta = tmp_path / "d.safetensors"

@@ -53,7 +53,7 @@ def _greedy_hf(model, ids: list[int], n: int = 16) -> list[int]:
 
 def _export(tmp_path: Path, quantization: str, **keys) -> Path:
     return run_export({"model_name_or_path": "smollm2-135m", "export_dir": str(tmp_path), "export_format": "gguf",
-                       "export_quantization": quantization, **keys})
+                       "export_type": quantization, **keys})
 
 
 def _text_ids(tokenizer) -> list[int]:
@@ -103,13 +103,13 @@ def test_quantized_files_keep_perplexity_in_llama_cpp(tmp_path, tokenizer):
 
 
 def test_gguf_lora_in_llama_cpp_equals_the_merged_model(train_config, tmp_path, tokenizer):
-    from gym.train.run import run_exp
+    from gym.workflows.training import run_exp
 
     result = run_exp(train_config(lora_target="all", max_steps=5))
     base = run_export({"model_name_or_path": train_config()["model_name_or_path"],
-                       "export_dir": str(tmp_path / "b.gguf"), "export_format": "gguf", "export_quantization": "f32"})
+                       "export_dir": str(tmp_path / "b.gguf"), "export_format": "gguf", "export_type": "f32"})
     merged = run_export({"output_dir": result.output_dir, "export_dir": str(tmp_path / "m.gguf"),
-                         "export_format": "gguf", "export_quantization": "f32"})
+                         "export_format": "gguf", "export_type": "f32"})
     adapter = run_export({"output_dir": result.output_dir, "export_dir": str(tmp_path / "a.gguf"),
                           "export_format": "gguf-lora"})
     with_lora, merged_llm, base_llm = _llama(base, lora_path=str(adapter)), _llama(merged), _llama(base)

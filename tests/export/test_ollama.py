@@ -110,7 +110,7 @@ def test_go_template_renders_the_trained_prompt(tokenizer, name, thinking):
 
 
 def test_ollama_export_writes_the_gguf_and_its_modelfile(train_config, tmp_path, tokenizer):
-    from gym.train.run import run_exp
+    from gym.workflows.training import run_exp
 
     result = run_exp(train_config(template="llama3", default_system="Answer briefly.", temperature=0.3,
                                   cutoff_len=256))

@@ -29,7 +29,7 @@ def _run(session, ids, past, start):
 
 
 def test_lora_export_runs_in_onnxruntime_as_in_pytorch(train_config, tmp_path, tokenizer):
-    from gym.train.run import run_exp
+    from gym.workflows.training import run_exp
 
     result = run_exp(train_config(lora_target="all"))
     out = tmp_path / "onnx"

@@ -6,7 +6,7 @@ from gym.data.formats import Example
 from gym.data.processors import encode_supervised
 from gym.data.templates import get_chat_format
 from gym.infer.chat import ChatModel
-from gym.train.run import run_exp
+from gym.workflows.training import run_exp
 
 
 def test_chat_uses_the_template_the_adapter_was_trained_with(train_config, tokenizer):

@@ -15,9 +15,9 @@ import torch
 import yaml
 from safetensors.torch import load_file, save_file
 
+from gym.cli.merge import main
 from gym.core.errors import ConfigError, OutputError
 from gym.core.files import MANIFEST_FILE
-from gym.merge.cli import main
 from gym.merge.config import parse_merge_config
 from gym.merge.methods import merge_parameter
 from gym.merge.run import PEFT_PATH, STATE_DICT_PATH, merge_models

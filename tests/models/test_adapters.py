@@ -56,7 +56,7 @@ def test_orthogonal_adapters_rotate_weights_and_keep_their_spectrum(train_config
 
     from gym.infer.chat import ChatModel
     from gym.models.loader import load_causal_lm
-    from gym.train.run import run_exp
+    from gym.workflows.training import run_exp
 
     out = run_exp(train_config(finetuning_type=finetuning_type, oft_block_size=16, boft_block_size=8)).output_dir
     saved = load_file(str(Path(out) / "adapter_model.safetensors"))

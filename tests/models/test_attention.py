@@ -58,7 +58,7 @@ def test_evaluation_attends_in_full(tiny_model_dir):
 
 
 def test_training_with_shift_attn(train_config):
-    from gym.train.run import run_exp
+    from gym.workflows.training import run_exp
 
     result = run_exp(train_config(shift_attn=True, max_steps=4))
     assert result.global_step == 4 and result.final_loss is not None

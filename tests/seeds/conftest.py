@@ -32,7 +32,8 @@ def write_yaml(tmp_path):
 def own_gym_home(tmp_path, monkeypatch):
     """Soups and variants go under $GYM_HOME by default: a fresh one per test, sharing the real one's converted
     models and compiled kernels (linked, so nothing is converted or compiled again)."""
-    from gym.models.loader import gym_home, resolve_model_path
+    from gym.core.home import gym_home
+    from gym.models.loader import resolve_model_path
 
     resolve_model_path("smollm2-135m")
     real = gym_home()

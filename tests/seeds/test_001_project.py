@@ -58,11 +58,11 @@ def test_python_api_run_sft(tiny_model_dir, tmp_path):
 
 def test_every_stage_has_its_entry_point():
     import gym.train
-    from gym.config.methods import registered_methods
+    from gym.config.stages.registry import registered_stages
     from gym.core.errors import ConfigError
     from gym.hparams import get_train_args
 
-    assert {f"run_{stage}" for stage in registered_methods()} <= set(gym.train.__all__)
+    assert {f"run_{stage}" for stage in registered_stages()} <= set(gym.train.__all__)
     # LLaMA-Factory's order for pt/rm/dpo/kto: (model, data, training, finetuning, callbacks)
     sft_args = get_train_args({"stage": "sft"})
     with pytest.raises(ConfigError, match="run_dpo was given the arguments of a 'stage: sft' config"):

@@ -20,7 +20,7 @@ from gym.data.formats import Example
 from gym.data.processors import encode_supervised
 from gym.data.templates import get_chat_format
 from gym.infer.chat import ChatModel
-from gym.train.run import run_exp
+from gym.workflows.training import run_exp
 
 from .conftest import free_port
 

@@ -1,4 +1,4 @@
-"""`gym soup` verbs in-process through gym.soup.cli.main: a whole soup's life on the tiny model."""
+"""`gym soup` verbs in-process through gym.cli.soup.main: a whole soup's life on the tiny model."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
+from gym.cli.soup import main
 from gym.core.errors import ConfigError
-from gym.soup.cli import main
 
 
 def _finetune(make_finetune, i: int, scale: float = 1e-3):

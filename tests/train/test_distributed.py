@@ -18,8 +18,8 @@ import yaml
 from safetensors.torch import load_file
 
 from gym.core.errors import ConfigError
-from gym.train.launch import free_port, torchrun_command
-from gym.train.run import run_exp
+from gym.workflows.launch import free_port, torchrun_command
+from gym.workflows.training import run_exp
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -219,7 +219,7 @@ def test_ray_workers_train_as_ddp_ranks_and_equal_one_process(train_config, tmp_
 
 
 def test_ray_keys_without_use_ray_are_refused(train_config, tmp_path):
-    from gym.train.ray_launch import split_settings
+    from gym.workflows.ray_launch import split_settings
 
     with pytest.raises(ConfigError, match="'ray_num_workers' is read when Ray runs the training: USE_RAY=1"):
         split_settings(train_config(ray_num_workers=2), env={})

@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 from gym.core.errors import ConfigError
 from gym.train.harness import read_log
 from gym.train.methods import dpo
-from gym.train.run import run_exp
+from gym.workflows.training import run_exp
 
 LN2 = math.log(2)
 

@@ -12,7 +12,8 @@ import torch
 from gym.core.errors import ConfigError
 from gym.train import online
 from gym.train.harness import read_log
-from gym.train.run import run_exp
+from gym.train.run import run_training
+from gym.workflows.training import run_exp
 
 
 @pytest.fixture()
@@ -77,7 +78,7 @@ def _loss_with_offsets(trainer, offsets: torch.Tensor, advantages: torch.Tensor)
 def test_gspo_uses_one_length_normalised_ratio_per_answer(grpo_config, monkeypatch):
     built = {}
     monkeypatch.setattr(online, "train_and_save", lambda trainer, setup, args: built.setdefault("trainer", trainer))
-    run_exp(grpo_config(stage="gspo"))  # builds the trainer exactly as a run does, then stops
+    run_training(grpo_config(stage="gspo"))  # builds the trainer exactly as a run does, then stops
     trainer = built["trainer"]
     # Token log-ratios (new - old) of +0.2, -0.2, 0 average to 0: the sequence ratio is exactly 1, inside
     # GSPO's tiny clip range; the second answer's ratios average to 0.003, a ratio of e^0.003 > 1 + 4e-4.

@@ -15,7 +15,7 @@ from gym.train import memory, workflow
     (False, 10**3, False),
 ])
 def test_gradient_checkpointing_choice(train_config, capture_trainer, monkeypatch, setting, free_bytes, expected):
-    from gym.train.run import run_exp
+    from gym.workflows.training import run_exp
 
     monkeypatch.setattr(memory, "available_memory_bytes", lambda: free_bytes)
     seen = capture_trainer(workflow)

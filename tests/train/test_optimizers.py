@@ -17,7 +17,7 @@ from gym.train import workflow
 
 
 def _run(train_config, capture_trainer, **keys):
-    from gym.train.run import run_exp
+    from gym.workflows.training import run_exp
 
     seen = capture_trainer(workflow)
     result = run_exp(train_config(finetuning_type="full", learning_rate=1e-3, max_steps=3, **keys))
@@ -78,7 +78,7 @@ def test_badam_ratio_mode_updates_a_share_of_each_weight(train_config, capture_t
 @pytest.mark.parametrize("finetuning_type", ["full", "lora"])
 def test_muon_takes_the_hidden_matrices_and_adamw_the_rest(train_config, capture_trainer, tiny_model_dir,
                                                            finetuning_type):
-    from gym.train.run import run_exp
+    from gym.workflows.training import run_exp
 
     seen = capture_trainer(workflow)
     run_exp(train_config(finetuning_type=finetuning_type, use_muon=True, max_steps=2))

@@ -17,7 +17,7 @@ import yaml
 
 from gym.core.errors import OutputError
 from gym.core.files import LOCK_FILE, OutputLock
-from gym.train.run import run_exp
+from gym.workflows.training import run_exp
 
 
 def test_a_second_run_on_a_live_runs_output_fails_at_once_naming_the_owner(train_config, tmp_path):

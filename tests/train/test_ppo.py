@@ -57,7 +57,7 @@ def _weights(model) -> dict[str, torch.Tensor]:
 def test_ppo_lora_two_steps_end_to_end(ppo_config, monkeypatch):
     from safetensors.torch import load_file
 
-    from gym.train.run import run_exp
+    from gym.workflows.training import run_exp
 
     captured = {}
     original = ppo.build_loop
@@ -105,7 +105,7 @@ def test_ppo_lora_two_steps_end_to_end(ppo_config, monkeypatch):
     {"finetuning_type": "freeze", "freeze_trainable_layers": 1, "gradient_checkpointing": True},
 ], ids=["full-bf16", "freeze-checkpointing"])
 def test_ppo_without_lora_keeps_a_frozen_reference(ppo_config, monkeypatch, overrides):
-    from gym.train.run import run_exp
+    from gym.workflows.training import run_exp
 
     captured = {}
     original = ppo.build_loop
@@ -128,7 +128,7 @@ def test_ppo_without_lora_keeps_a_frozen_reference(ppo_config, monkeypatch, over
 
 
 def test_ppo_without_a_reward_is_a_config_error(ppo_config, monkeypatch):
-    from gym.train.run import run_exp
+    from gym.workflows.training import run_exp
 
     with pytest.raises(ConfigError, match="reward"):
         run_exp(ppo_config(reward_funcs=None))
@@ -139,7 +139,7 @@ def test_ppo_resumes_from_a_checkpoint_as_if_never_interrupted(ppo_config, tmp_p
 
     from safetensors.torch import load_file
 
-    from gym.train.run import run_exp
+    from gym.workflows.training import run_exp
 
     whole = tmp_path / "whole"
     run_exp(ppo_config(max_steps=3, save_strategy="steps", save_steps=1, save_total_limit=1, output_dir=str(whole)))
@@ -170,7 +170,7 @@ def test_ppo_resumes_from_a_checkpoint_as_if_never_interrupted(ppo_config, tmp_p
 
 
 def test_ppo_refuses_a_checkpoint_of_another_run(ppo_config, tmp_path):
-    from gym.train.run import run_exp
+    from gym.workflows.training import run_exp
 
     foreign = tmp_path / "out" / "checkpoint-1"
     foreign.mkdir(parents=True)

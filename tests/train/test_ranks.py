@@ -15,8 +15,8 @@ import torch.multiprocessing as mp
 
 from gym.core.errors import GymError
 from gym.train import ranks
-from gym.train.launch import free_port
 from gym.train.ppo_math import whiten
+from gym.workflows.launch import free_port
 
 
 def _worker(rank: int, port: int, out: str) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 import yaml
 
 from gym.train.checkpoints import last_checkpoint
-from gym.train.run import run_exp
+from gym.workflows.training import run_exp
 
 
 def _final_loss(output_dir: Path) -> float:

@@ -9,7 +9,7 @@ import pytest
 
 from gym.train import online
 from gym.train.harness import read_log
-from gym.train.run import run_exp
+from gym.workflows.training import run_exp
 
 
 def test_two_steps_train_only_the_adapter(prompt_config, capture_trainer, assert_only_adapter_trained):

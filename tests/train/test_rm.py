@@ -9,9 +9,9 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
+from gym.rewards.functions import get_reward_funcs, load_reward_model
 from gym.train.harness import read_log
-from gym.train.reward_funcs import get_reward_funcs, load_reward_model
-from gym.train.run import run_exp
+from gym.workflows.training import run_exp
 
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 

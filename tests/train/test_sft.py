@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from gym.train.run import run_exp
+from gym.workflows.training import run_exp
 
 
 def _base_state(tiny_model_dir):

@@ -15,8 +15,8 @@ from gym.core.errors import RunStopped
 from gym.core.files import MANIFEST_FILE
 from gym.train import harness
 from gym.train.methods import ppo
-from gym.train.run import run_exp
 from gym.train.stopping import StopRequest, stop_on_interrupt
+from gym.workflows.training import run_exp
 
 
 @pytest.fixture()

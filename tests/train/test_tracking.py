@@ -16,7 +16,7 @@ import yaml
 
 from gym.core.errors import ConfigError
 from gym.train.outputs import read_log
-from gym.train.run import run_exp
+from gym.workflows.training import run_exp
 
 
 def _offline_trackers(mp: pytest.MonkeyPatch, root: Path) -> None:

@@ -27,7 +27,7 @@ def test_neftune_noises_training_embeddings_only(train_config, monkeypatch):
     """neftune_noise_alpha: the first layer sees noisy embeddings in training steps and clean ones at eval, with
     noise of the published scale alpha / sqrt(length x hidden) per entry (uniform in +-that)."""
     from gym.train import workflow
-    from gym.train.run import run_exp
+    from gym.workflows.training import run_exp
 
     original = workflow.train_and_save
     records: list[tuple[bool, float, float]] = []
@@ -76,7 +76,7 @@ def test_dft_loss_weights_each_token_by_its_probability(tiny_model_dir):
 
 def test_pure_bf16_trains_bf16_weights_without_autocast(train_config, capture_trainer):
     from gym.train import workflow
-    from gym.train.run import run_exp
+    from gym.workflows.training import run_exp
 
     seen = capture_trainer(workflow)
     result = run_exp(train_config(finetuning_type="full", pure_bf16=True, max_steps=1))

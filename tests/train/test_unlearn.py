@@ -9,10 +9,11 @@ import pytest
 import torch
 
 from gym.config.parser import get_train_args
+from gym.config.stages.unlearn import UnlearnOptions
 from gym.core.errors import ConfigError
 from gym.train.harness import read_log
-from gym.train.methods.unlearn import UnlearnOptions, answer_log_probs, forget_loss
-from gym.train.run import run_exp
+from gym.train.methods.unlearn import answer_log_probs, forget_loss
+from gym.workflows.training import run_exp
 
 
 def _nll(model_dir: str, config: dict, dataset: str) -> float:

@@ -7,8 +7,8 @@ import pytest
 
 from gym.core.errors import GymError
 from gym.infer.chat import ChatModel
-from gym.train.run import run_exp
 from gym.webui.tab_chat import Playground
+from gym.workflows.training import run_exp
 
 
 def test_a_runs_output_answers_as_gym_chat_on_it(train_config):

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from gym.config.methods import registered_methods
 from gym.config.parser import known_keys
+from gym.config.stages.registry import registered_stages
 from gym.core.errors import ConfigError
 from gym.webui import forms
 
@@ -20,17 +20,17 @@ def test_the_catalogue_lists_every_key_with_help_and_default():
     assert all(row[4] for row in rows if row[1] in ("model", "data", "finetuning"))  # every such key explains itself
 
 
-@pytest.mark.parametrize("stage", sorted(registered_methods()))
+@pytest.mark.parametrize("stage", sorted(registered_stages()))
 def test_a_stages_options_yaml_reads_back_as_its_defaults(stage):
     text = forms.stage_options_yaml(stage)
     values = yaml.safe_load(text) or {}
-    options = registered_methods()[stage].options
+    options = registered_stages()[stage].options
     if options is None:
         assert values == {}
         return
     fields = {f.name for f in __import__("dataclasses").fields(options) if f.init}
     assert set(values) == fields
-    online = registered_methods()[stage].data_kind.value == "prompt"
+    online = registered_stages()[stage].data_kind.value == "prompt"
     more = "reward_funcs: [accuracy]" if online else ""  # the one key online stages cannot default
     config = forms.train_config({"stage": stage, "dataset": "identity"}, text, more, "out")
     assert not (set(config) & fields - {"reward_funcs"})  # at their defaults, none is written into the YAML

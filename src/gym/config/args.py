@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
 from gym.config.data import DataArguments
 from gym.config.finetuning import FinetuningArguments
@@ -17,9 +16,8 @@ OptionsT = TypeVar("OptionsT")
 
 @dataclass
 class TrainArgs(Generic[OptionsT]):
-    """What `get_train_args` returns. It unpacks as the five LLaMA-Factory dataclasses
-    (`model_args, data_args, training_args, finetuning_args, generating_args = get_train_args(...)`);
-    `options` holds the stage's own options (e.g. `pref_beta` for dpo), None for stages without any."""
+    """What `get_train_args` returns: the five concerns, and `options`, the stage's own options (e.g. `pref_beta` for
+    dpo), None for stages without any. (LLaMA-Factory's five-tuple is gym.hparams.get_train_args.)"""
 
     model: ModelArguments
     data: DataArguments
@@ -34,6 +32,3 @@ class TrainArgs(Generic[OptionsT]):
         if self.training.output_dir is None:
             raise ValueError("TrainArgs built without an output_dir; build it with get_train_args")
         return self.training.output_dir
-
-    def __iter__(self) -> Iterator[Any]:
-        return iter((self.model, self.data, self.training, self.finetuning, self.generating))

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gym.config.blocks import block_of, set_flat
+from gym.config.aliases import block_of, set_flat
 from gym.core.errors import ConfigError
 from gym.core.names import did_you_mean
 

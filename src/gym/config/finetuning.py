@@ -113,10 +113,6 @@ class FinetuningArguments(OptimizerArguments):
     delta_enable_deltasoup: bool = field(
         default=False, metadata={"help": "Mark the delta as contributable to a DeltaSoup (recorded in the file)."}
     )
-    # Not a key: the chosen stage's own options, kept here by the parser so that the five LLaMA-Factory
-    # dataclasses (model, data, training, finetuning, generating) carry a whole run, as in LLaMA-Factory,
-    # where they hold every option; gym.train.entry_points rebuilds the run from them.
-    stage_options: Any = field(default=None, init=False, repr=False, compare=False)
     # Evaluation of the result (gym.eval), written into the run folder.
     eval_tasks: list[str] | None = field(
         default=None,
@@ -166,9 +162,8 @@ class FinetuningArguments(OptimizerArguments):
         extras = [k for k in ("delta_safety_threshold", "delta_enable_deltasoup", "delta_group_size")
                   if getattr(self, k)]
         if extras and not self.delta_compression:
-            raise ConfigError(f"'{extras[0]}' shapes the delta stored after training: set delta_compression (or "
-                              "quantization:) too.")
+            raise ConfigError(f"'{extras[0]}' shapes the delta stored after training: set delta_compression too.")
         if self.delta_safety_threshold is not None and self.delta_compression != "bitdelta":
-            raise ConfigError("'delta_safety_threshold' (quantization.safety_threshold) applies to bitdelta.")
+            raise ConfigError("'delta_safety_threshold' applies to delta_compression: bitdelta.")
         if self.delta_compression and self.stage == "rm":
             raise ConfigError("delta_compression applies to language models; a reward model (stage: rm) is not one.")

@@ -5,9 +5,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from gym.config.aliases import KEY_ALIASES
 from gym.config.coerce import type_name
-from gym.config.methods import registered_methods
-from gym.config.parser import ALIASES, CONCERNS, fields_of
+from gym.config.parser import CONCERNS, fields_of
+from gym.config.stages.registry import registered_stages
 from gym.core.kinds import DataKind
 
 
@@ -22,7 +23,7 @@ def field_default(f: dataclasses.Field[Any]) -> Any:
 
 
 def _mixins(cls: type) -> list[type]:
-    """Gym's own dataclasses a concern is assembled from (ModelArguments <- QuantizationArguments, ...)."""
+    """Gym's own dataclasses a concern is assembled from (ModelArguments <- BaseQuantizationArguments, ...)."""
     return [base for base in cls.__bases__ if dataclasses.is_dataclass(base) and base.__module__.startswith("gym.")]
 
 
@@ -49,7 +50,7 @@ def _key_line(name: str, tp: Any, f: dataclasses.Field[Any]) -> str:
 
 def train_help() -> str:
     kinds = list(DataKind)
-    methods = dict(sorted(registered_methods().items(), key=lambda item: (kinds.index(item[1].data_kind), item[0])))
+    methods = dict(sorted(registered_stages().items(), key=lambda item: (kinds.index(item[1].data_kind), item[0])))
     lines = ["usage: gym train CONFIG.yaml [key=value ...] [--key value ...]", "", "stages:"]
     lines += [f"  {name:<6} {m.summary} (data: {m.data_kind.value})" for name, m in methods.items()]
     lines.append("")
@@ -61,5 +62,5 @@ def train_help() -> str:
         lines += _section(title, cls)
     for cls, stages in stages_of.items():
         lines += _section(f"{'/'.join(stages)} options", cls)
-    lines.append("aliases: " + ", ".join(f"{k} -> {v}" for k, v in ALIASES.items()))
+    lines.append("aliases: " + ", ".join(f"{k} -> {v}" for k, v in KEY_ALIASES.items()))
     return "\n".join(lines)

@@ -1,4 +1,4 @@
-"""ModelArguments: which model to load, and how (quantization, attention kernel, inference dtype and backend)."""
+"""ModelArguments: which model to load, and how (base quantization, attention kernel, inference dtype and backend)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import importlib.util
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from gym.config.quantization import QuantizationArguments
+from gym.config.base_quantization import BaseQuantizationArguments
 from gym.core.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -14,8 +14,8 @@ if TYPE_CHECKING:
 
 
 @dataclass
-class ModelArguments(QuantizationArguments):
-    """Which model to load, and how (the quantization keys come from QuantizationArguments)."""
+class ModelArguments(BaseQuantizationArguments):
+    """Which model to load, and how (the base quantization keys come from BaseQuantizationArguments)."""
 
     model_name_or_path: str | None = field(
         default=None,
@@ -112,6 +112,8 @@ class ModelArguments(QuantizationArguments):
     def check_environment(self, args: TrainArgs[Any]) -> None:
         """What this machine must have for the kernels asked for; checked when a run starts (a config object
         can be written anywhere, e.g. on a laptop for a GPU box)."""
+        if self.flash_attn not in ("fa2", "fa3") and not self.use_unsloth:
+            return  # nothing machine-specific asked for: no torch import just to read a config
         import torch
 
         cuda = torch.cuda.is_available()

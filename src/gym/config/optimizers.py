@@ -10,11 +10,14 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from gym.config.hf_training_fields import HFTrainingFields
 from gym.core.errors import ConfigError
+from gym.core.names import did_you_mean
 
 if TYPE_CHECKING:
     from gym.config.args import TrainArgs
@@ -128,7 +131,9 @@ class OptimizerArguments:
         if importlib.util.find_spec(package) is None:
             raise ConfigError(f"'{key}' needs the {package} package, which is not installed: pip install {pip_name} "
                               "(or pip install 'zoo-gym[optimizers]').")
-        if key == "use_muon":
+
+    def check_environment(self, args: TrainArgs[Any]) -> None:
+        if self.use_muon:
             import torch
 
             if not hasattr(torch.optim, "Muon"):
@@ -161,11 +166,7 @@ def _targets(names: str) -> str:
 def check_optim(name: str) -> None:
     """An `optim` name the Trainer knows, whose package is installed (else the error names the closest name,
     or the package), checked before anything loads rather than when the Trainer builds the optimizer."""
-    from transformers.training_args import OptimizerNames
-
-    from gym.core.names import did_you_mean
-
-    names = [o.value for o in OptimizerNames]
+    names = optimizer_names()
     if name not in names:
         raise ConfigError(f"'optim: {name}' is not a Hugging Face optimizer.{did_you_mean(name, names)} "
                           f"Available: {', '.join(names)}.")
@@ -173,6 +174,12 @@ def check_optim(name: str) -> None:
         if name.startswith(prefix) and importlib.util.find_spec(module) is None:
             raise ConfigError(f"'optim: {name}' needs the {module} package, which is not installed: "
                               f"pip install {pip_name}.")
+
+
+def optimizer_names() -> list[str]:
+    """The `optim` values Hugging Face's Trainer knows (its OptimizerNames, from gym.config.hf_training_fields)."""
+    hint = typing.get_type_hints(HFTrainingFields)["optim"]
+    return [str(name) for name in typing.get_args(hint)]
 
 
 def _zero_stage(deepspeed: Any) -> int | None:

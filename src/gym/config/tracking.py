@@ -9,12 +9,15 @@ from __future__ import annotations
 import importlib.util
 import os
 
-from transformers.integrations.integration_utils import INTEGRATION_TO_CALLBACK
-
 from gym.core.errors import ConfigError
 from gym.core.names import did_you_mean
 
 INSTALL = "pip install 'zoo-gym[tracking]'"
+
+# Every name transformers' `report_to` takes (its INTEGRATION_TO_CALLBACK), written out so that reading a config
+# imports no transformers; tests/config/test_hf_training_fields.py checks it against the installed version.
+INTEGRATIONS = ("azure_ml", "comet_ml", "mlflow", "neptune", "tensorboard", "trackio", "wandb", "codecarbon", "clearml",
+                "dagshub", "flyte", "dvclive", "swanlab", "kubeflow")
 
 # The trackers Gym tests and adds its own config to; any module in the tuple is enough (transformers'
 # TensorBoard callback writes through tensorboardX when tensorboard is missing).
@@ -44,7 +47,7 @@ def check_report_to(report_to: list[str]) -> None:
             continue
         if name in ("none", "all"):  # transformers reads them only alone: `report_to: [none]` is `report_to: none`
             raise ConfigError(f"'report_to: {name}' stands alone, not in a list with other trackers.")
-        if name not in INTEGRATION_TO_CALLBACK:
-            known = ["none", "all", *INTEGRATION_TO_CALLBACK]
+        if name not in INTEGRATIONS:
+            known = ["none", "all", *INTEGRATIONS]
             raise ConfigError(f"'report_to' names an unknown tracker {name!r}.{did_you_mean(name, known)} "
                               f"Choose from: {', '.join(known)}.")

@@ -1,16 +1,21 @@
-"""TrainingArguments: Hugging Face's, with the defaults Gym changes and Gym's own checks."""
+"""TrainingArguments: Hugging Face's training keys, with the defaults Gym changes and Gym's own checks.
+
+A plain dataclass (its fields are Hugging Face's, written out in gym.config.hf_training_fields), so reading a config
+imports neither transformers nor torch, and `gym chat`/`api`/`eval`/`export` never build a Hugging Face
+`TrainingArguments`. The training job builds the real one from these values when a run starts (gym.train.hf_args);
+what depends on the machine (bf16 where it is native, the CPU when there is no accelerator) is decided there.
+"""
 
 from __future__ import annotations
 
-import functools
+import dataclasses
 import importlib.util
 import json
 import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from transformers import TrainingArguments as HFTrainingArguments
-
+from gym.config.hf_training_fields import HFTrainingFields
 from gym.config.tracking import check_report_to, split_report_to
 from gym.core.errors import ConfigError
 
@@ -19,14 +24,15 @@ if TYPE_CHECKING:
 
 
 @dataclass
-class TrainingArguments(HFTrainingArguments):
-    """Every Hugging Face `TrainingArguments` field, with the defaults Gym changes:
+class TrainingArguments(HFTrainingFields):
+    """Every Hugging Face `TrainingArguments` key, with the defaults Gym changes:
 
     - `output_dir`: unset means `saves/<model>/<finetuning_type>/<stage>`.
     - `logging_steps`: 1, so `trainer_log.jsonl` and the loss plot see every step (logging is cheap;
       Gym's progress bar does not print a line per log).
     - `gradient_checkpointing`: unset means "auto": on only when the estimated activations would not
       fit in free memory, because recomputing them costs about a third more compute.
+    - `bf16`: unset means "auto": on where the hardware has native bf16, decided when the run starts.
     """
 
     output_dir: str | None = field(
@@ -50,12 +56,11 @@ class TrainingArguments(HFTrainingArguments):
     disable_tqdm: bool = field(
         default=False, metadata={"help": "Turn off the progress bar (then each log is printed as a line)."}
     )
-    bf16: bool | None = field(  # type: ignore[assignment]  # None = auto, resolved by the parser
+    bf16: bool | None = field(  # type: ignore[assignment]  # None = auto, resolved when the run starts
         default=None,
         metadata={"help": "bf16 mixed precision. Unset = auto: on where the hardware has native bf16 "
                   "(recent GPUs, CPUs with AVX512-BF16/AMX), off elsewhere."},
     )
-
     # Wider than Hugging Face's `str | None`: transformers itself now documents `fsdp: true` (FSDP2, tuned through
     # fsdp_config), while LLaMA-Factory configs carry the older strings.
     fsdp: bool | str | None = field(  # type: ignore[assignment]
@@ -63,6 +68,11 @@ class TrainingArguments(HFTrainingArguments):
         metadata={"help": "Shard parameters, gradients and optimizer state across processes (FSDP2): true, or "
                   "'full_shard' / 'shard_grad_op' (+ ' offload'); tune with fsdp_config. Needs several processes "
                   "(NPROC_PER_NODE); runs on GPUs and on CPU processes (gloo)."},
+    )
+    use_cpu: bool | None = field(  # type: ignore[assignment]  # None = auto, resolved when the run starts
+        default=None,
+        metadata={"help": "Train on the CPU even where an accelerator exists. Unset: the CPU only when there is no "
+                  "accelerator (so configs written for GPUs, bf16: true included, still run here)."},
     )
 
     pure_bf16: bool = field(
@@ -77,23 +87,22 @@ class TrainingArguments(HFTrainingArguments):
     )
 
     def __post_init__(self) -> None:
-        # transformers resolves an unset gradient_checkpointing (and its new name, activation_checkpointing) to
-        # False; Gym's unset means auto, decided once the model and batch are known (train.workflow).
-        auto = self.gradient_checkpointing is None and self.activation_checkpointing is None
         if self.pure_bf16:
             self.bf16 = False  # the weights are bf16 already: no autocast on top
         if self.use_reentrant_gc is not None:
             kwargs = self.gradient_checkpointing_kwargs or self.activation_checkpointing_kwargs or {}
             if isinstance(kwargs, str):  # given on the command line as JSON
-                kwargs = json.loads(kwargs)
+                try:
+                    kwargs = json.loads(kwargs)
+                except json.JSONDecodeError:
+                    raise ConfigError(f"'gradient_checkpointing_kwargs' is a JSON object, got {kwargs!r}.") from None
             self.activation_checkpointing_kwargs = {**kwargs, "use_reentrant": self.use_reentrant_gc}
             self.gradient_checkpointing_kwargs = None
         self.report_to = split_report_to(self.report_to)
-        super().__post_init__()  # type: ignore[no-untyped-call]
-        if auto:
-            self.gradient_checkpointing = self.activation_checkpointing = None
 
     def validate(self, args: TrainArgs[Any]) -> None:
+        if self.bf16 and self.fp16:
+            raise ConfigError("At most one of fp16 and bf16 can be true (bf16: unset chooses by the hardware).")
         if self.learning_rate < 0:
             raise ConfigError(f"'learning_rate' must be >= 0, got {self.learning_rate}.")
         for key in ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps"):
@@ -105,10 +114,19 @@ class TrainingArguments(HFTrainingArguments):
         if self.deepspeed and "LOCAL_RANK" not in os.environ:
             raise ConfigError("'deepspeed' runs in processes started by a launcher: `gym train CONFIG` starts torchrun "
                               "itself (NPROC_PER_NODE=N for N processes); from Python, run under torchrun.")
-        check_report_to(list(self.report_to or []))
+        if self.deepspeed and importlib.util.find_spec("deepspeed") is None:
+            raise ConfigError("'deepspeed' needs the deepspeed package: pip install 'zoo-gym[deepspeed]' (then launch "
+                              "with NPROC_PER_NODE=N gym train ..., docs/distributed.md).")
+        report_to = self.report_to
+        if isinstance(report_to, str):  # one name; "none" and "all" are transformers' own words
+            report_to = [] if report_to in ("none", "all") else [report_to]
+        check_report_to(list(report_to or []))
         if self.do_predict:
             raise ConfigError("'do_predict' is not how Gym predicts: run `gym infer CONFIG --dataset D -o out.jsonl` "
                               "(generations for every row, resumable).")
+
+    def check_environment(self, args: TrainArgs[Any]) -> None:
+        """What this machine must have for the run (checked when it is about to train here)."""
         if self.use_liger_kernel:
             import torch
 
@@ -118,17 +136,22 @@ class TrainingArguments(HFTrainingArguments):
             if importlib.util.find_spec("liger_kernel") is None:
                 raise ConfigError("'enable_liger_kernel' needs the liger-kernel package: pip install liger-kernel.")
 
+    def non_defaults(self) -> dict[str, Any]:
+        """The keys whose value differs from Hugging Face's default (what the run sets; the other hundred are noise),
+        and Gym's own keys (which transformers does not take) where they differ from Gym's default."""
+        defaults = {**_defaults(TrainingArguments), **_defaults(HFTrainingFields)}
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if f.init and getattr(self, f.name) != defaults[f.name]}
 
-def torch_cuda_available() -> bool:
-    import torch
 
-    return bool(torch.cuda.is_available())
+GYM_ONLY_KEYS = ("pure_bf16", "use_reentrant_gc")
 
 
-@functools.cache
-def training_defaults() -> TrainingArguments:
-    """A TrainingArguments with nothing set (what gym_config.yaml leaves out as default). Built once per process,
-    by the parser, before the run's own TrainingArguments: building one resets accelerate's process-wide state
-    (in a torchrun process, to a single process), which the run's arguments set up again and a live Trainer
-    reads, so it must never be built after them."""
-    return TrainingArguments(output_dir="saves/defaults")
+def _defaults(cls: type) -> dict[str, Any]:
+    defaults: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        if f.default_factory is not dataclasses.MISSING:
+            defaults[f.name] = f.default_factory()
+        else:
+            defaults[f.name] = f.default
+    return defaults

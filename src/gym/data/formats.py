@@ -175,7 +175,7 @@ def _convert_sharegpt(attr: DatasetAttr, source: RowSource, row: dict[str, Any],
         attr.tag("observation_tag"): OBSERVATION, attr.tag("function_tag"): FUNCTION,
     }
     if (attr.tag("user_tag"), attr.tag("assistant_tag")) == ("human", "gpt"):
-        # ShareGPT files in the wild (the seeds' own example among them) write "from": "user"/"assistant" too
+        # ShareGPT files in the wild (the Gym documents' own example among them) write "from": "user"/"assistant" too
         roles.setdefault("user", USER)
         roles.setdefault("assistant", ASSISTANT)
     system_col = attr.column("system")

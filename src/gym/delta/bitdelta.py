@@ -30,7 +30,7 @@ from gym.delta.weights import EMBEDDING, LINEAR, Delta, extract_deltas, paramete
 
 @dataclass
 class BitDeltaConfig:
-    """BitDelta's options. The seeds' fields first; every field is used."""
+    """BitDelta's options: the documented fields first; every field is used."""
 
     bits: int = 1
     """Bits per weight: BitDelta is 1 (for 2, 4 or 8 bits use DeltaQuantConfig)."""

@@ -35,7 +35,7 @@ BUDGET_LADDER = (QuantMethod.BINARY, QuantMethod.TERNARY, QuantMethod.INT4, Quan
 
 @dataclass
 class DeltaQuantConfig:
-    """DeltaQuant's options; the seeds' fields (method, per_channel, calibration_samples) first."""
+    """DeltaQuant's options; the documented fields (method, per_channel, calibration_samples) first."""
 
     method: QuantMethod | str = QuantMethod.INT8
     """int8, int4, int2, ternary or binary: the precision of every layer layer_bits/bit_budget leave alone."""

@@ -8,7 +8,7 @@ from typing import Any
 from gym.config.data import DataArguments
 from gym.data.loader import get_dataset
 from gym.data.templates import get_chat_format
-from gym.eval.perplexity import token_nll
+from gym.models.scoring import token_nll
 
 
 @dataclass

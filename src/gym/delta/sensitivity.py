@@ -1,4 +1,4 @@
-"""How much a quantization error in one weight matters, measured on calibration data.
+"""How much a rounding error in one weight matters, measured on calibration data.
 
 For a linear layer y = W x, an error E in W changes the outputs by E x; over the calibration tokens
 the squared change is sum_x ||E x||^2 = tr(E H E^T) with H = sum_x x x^T, the Gram matrix of the

@@ -72,7 +72,7 @@ class Encoded:
 
 
 def _parse_method(method: QuantMethod | str) -> QuantMethod:
-    return enum_choice(QuantMethod, method, "quantization method")
+    return enum_choice(QuantMethod, method, "delta compression method")
 
 
 def _check_options(
@@ -84,7 +84,7 @@ def _check_options(
         raise ConfigError(f"granularity 'group' needs an integer group_size >= 1 (e.g. 128), got {group_size!r}.")
     if method in _SIGN_METHODS and (not symmetric or clip_percentile is not None):
         raise ConfigError(
-            f"{method.value} quantization has no symmetric/clip_percentile options; "
+            f"{method.value} has no symmetric/clip_percentile options; "
             "leave symmetric true and clip_percentile unset, or use int8/int4/int2."
         )
     if clip_percentile is not None and (

@@ -1,6 +1,6 @@
 """Evaluation: multiple choice, perplexity, verified generation and lm-evaluation-harness, on any Gym model.
 
-`gym eval CONFIG --task T` (gym.eval.cli) -> run_eval (gym.eval.runner): the model is loaded once
+`gym eval CONFIG --task T` (gym.cli.eval) -> run_eval (gym.eval.runner): the model is loaded once
 (gym.eval.model: base, adapters, delta, variant, export) and every task scores it:
 
     mc.py             multiple choice in MMLU's layout, by log-likelihood (loglik.py)

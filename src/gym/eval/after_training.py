@@ -49,7 +49,7 @@ def _evaluate(model: EvalModel, args: EvalArguments) -> dict[str, Any]:
 
 
 def _cache_dir() -> Path:
-    from gym.models.loader import gym_home
+    from gym.core.home import gym_home
 
     return gym_home() / "eval_cache"
 

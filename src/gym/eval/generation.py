@@ -1,6 +1,6 @@
 """Generation tasks with verifiable answers: the model answers, a verifier from the reward registry scores it.
 
-Verifiers are the online RL stages' rewards (gym.train.reward_funcs): `accuracy` (the final number, or a
+Verifiers are the online RL stages' rewards (gym.rewards.functions): `accuracy` (the final number, or a
 \\boxed{} answer, or the normalised text equals the reference; GSM8K's "#### 42" is understood), `exact`
 (the whole answer equals the reference, normalised), `regex:<pattern>` (the pattern's first group, at its
 last match, equals the reference), `python:module:function`. Several are combined as their weighted mean.
@@ -23,7 +23,7 @@ from gym.eval.mc import mean_and_stderr
 from gym.eval.model import EvalModel
 from gym.infer.batch import final_text, load_rows
 from gym.infer.requests import Request
-from gym.train.reward_funcs import combined_reward, get_reward_funcs
+from gym.rewards.functions import combined_reward, get_reward_funcs
 
 
 @dataclass

@@ -27,8 +27,8 @@ from gym.delta.format import fingerprint, load_delta
 from gym.infer.config import resolve_inference_config
 from gym.infer.engines import build_engine
 from gym.infer.requests import Engine, SamplingParams
+from gym.models.base_quantization import is_quantized
 from gym.models.loader import generation_defaults, load_causal_lm, load_tokenizer, resolve_model_path
-from gym.models.quantization import is_quantized
 
 logger = logging.getLogger(__name__)
 
@@ -85,7 +85,7 @@ def load_eval_model(config: Any, *, delta: str | None = None, variant: str | Non
     without it is scored with its base's)."""
     config = as_config_dict(config)
     if variant is not None:
-        from gym.export.run import variant_source
+        from gym.personalization.store import variant_source
 
         delta, config["model_name_or_path"] = variant_source(variant)
     resolved = resolve_inference_config(config)

@@ -6,15 +6,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gym.config.aliases import EXPORT_KEY_ALIASES
 from gym.config.coerce import split_keys
 from gym.core.errors import ConfigError
 from gym.core.names import did_you_mean
 
 FORMATS = ("hf", "gguf", "gguf-lora", "ollama", "onnx")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
-# The CLI's short spellings (`--format gguf`), as the seeds and the issue write them.
-ALIASES = {"format": "export_format", "quantization": "export_quantization", "overwrite": "export_overwrite",
-           "dtype": "export_dtype"}
+# The CLI's short spellings (`--format gguf`).
+ALIASES = {"format": "export_format", "type": "export_type", "overwrite": "export_overwrite", "dtype": "export_dtype",
+           **EXPORT_KEY_ALIASES}
 
 
 @dataclass
@@ -22,9 +23,10 @@ class ExportArguments:
     export_dir: str | None = None
     """The folder (or file, for single-file formats) to write."""
     export_format: str = "hf"
-    export_quantization: str | None = None
-    """gguf: the GGUF type (f16 by default); hf or gguf: `bitdelta`, the fine-tune as its BitDelta variant serves it
-    (base + 1-bit signs with one scale per row), written at export_dtype / as f16."""
+    export_type: str | None = None
+    """The weight type of the exported file. gguf: the GGUF type (f16 by default); hf or gguf: `bitdelta`, the
+    fine-tune as its BitDelta variant serves it (base + 1-bit signs with one scale per row), written at export_dtype /
+    as f16."""
     export_size: float = 5.0
     """hf: the largest safetensors shard, in GB (LLaMA-Factory's key)."""
     export_dtype: str = "auto"
@@ -43,21 +45,21 @@ class ExportArguments:
             raise ConfigError(f"export_dtype must be one of {', '.join(DTYPES)}, got {self.export_dtype!r}.")
         if not self.export_size > 0:
             raise ConfigError(f"export_size (GB per shard) must be positive, got {self.export_size}.")
-        if self.export_quantization == "bitdelta":
+        if self.export_type == "bitdelta":
             if self.export_format == "gguf-lora" or self.delta:
-                raise ConfigError("export_quantization: bitdelta exports a fine-tune as its BitDelta variant; it "
+                raise ConfigError("export_type: bitdelta exports a fine-tune as its BitDelta variant; it "
                                   "applies to --format hf or gguf, without --delta.")
-        elif self.export_format in ("gguf", "ollama") and self.export_quantization is not None:
+        elif self.export_format in ("gguf", "ollama") and self.export_type is not None:
             from gym.export.gguf_file import TYPES
 
-            if self.export_quantization not in TYPES:
-                raise ConfigError(f"Unknown GGUF quantization {self.export_quantization!r}."
-                                  f"{did_you_mean(self.export_quantization, TYPES)} Choose one of: {', '.join(TYPES)}.")
-        if self.export_format == "gguf-lora" and self.export_quantization not in (None, "f32", "f16", "bf16", "q8_0"):
+            if self.export_type not in TYPES:
+                raise ConfigError(f"Unknown GGUF type {self.export_type!r}."
+                                  f"{did_you_mean(self.export_type, TYPES)} Choose one of: {', '.join(TYPES)}.")
+        if self.export_format == "gguf-lora" and self.export_type not in (None, "f32", "f16", "bf16", "q8_0"):
             raise ConfigError(f"A gguf-lora adapter is written as f32, f16, bf16 or q8_0, not "
-                              f"{self.export_quantization!r}.")
-        if self.export_format in ("hf", "onnx") and self.export_quantization not in (None, "bitdelta"):
-            raise ConfigError("export_quantization applies to the GGUF formats; an hf export is saved at "
+                              f"{self.export_type!r}.")
+        if self.export_format in ("hf", "onnx") and self.export_type not in (None, "bitdelta"):
+            raise ConfigError("export_type applies to the GGUF formats; an hf export is saved at "
                               "export_dtype (float32, float16 or bfloat16), an onnx export in float32.")
         if self.variant is not None and (self.delta or ":" not in self.variant):
             raise ConfigError("variant: write STORE:USER (a `gym variants` store and a user in it), without --delta.")
@@ -73,7 +75,7 @@ def parse_export(config: dict[str, Any]) -> tuple[ExportArguments, dict[str, Any
 
 
 def _default_export_dir(model_keys: dict[str, Any], export_format: str) -> str:
-    """`gym export --model saves/run --format gguf` (the seeds' spelling, no export_dir): saves/run-gguf/."""
+    """`gym export --model saves/run --format gguf` (no export_dir): saves/run-gguf/."""
     for key in ("adapter_name_or_path", "output_dir", "model_name_or_path", "model"):
         source = model_keys.get(key)
         if isinstance(source, str) and Path(source).expanduser().is_dir():

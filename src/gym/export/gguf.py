@@ -1,4 +1,4 @@
-"""`gym export --format gguf --quantization Q`: the merged model as one GGUF file for llama.cpp and Ollama.
+"""`gym export --format gguf --type T`: the merged model as one GGUF file for llama.cpp and Ollama.
 
 The model is merged as for `--format hf` (gym.export.hf.load_merged), its tokenizer saved with the trained
 chat template, then written by gym.export.gguf_file under a temporary name in export_dir and renamed to
@@ -19,9 +19,9 @@ from gym.export.gguf_file import write_gguf
 from gym.export.hf import load_merged
 
 
-def gguf_path(export_dir: str, name: str, quantization: str) -> Path:
+def gguf_path(export_dir: str, name: str, gguf_type: str) -> Path:
     target = Path(export_dir)
-    return target if target.suffix == ".gguf" else target / f"{name}-{quantization.upper()}.gguf"
+    return target if target.suffix == ".gguf" else target / f"{name}-{gguf_type.upper()}.gguf"
 
 
 def export_gguf(args: ExportArguments, config: dict[str, Any]) -> Path:
@@ -31,16 +31,16 @@ def export_gguf(args: ExportArguments, config: dict[str, Any]) -> Path:
 def write_model_gguf(args: ExportArguments, config: dict[str, Any]) -> tuple[Path, Any, dict[str, Any]]:
     """(the GGUF written, the chat format it carries, the decoding settings training saved)."""
     assert args.export_dir is not None
-    bitdelta = args.export_quantization == "bitdelta"
-    quantization = "f16" if bitdelta or not args.export_quantization else args.export_quantization
+    bitdelta = args.export_type == "bitdelta"
+    gguf_type = "f16" if bitdelta or not args.export_type else args.export_type
     model, tokenizer, chat, decoding, model_path = load_merged(config, args.delta, bitdelta)
     name = Path(str(config.get("adapter_name_or_path") or config.get("output_dir") or model_path).rstrip("/")).name
-    out = gguf_path(args.export_dir, name, "bitdelta-f16" if bitdelta else quantization)
+    out = gguf_path(args.export_dir, name, "bitdelta-f16" if bitdelta else gguf_type)
     refuse_overwrite(out, args.export_overwrite)
     out.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temps(out.parent)
     # The largest case is F32: 4 bytes a weight, plus the tokenizer.
-    check_free_space(out, sum(p.numel() for p in model.parameters()) * (4 if quantization == "f32" else 2))
+    check_free_space(out, sum(p.numel() for p in model.parameters()) * (4 if gguf_type == "f32" else 2))
     if chat.template is not None:
         tokenizer.chat_template = jinja_chat_template(chat.template, tokenizer.eos_token or "", chat.default_system,
                                                       chat.enable_thinking)
@@ -48,7 +48,7 @@ def write_model_gguf(args: ExportArguments, config: dict[str, Any]) -> tuple[Pat
     try:
         with tempfile.TemporaryDirectory() as tokenizer_dir:
             tokenizer.save_pretrained(tokenizer_dir)
-            write_gguf(model, tokenizer, Path(tokenizer_dir), tmp, quantization, name)
+            write_gguf(model, tokenizer, Path(tokenizer_dir), tmp, gguf_type, name)
         os.replace(tmp, out)
     finally:
         tmp.unlink(missing_ok=True)

@@ -37,7 +37,7 @@ ARCHES = {"llama": gguf.MODEL_ARCH.LLAMA, "mistral": gguf.MODEL_ARCH.LLAMA, "qwe
           "qwen3": gguf.MODEL_ARCH.QWEN3}
 
 Q = gguf.GGMLQuantizationType
-# --quantization -> (the type of every matrix, general.file_type)
+# --type -> (the type of every matrix, general.file_type)
 TYPES: dict[str, tuple[gguf.GGMLQuantizationType, gguf.LlamaFileType]] = {
     "f32": (Q.F32, gguf.LlamaFileType.ALL_F32),
     "f16": (Q.F16, gguf.LlamaFileType.MOSTLY_F16),
@@ -173,17 +173,17 @@ def _more_bits(layer: int, layers: int) -> bool:
     return layer < layers // 8 or layer >= 7 * layers // 8 or (layer - layers // 8) % 3 == 2
 
 
-def mix_type(quantization: str, name: str, row: int, layers: int, tied: bool) -> gguf.GGMLQuantizationType:
+def mix_type(gguf_type: str, name: str, row: int, layers: int, tied: bool) -> gguf.GGMLQuantizationType:
     """The type of one matrix in a K-quant file, by llama-quantize's rules for Q4_K_M / Q5_K_M / Q6_K:
     - the output matrix (the embedding, when tied) gets Q6_K, or Q8_0 when its rows do not fill 256 blocks;
     - in the _M mixes, attn_v and ffn_down get Q6_K in the layers `_more_bits` picks;
     - everything else gets the preset's type; then a K type whose rows do not fill 256 blocks falls back to
       Q5_0 (for Q4_K), Q5_1 (Q5_K) or Q8_0 (Q6_K)."""
-    default = TYPES[quantization][0]
+    default = TYPES[gguf_type][0]
     chosen = default
     if name == "output.weight" or (tied and name == "token_embd.weight"):
         chosen = Q.Q6_K if row % 256 == 0 else Q.Q8_0
-    elif quantization.endswith("_m") and name.startswith("blk."):
+    elif gguf_type.endswith("_m") and name.startswith("blk."):
         layer = int(name.split(".")[1])
         if (".attn_v." in name or ".ffn_down." in name) and _more_bits(layer, layers):
             chosen = Q.Q6_K
@@ -211,11 +211,11 @@ def encode_tensor(tensor: torch.Tensor, qtype: gguf.GGMLQuantizationType
     return gguf.quants.quantize(data, qtype), qtype
 
 
-def write_gguf(model: Any, tokenizer: Any, tokenizer_dir: Path, path: Path, quantization: str, name: str) -> Path:
+def write_gguf(model: Any, tokenizer: Any, tokenizer_dir: Path, path: Path, gguf_type: str, name: str) -> Path:
     """The GGUF file at `path` (the caller renames it into place)."""
-    if quantization not in TYPES:
-        raise ConfigError(f"Unknown GGUF quantization {quantization!r}; choose one of {', '.join(TYPES)}.")
-    qtype, file_type = TYPES[quantization]
+    if gguf_type not in TYPES:
+        raise ConfigError(f"Unknown GGUF type {gguf_type!r}; choose one of {', '.join(TYPES)}.")
+    qtype, file_type = TYPES[gguf_type]
     arch = arch_of(model.config)
     writer = gguf.GGUFWriter(path, gguf.MODEL_ARCH_NAMES[arch])
     _write_hparams(writer, model.config, name, file_type)
@@ -224,7 +224,7 @@ def write_gguf(model: Any, tokenizer: Any, tokenizer_dir: Path, path: Path, quan
     for tensor_name, tensor in _tensors(model, arch):
         wanted = qtype
         if qtype in K_TYPES and tensor.ndim == 2:
-            wanted = mix_type(quantization, tensor_name, tensor.shape[-1], model.config.num_hidden_layers, tied)
+            wanted = mix_type(gguf_type, tensor_name, tensor.shape[-1], model.config.num_hidden_layers, tied)
         data, stored = encode_tensor(tensor, wanted)
         writer.add_tensor(tensor_name, data, raw_dtype=stored if stored not in (Q.F32, Q.F16) else None)
     writer.write_header_to_file()

@@ -51,9 +51,9 @@ def _module_scale(adapter: dict[str, Any], module: str, rank: int) -> tuple[floa
     return wanted, float(adapter["lora_alpha"]) / rank
 
 
-def write_gguf_lora(adapter_dir: Path, base_path: str, path: Path, quantization: str = "f32") -> Path:
-    if quantization not in ADAPTER_TYPES:
-        raise ConfigError(f"gguf-lora is written as {', '.join(ADAPTER_TYPES)}; got {quantization!r}.")
+def write_gguf_lora(adapter_dir: Path, base_path: str, path: Path, gguf_type: str = "f32") -> Path:
+    if gguf_type not in ADAPTER_TYPES:
+        raise ConfigError(f"gguf-lora is written as {', '.join(ADAPTER_TYPES)}; got {gguf_type!r}.")
     adapter = json.loads((adapter_dir / "adapter_config.json").read_text())
     if adapter.get("peft_type") != "LORA":
         raise ConfigError(f"{adapter_dir} is a {adapter.get('peft_type')} adapter; gguf-lora exports LoRA adapters "
@@ -66,7 +66,7 @@ def write_gguf_lora(adapter_dir: Path, base_path: str, path: Path, quantization:
     arch = arch_of(config)
     names = gguf.get_tensor_name_map(arch, config.num_hidden_layers)
     qtype = {"f32": gguf.GGMLQuantizationType.F32, "f16": gguf.GGMLQuantizationType.F16,
-             "bf16": gguf.GGMLQuantizationType.BF16, "q8_0": gguf.GGMLQuantizationType.Q8_0}[quantization]
+             "bf16": gguf.GGMLQuantizationType.BF16, "q8_0": gguf.GGMLQuantizationType.Q8_0}[gguf_type]
     writer = gguf.GGUFWriter(path, gguf.MODEL_ARCH_NAMES[arch])
     writer.add_type(gguf.GGUFType.ADAPTER)
     writer.add_name(adapter_dir.name)
@@ -107,15 +107,15 @@ def write_gguf_lora(adapter_dir: Path, base_path: str, path: Path, quantization:
 def export_gguf_lora(args: ExportArguments, config: dict[str, Any]) -> Path:
     assert args.export_dir is not None
     adapter_dir, base_path = _adapter_folder(config)
-    quantization = args.export_quantization or "f32"
+    gguf_type = args.export_type or "f32"
     target = Path(args.export_dir)
-    out = target if target.suffix == ".gguf" else target / f"{adapter_dir.name}-lora-{quantization.upper()}.gguf"
+    out = target if target.suffix == ".gguf" else target / f"{adapter_dir.name}-lora-{gguf_type.upper()}.gguf"
     refuse_overwrite(out, args.export_overwrite)
     out.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temps(out.parent)
     tmp = temp_path(out)
     try:
-        write_gguf_lora(adapter_dir, base_path, tmp, quantization)
+        write_gguf_lora(adapter_dir, base_path, tmp, gguf_type)
         os.replace(tmp, out)
     finally:
         tmp.unlink(missing_ok=True)

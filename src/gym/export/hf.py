@@ -81,7 +81,7 @@ def _as_bitdelta(model: Any, model_path: str, model_args: Any) -> Any:
 def export_hf(args: ExportArguments, config: dict[str, Any]) -> Path:
     assert args.export_dir is not None  # ExportArguments requires it
     model, tokenizer, chat, decoding, model_path = load_merged(config, args.delta,
-                                                               args.export_quantization == "bitdelta")
+                                                               args.export_type == "bitdelta")
     model = model.to(_dtype(args.export_dtype, model_path))
     if chat.template is not None:
         tokenizer.chat_template = jinja_chat_template(chat.template, tokenizer.eos_token or "", chat.default_system,
@@ -97,6 +97,6 @@ def export_hf(args: ExportArguments, config: dict[str, Any]) -> Path:
                                                                             model_path),
                 "adapters": split_names(config.get("adapter_name_or_path")), "delta": args.delta,
                 "chat_template": chat.name, "dtype": str(model.dtype).removeprefix("torch."),
-                "quantization": args.export_quantization}
+                "type": args.export_type}
     return save_model_folder(model, tokenizer, args.export_dir, manifest, overwrite=args.export_overwrite,
                              max_shard_size=f"{int(args.export_size * 1000)}MB")

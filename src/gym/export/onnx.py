@@ -108,7 +108,7 @@ def export_onnx(args: ExportArguments, config: dict[str, Any]) -> Path:
     _require_exporter()
     out = Path(args.export_dir)
     refuse_overwrite(out, args.export_overwrite, folder=True)
-    model, tokenizer, chat, _, _ = load_merged(config, args.delta, args.export_quantization == "bitdelta")
+    model, tokenizer, chat, _, _ = load_merged(config, args.delta, args.export_type == "bitdelta")
     model.config.use_cache = True
     decoder = CachedDecoder(model.float().eval())
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from gym.export.config import parse_export
+from gym.personalization.store import variant_source
 
 
 def run_export(config: dict[str, Any]) -> Path:
@@ -32,14 +33,3 @@ def run_export(config: dict[str, Any]) -> Path:
     from gym.export.hf import export_hf
 
     return export_hf(args, model_config)
-
-
-def variant_source(reference: str) -> tuple[str, str]:
-    """(the variant's delta file, its base model) for STORE:USER."""
-    from gym.personalization.store import VariantStore
-
-    folder, _, user = reference.rpartition(":")
-    store = VariantStore(folder)
-    store.get(user)  # a missing user is a clear error naming the known ones
-    base = (store.base() or {}).get("name") or "smollm2-135m"
-    return str(store.delta_path(user)), base

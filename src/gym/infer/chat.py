@@ -28,6 +28,7 @@ from gym.infer.config import resolve_inference_config
 from gym.infer.engines import build_engine, require_llamacpp, require_vllm
 from gym.infer.fast.bank import VariantSource
 from gym.infer.requests import Engine, Piece, SamplingParams
+from gym.models.base_quantization import is_quantized
 from gym.models.loader import (
     generation_defaults,
     gguf_file,
@@ -36,7 +37,6 @@ from gym.models.loader import (
     load_tokenizer,
     resolve_model_path,
 )
-from gym.models.quantization import is_quantized
 
 logger = logging.getLogger(__name__)
 

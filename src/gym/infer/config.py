@@ -43,7 +43,7 @@ def resolve_inference_config(config: ConfigSource) -> Config:
         ref = config.get(key)
         if isinstance(ref, str) and not config.get("adapter_name_or_path") and not config.get("output_dir") and \
                 (Path(ref) / MANIFEST_FILE).is_file() and (Path(ref) / "adapter_config.json").is_file():
-            # `--model saves/run` naming a LoRA run (the seeds' `gym export --model`): the run, on its base
+            # `--model saves/run` naming a LoRA run (`gym export --model`): the run, on its base
             config["output_dir"] = config.pop(key)
     trained = _finished_output(config)
     if trained is not None:

@@ -14,8 +14,8 @@ from gym.config.finetuning import FinetuningArguments
 from gym.core.errors import ConfigError
 from gym.core.names import split_names as _split
 from gym.models import unsloth
+from gym.models.base_quantization import is_quantized, prepare_for_adapters
 from gym.models.loftq import loftq_initialise
-from gym.models.quantization import is_quantized, prepare_for_adapters
 
 logger = logging.getLogger(__name__)
 

@@ -33,19 +33,16 @@ from gym.config.model import ModelArguments
 from gym.core.errors import ModelError
 from gym.core.files import FORMAT_VERSION, temp_path
 from gym.core.files import MANIFEST_FILE as MANIFEST
+from gym.core.home import gym_home
 from gym.models import unsloth
 from gym.models.attention import register_shift_attention
-from gym.models.quantization import device_map, quantization_config
+from gym.models.base_quantization import device_map, quantization_config
 from gym.models.registry import DEFAULT_MODEL, EMBEDDED, HUB_PRESETS, known_names
 
 logger = logging.getLogger(__name__)
 
 # Settings a model's generation_config.json may give that Gym's decoding uses (gym.config.generating).
 DECODING_KEYS = ("do_sample", "temperature", "top_p", "top_k", "max_new_tokens", "repetition_penalty")
-
-
-def gym_home() -> Path:
-    return Path(os.environ.get("GYM_HOME", Path.home() / ".cache" / "gym")).expanduser()
 
 
 def embedded_gguf_path(name: str = DEFAULT_MODEL) -> Path:
@@ -297,9 +294,9 @@ def _first_line(exc: BaseException) -> str:
 def _load_kwargs(model_path: str, model_args: ModelArguments | None, dtype: torch.dtype) -> dict[str, Any]:
     """from_pretrained's keywords for the hub, quantization on load and a changed config (RoPE scaling)."""
     kwargs = _hub_kwargs(model_args)
-    quantization = quantization_config(model_args, compute_dtype=dtype)
-    if quantization is not None:
-        kwargs.update(quantization_config=quantization, device_map=device_map())
+    base_quantization = quantization_config(model_args, compute_dtype=dtype)
+    if base_quantization is not None:
+        kwargs.update(quantization_config=base_quantization, device_map=device_map())
     if model_args is not None and model_args.rope_scaling is not None:
         kwargs["config"] = scaled_rope_config(model_path, model_args)
     return kwargs

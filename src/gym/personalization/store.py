@@ -229,3 +229,12 @@ def _write_json(path: Path, value: Any) -> None:
 
 def write_manifest(folder: Path, record: VariantRecord) -> None:
     _write_json(folder / MANIFEST, record.to_json())
+
+
+def variant_source(reference: str) -> tuple[str, str]:
+    """(the variant's delta file, its base model) for STORE:USER, as export and eval take a variant."""
+    folder, _, user = reference.rpartition(":")
+    store = VariantStore(folder)
+    store.get(user)  # a missing user is a clear error naming the known ones
+    base = (store.base() or {}).get("name") or "smollm2-135m"
+    return str(store.delta_path(user)), base

@@ -46,7 +46,7 @@ TRAINING_DEFAULTS: dict[str, Any] = {
 
 
 def default_store(base_model: str) -> Path:
-    from gym.models.loader import gym_home
+    from gym.core.home import gym_home
 
     return gym_home() / "variants" / check_user_id(Path(base_model).name or "base")
 
@@ -169,9 +169,9 @@ class PersonalizedTrainer:
     @staticmethod
     def _train(keys: dict[str, Any]) -> Path:
         from gym.config.parser import get_train_args
-        from gym.train.run import run_exp
+        from gym.train.run import run_training
 
-        run_exp(get_train_args(keys))
+        run_training(get_train_args(keys))
         return Path(keys["output_dir"])
 
     def _models(self, run_dir: Path) -> tuple[Any, Any, Any, str]:

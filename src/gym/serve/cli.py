@@ -1,13 +1,13 @@
 """`gym api [CONFIG] [--host H] [--port P] ...`: the OpenAI-compatible server.
 
-The config's `serving:` block (gym.config.serving) sets the batch size and how many requests are admitted
+The config's `serving:` block (gym.config.aliases) sets the batch size and how many requests are admitted
 at once (the queue is what the batch leaves of it); a flag given on the command line wins over it.
 """
 
 from __future__ import annotations
 
+from gym.config.aliases import server_options
 from gym.config.files import parse_cli_args, take_option
-from gym.config.serving import server_options
 from gym.core.errors import ConfigError
 
 OPTIONS: dict[str, str | None] = {
@@ -16,7 +16,19 @@ OPTIONS: dict[str, str | None] = {
 }
 
 
+USAGE = """usage: gym api [CONFIG] [key=value ...] [--host 127.0.0.1] [--port 8000] [--api-key KEY]
+               [--max_batch_size 16] [--max_waiting 256] [--served_model_name NAME] [--max_body_bytes N]
+               [--variants STORE] [--experiences FILE]
+
+An OpenAI-compatible server (/v1/chat/completions, /v1/completions, /v1/models, /tokenize) for the model CONFIG
+names, as `gym chat` loads it. --variants STORE serves each user's variant as BASE:USER in the same batches.
+See docs/serving.md."""
+
+
 def main(argv: list[str]) -> int:
+    if "--help" in argv or "-h" in argv:
+        print(USAGE)
+        return 0
     given: dict[str, str | None] = {}
     for name in OPTIONS:
         given[name], argv = take_option(argv, name)

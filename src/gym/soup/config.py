@@ -1,6 +1,6 @@
 """DeltaSoupConfig: how a soup filters, merges, protects and rewards contributions.
 
-The seeds' fields come first, with their names; the fields we added (max_norm, the validation set,
+The documented fields come first, with their names; the fields we added (max_norm, the validation set,
 reputation_decay, noise_seed) follow. docs/soup.md explains each one with the formulas it enters.
 """
 

@@ -168,7 +168,7 @@ def l2_norm(delta: dict[str, torch.Tensor]) -> float:
 
 def default_soup_path(base_model: str | os.PathLike[str]) -> Path:
     """$GYM_HOME/soups/<base name>: one soup per base on this machine."""
-    from gym.models.loader import gym_home
+    from gym.core.home import gym_home
 
     name = Path(str(base_model).rstrip('/')).name or "base"
     return gym_home() / "soups" / "".join(c if c.isalnum() or c in "-_." else "_" for c in name)

@@ -60,7 +60,7 @@ class DeltaSoup:
     reopening without one uses the stored config. Given on reopening, base_model must be the same base (its
     fingerprint is checked). Without a path the soup lives in `$GYM_HOME/soups/<base name>`, one per base,
     so every process on this machine that contributes to a base's soup meets the same one. Without a base
-    either (`DeltaSoup(config)`, as the seeds write it), the base is learnt from the first contribution
+    either (`DeltaSoup(config)`), the base is learnt from the first contribution
     (a Gym run's manifest, a LoRA adapter's config, a PEFT model) and the soup opens then.
     """
 

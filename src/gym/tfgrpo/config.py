@@ -1,4 +1,4 @@
-"""Training-Free GRPO settings: `GRPOConfig` (the algorithm, the seeds' shape) and `TFGRPOJob` (what
+"""Training-Free GRPO settings: `GRPOConfig` (the algorithm, as documented) and `TFGRPOJob` (what
 `gym tfgrpo` reads from YAML: the model, the data, the rewards and where to write).
 
 Defaults are the authors' (youtu-agent, utu/config/practice_config.py and configs/practice/): 3 epochs,
@@ -125,7 +125,8 @@ def _fields(cls: type) -> dict[str, Any]:
 
 def parse_job(config: dict[str, Any]) -> tuple[GRPOConfig, TFGRPOJob, dict[str, Any]]:
     """A flat YAML dict -> (algorithm, job, the local model's inference keys). Unknown keys get "did you mean"."""
-    from gym.config.parser import ALIASES, known_keys  # the training/inference keys (imports their libraries)
+    from gym.config.aliases import KEY_ALIASES
+    from gym.config.parser import known_keys
 
     algorithm_fields, job_fields = _fields(GRPOConfig), _fields(TFGRPOJob)
     infer_keys = known_keys()
@@ -140,7 +141,7 @@ def parse_job(config: dict[str, Any]) -> tuple[GRPOConfig, TFGRPOJob, dict[str, 
             algorithm[key] = coerce(key, value, algorithm_fields[key])
         elif key in job_fields:
             job[key] = coerce(key, value, job_fields[key])
-        elif key in infer_keys or key in ALIASES:
+        elif key in infer_keys or key in KEY_ALIASES:
             local[key] = value
         else:
             known = [*algorithm_fields, *job_fields, "model_name_or_path", "template", "infer_backend", "infer_dtype"]

@@ -5,7 +5,7 @@ stage reads it), a file, or Python: a list of dicts, a dict of lists (`hf_datase
 or a `datasets.Dataset`, whose rows hold the query under prompt/question/query/problem/instruction and
 the reference under answer/solution/ground_truth.
 
-Rewards are the online stages' (gym.train.reward_funcs: accuracy, format, length, python:module:function),
+Rewards are the online stages' (gym.rewards.functions: accuracy, format, length, python:module:function),
 `judge` (an LLM grades the answer against the reference; gym.tfgrpo.trainer asks it), or a Python
 callable. Several are combined as their weighted mean, so the score stays in [0, 1].
 """
@@ -140,7 +140,7 @@ def _judged(judge: Judge) -> PartScorer:
 
 
 def _registered(spec: str) -> PartScorer:
-    from gym.train.reward_funcs import get_reward_funcs
+    from gym.rewards.functions import get_reward_funcs
 
     (fn,), _ = get_reward_funcs([spec])
     return lambda tasks, answers: fn(prompts=[t.messages for t in tasks], completions=answers,

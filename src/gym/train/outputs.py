@@ -22,7 +22,6 @@ import yaml
 
 from gym.config.args import TrainArgs
 from gym.config.finetuning import ADAPTER_TYPES
-from gym.config.training import training_defaults
 from gym.core.errors import ConfigError, OutputError
 from gym.core.files import CONFIG_FILE, FORMAT_VERSION, LOG_FILE, MANIFEST_FILE, check_free_space, temp_path
 from gym.core.results import RunResult
@@ -85,11 +84,7 @@ def resolved_config(args: TrainArgs[Any], model_path: str) -> dict[str, Any]:
         for f in dataclasses.fields(part):
             if f.init:
                 config[f.name] = getattr(part, f.name)
-    defaults = training_defaults()
-    for f in dataclasses.fields(args.training):
-        value = getattr(args.training, f.name)
-        if f.init and not f.name.startswith("_") and f.name != "output_dir" and value != getattr(defaults, f.name):
-            config[f.name] = value
+    config.update({k: v for k, v in args.training.non_defaults().items() if k != "output_dir"})
     if args.options is not None:
         config.update(dataclasses.asdict(args.options))
     config["resolved_model_path"] = model_path

@@ -9,7 +9,7 @@ import random
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from peft.optimizers import create_loraplus_optimizer
@@ -17,6 +17,8 @@ from transformers import GenerationConfig, get_scheduler
 
 from gym.config.args import TrainArgs
 from gym.config.finetuning import ADAPTER_TYPES
+from gym.config.stages.ppo import PPOOptions
+from gym.rewards.functions import RewardFunc, combined_reward, rewards_of
 from gym.train import ranks
 from gym.train.generation import merged_lora
 from gym.train.ppo_math import (
@@ -29,11 +31,7 @@ from gym.train.ppo_math import (
     value_loss,
     whiten,
 )
-from gym.train.reward_funcs import RewardFunc, combined_reward, rewards_of
 from gym.train.workflow import Setup
-
-if TYPE_CHECKING:
-    from gym.train.methods.ppo import PPOOptions
 
 
 def forward(model: Any, value_head: torch.nn.Module | None, input_ids: torch.Tensor,
@@ -254,7 +252,7 @@ def prompt_batches(rows: list[dict[str, Any]], n: int, seed: int) -> Iterator[li
 
 def build_loop(args: TrainArgs[PPOOptions], setup: Setup, device: torch.device, max_steps: int) -> PPOLoop:
     """The policy (+ value head), its reference, optimizer, scheduler and KL controller, ready to step."""
-    opts, training = args.options, args.training
+    opts, training = args.options, setup.training
     funcs, weights = rewards_of(opts)
     model = setup.model.to(device)
     _disable_dropout(model)

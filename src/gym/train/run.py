@@ -1,6 +1,6 @@
-"""`run_exp`: the one entry point behind `gym train`, the Python API and the web UI.
-
-config -> the stage's method (from the registry) -> its run -> (optionally) the result as a delta.
+"""`run_training`: the training job. A validated config -> the stage's trainer module (named by the stage registry)
+-> its run -> the result in output_dir. What follows training (a compressed delta, evaluation) is composed one level
+up, in gym.workflows.training, which every door calls.
 
 Around the run, the output folder's guarantees (docs/reliability.md): one live run owns it (a second
 one fails at once, naming the first); what a killed run left (temporary files, half-written
@@ -12,19 +12,20 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import importlib
 import logging
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from gym.config.args import TrainArgs
 from gym.config.files import ConfigSource
-from gym.config.methods import get_method
 from gym.config.parser import get_train_args
+from gym.config.stages.registry import get_stage
 from gym.core.errors import OutputError
 from gym.core.files import OutputLock, human_bytes, remove_stale_temps
 from gym.core.results import RunResult
-from gym.delta.from_training import compress_output
 from gym.train.checkpoints import remove_incomplete_checkpoints, resume_requested
 from gym.train.outputs import check_output_dir, completed_run
 from gym.train.ranks import is_main_process
@@ -34,9 +35,10 @@ logger = logging.getLogger(__name__)
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 
 
-def run_exp(config: ConfigSource | TrainArgs[Any] = None) -> RunResult:
+def run_training(config: ConfigSource | TrainArgs[Any] = None) -> RunResult:
+    """Train one run. A run already finished (and asked to resume) is reported with metrics["already_complete"]."""
     args = get_train_args(config)
-    method = get_method(args.finetuning.stage)
+    trainer = importlib.import_module(get_stage(args.finetuning.stage).trainer)
     resuming = resume_requested(args)
     check_output_dir(args, resuming)
     main = is_main_process()  # in a distributed run, rank 0 owns the output folder; the others train beside it
@@ -47,27 +49,20 @@ def run_exp(config: ConfigSource | TrainArgs[Any] = None) -> RunResult:
         if done is not None:
             logger.info("%s already holds the finished run; nothing to resume.", args.output_dir)
             return done
-        try:
-            result = method.run(args)
-            if main and args.finetuning.delta_compression:
-                result.metrics["delta_file"] = str(compress_output(args, result.output_dir))
-            if main and args.finetuning.eval_tasks:
-                result.metrics.update(_evaluate(args, result.output_dir))
-        except OSError as exc:
-            if exc.errno not in _NO_SPACE:
-                raise
-            raise _out_of_space(args.output_dir, exc) from None
+        with out_of_space_reported(args.output_dir):
+            result: RunResult = trainer.run(args)
     return result
 
 
-def _evaluate(args: TrainArgs[Any], output_dir: str) -> dict[str, float]:
-    from gym.eval.after_training import evaluate_after_training
-
-    base = {"model_name_or_path": args.model.model_name_or_path, "template": args.data.template,
-            "default_system": args.data.default_system, "enable_thinking": args.data.enable_thinking}
-    return evaluate_after_training(list(args.finetuning.eval_tasks or []), output_dir, base,
-                                   dataset_dir=args.data.dataset_dir, cutoff_len=args.data.cutoff_len,
-                                   seed=args.training.seed)
+@contextlib.contextmanager
+def out_of_space_reported(output_dir: str) -> Iterator[None]:
+    """Running out of disk while writing into output_dir: remove the partial write, then one line saying so."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno not in _NO_SPACE:
+            raise
+        raise _out_of_space(output_dir, exc) from None
 
 
 def _clean_after_dead_runs(output_dir: str) -> None:

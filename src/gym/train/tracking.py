@@ -158,11 +158,12 @@ class LoopReporter:
     ppo), so that its runs reach the trackers as a Trainer's do: the config, each logged step, the closing summary
     under the Trainer's names. Use as a context manager around the loop: `log` each step, `end` after the last."""
 
-    def __init__(self, args: TrainArgs[Any], model: Any, tokenizer: Any, model_path: str, *, max_steps: int,
-                 done_steps: int, enabled: bool = True) -> None:
-        trackers = [cls() for cls in get_reporting_integration_callbacks(args.training.report_to)] if enabled else []
+    def __init__(self, args: TrainArgs[Any], run_args: Any, model: Any, tokenizer: Any, model_path: str, *,
+                 max_steps: int, done_steps: int, enabled: bool = True) -> None:
+        """run_args: the run's transformers.TrainingArguments (gym.train.hf_args), what the callbacks read."""
+        trackers = [cls() for cls in get_reporting_integration_callbacks(run_args.report_to)] if enabled else []
         self.callbacks = [*trackers, GymConfigCallback(resolved_config(args, model_path), trackers)] if trackers else []
-        self.args = args.training
+        self.args = run_args
         self.objects = {"model": model, "processing_class": tokenizer}
         self.state = TrainerState(max_steps=max_steps, global_step=done_steps)
         self.control = TrainerControl()

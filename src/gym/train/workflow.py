@@ -32,6 +32,7 @@ from gym.models.adapters import count_parameters, setup_finetuning
 from gym.models.loader import load_causal_lm, load_tokenizer, resolve_model_path
 from gym.train import harness, optimizers, ranks, sharding, stopping, tracking
 from gym.train.checkpoints import resolve_resume
+from gym.train.hf_args import hf_training_args
 from gym.train.memory import needs_checkpointing
 from gym.train.trainer import GymTrainer
 
@@ -55,24 +56,26 @@ class Setup:
     model: Any  # adapters already attached (a PeftModel under lora)
     resume: str | None
     pissa_init_dir: str | None
+    training: Any  # the run's transformers.TrainingArguments: the config's training keys plus the run's decisions
 
 
 def prepare(args: TrainArgs[Any], data_kind: DataKind, *, packing_by_default: bool = False,
             model_loader: Callable[..., Any] = load_causal_lm) -> Setup:
     """resume -> output checks -> tokenizer -> chat format -> data -> model + adapters, for any method."""
-    model_args, data_args, training_args, finetuning_args, _ = args
+    model_args, data_args, training_args, finetuning_args = args.model, args.data, args.training, args.finetuning
     resume = resolve_resume(args)
     _warn_about_precision(args)
+    hf_args = hf_training_args(args)
 
-    with ranks.local_main_first(training_args):
-        sharding.connect_deepspeed(training_args)
+    with ranks.local_main_first(hf_args):
+        sharding.connect_deepspeed(hf_args)
         model_path = resolve_model_path(model_args.model_name_or_path)
         tokenizer = load_tokenizer(model_path, model_args)
         chat = get_chat_format(tokenizer, data_args.template, data_args.default_system, data_args.enable_thinking)
         packing = data_args.neat_packing or (packing_by_default if data_args.packing is None else data_args.packing)
         data = get_dataset(data_args, chat, data_kind, seed=training_args.seed, packing=packing)
     logger.info("Data: %s", data.stats)
-    logger.info("Precision: %s", "bf16 mixed (float32 master weights)" if training_args.bf16 else
+    logger.info("Precision: %s", "bf16 mixed (float32 master weights)" if hf_args.bf16 else
                 "pure bf16" if training_args.pure_bf16 else "fp16 mixed" if training_args.fp16 else "float32")
 
     torch.manual_seed(training_args.seed)
@@ -81,7 +84,7 @@ def prepare(args: TrainArgs[Any], data_kind: DataKind, *, packing_by_default: bo
     model_loader = functools.partial(model_loader, dtype=dtype)
     pissa_init_dir = None
     if finetuning_args.finetuning_type == "lora" and finetuning_args.pissa_init:
-        pissa_init_dir = str(Path(training_args.output_dir) / "pissa_init")
+        pissa_init_dir = str(Path(args.output_dir) / "pissa_init")
     if pissa_init_dir is not None and model_args.quantization_bit is not None:
         model = _pissa_on_quantized_base(args, model_path, model_loader, pissa_init_dir, fresh=resume is None)
     else:
@@ -92,11 +95,7 @@ def prepare(args: TrainArgs[Any], data_kind: DataKind, *, packing_by_default: bo
     trainable, total = count_parameters(model)
     logger.info("Trainable parameters: %s of %s (%.2f%%)", f"{trainable:,}", f"{total:,}", 100 * trainable / total)
 
-    if not torch.cuda.is_available():
-        training_args.dataloader_pin_memory = False  # pinning needs an accelerator; it only warns on CPU
-    if data.eval is not None and training_args.eval_strategy == "no":
-        training_args.eval_strategy = "epoch"
-    return Setup(model_path, tokenizer, chat, data, model, resume, pissa_init_dir)
+    return Setup(model_path, tokenizer, chat, data, model, resume, pissa_init_dir, hf_args)
 
 
 def _pissa_on_quantized_base(args: TrainArgs[Any], model_path: str, model_loader: Callable[..., Any],
@@ -120,31 +119,26 @@ def _pissa_on_quantized_base(args: TrainArgs[Any], model_path: str, model_loader
     return setup_finetuning(model, args.finetuning, [pissa_init_dir])
 
 
-def choose_checkpointing(args: TrainArgs[Any], model: Any, tokens_per_step: int) -> None:
-    """Gradient checkpointing: on when asked, or (unset) when the activations would not fit in memory."""
-    training = args.training
-    if training.gradient_checkpointing is None:
+def choose_checkpointing(args: TrainArgs[Any], setup: Setup, tokens_per_step: int) -> None:
+    """Gradient checkpointing: on when asked, or (unset) when the activations would not fit in memory. The decision
+    goes into the run's arguments (setup.training), which the trainer reads; the config stays as validated."""
+    training, model = setup.training, setup.model
+    if args.training.gradient_checkpointing is None and args.training.activation_checkpointing is None:
         needed = needs_checkpointing(model, tokens_per_step)
         training.gradient_checkpointing = training.activation_checkpointing = needed
-        logger.info("Gradient checkpointing: %s (auto, for %d tokens per step).",
-                    "on" if training.gradient_checkpointing else "off", tokens_per_step)
-    if training.gradient_checkpointing and args.finetuning.finetuning_type != "full":
+        logger.info("Gradient checkpointing: %s (auto, for %d tokens per step).", "on" if needed else "off",
+                    tokens_per_step)
+    if training.activation_checkpointing and args.finetuning.finetuning_type != "full":
         # With a frozen embedding, checkpointed blocks would see inputs that need no grad and
         # silently skip the backward pass through them.
         model.enable_input_require_grads()
 
 
-def trl_args(config_cls: type, args: TrainArgs[Any], **method_values: Any) -> Any:
-    """A TRL config (a TrainingArguments subclass) holding the user's training keys plus the method's.
-
-    TRL configs change some Hugging Face defaults (learning rate, bf16, checkpointing); the user's
-    config, resolved by Gym, wins over all of them.
-    """
-    names = {f.name for f in dataclasses.fields(config_cls) if f.init}
-    values = {f.name: getattr(args.training, f.name) for f in dataclasses.fields(args.training)
-              if f.init and f.name in names and f.name != "gradient_checkpointing"}
-    values.update(method_values)
-    return config_cls(**values)
+def trl_args(config_cls: type, args: TrainArgs[Any], setup: Setup, **method_values: Any) -> Any:
+    """A TRL config (a TrainingArguments subclass) holding the user's training keys, the run's decisions and the
+    method's own values (gym.train.hf_args: the user's config wins over TRL's changed defaults)."""
+    return hf_training_args(args, config_cls, activation_checkpointing=setup.training.activation_checkpointing,
+                            **method_values)
 
 
 def drop_fresh_reference_adapter(model: Any, args: TrainArgs[Any]) -> None:
@@ -199,10 +193,10 @@ def _train_and_evaluate(trainer: Any, setup: Setup, args: TrainArgs[Any]) -> tup
 def run_causal_lm(args: TrainArgs[Any], data_kind: DataKind, packing_by_default: bool) -> RunResult:
     setup = prepare(args, data_kind, packing_by_default=packing_by_default)
     longest = max(len(row["input_ids"]) for row in setup.data.train)
-    choose_checkpointing(args, setup.model, longest * args.training.per_device_train_batch_size)
+    choose_checkpointing(args, setup, longest * args.training.per_device_train_batch_size)
     trainer = GymTrainer(
         model=setup.model,
-        args=args.training,
+        args=setup.training,
         train_dataset=setup.data.train,
         eval_dataset=setup.data.eval,
         data_collator=CausalLMCollator(

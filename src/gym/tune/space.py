@@ -13,7 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from gym.config.parser import ALIASES, known_keys
+from gym.config.aliases import KEY_ALIASES
+from gym.config.parser import known_keys
 from gym.core.errors import ConfigError
 from gym.core.names import did_you_mean
 
@@ -50,7 +51,7 @@ def parse_space(section: Any) -> list[Dimension]:
     keys = known_keys()
     dimensions = []
     for key, spec in section.items():
-        key = ALIASES.get(str(key), str(key))
+        key = KEY_ALIASES.get(str(key), str(key))
         if key not in keys:
             raise ConfigError(f"tune: unknown config key '{key}'.{did_you_mean(key, list(keys))}")
         if isinstance(spec, list):

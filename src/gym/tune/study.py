@@ -24,8 +24,8 @@ from gym.config.parser import default_output_dir, get_train_args
 from gym.core.errors import ConfigError
 from gym.core.files import temp_path
 from gym.train import harness
-from gym.train.run import run_exp
 from gym.tune.space import Dimension, parse_space
+from gym.workflows.training import run_exp
 
 logger = logging.getLogger(__name__)
 

@@ -14,8 +14,8 @@ import yaml
 
 from gym.config.coerce import type_name
 from gym.config.help import field_default
-from gym.config.methods import registered_methods
 from gym.config.parser import CONCERNS, fields_of, get_train_args
+from gym.config.stages.registry import registered_stages
 from gym.core.errors import ConfigError
 
 # The keys the form shows as fields; every other key goes into "more keys" (YAML) and is listed in the catalogue.
@@ -45,7 +45,7 @@ def key_catalogue() -> list[list[str]]:
     seen: set[str] = set()
     sections: list[tuple[str, type]] = list(CONCERNS.items())
     options: dict[type, list[str]] = {}
-    for name, method in sorted(registered_methods().items()):
+    for name, method in sorted(registered_stages().items()):
         if method.options is not None:
             options.setdefault(method.options, []).append(name)
     sections += [(f"{'/'.join(stages)} options", cls) for cls, stages in options.items()]
@@ -60,7 +60,7 @@ def key_catalogue() -> list[list[str]]:
 
 def stage_options_yaml(stage: str) -> str:
     """The stage's own options with their defaults, each preceded by its help as a comment."""
-    methods = registered_methods()
+    methods = registered_stages()
     method = methods.get(stage)
     if method is None or method.options is None:
         return f"# stage {stage} has no options of its own\n"
@@ -77,7 +77,7 @@ def stage_options_yaml(stage: str) -> str:
 
 def stages() -> list[tuple[str, str]]:
     """(label, stage) for the stage picker: the name, its data kind and summary."""
-    return [(f"{name} · {m.data_kind.value} · {m.summary}", name) for name, m in sorted(registered_methods().items())]
+    return [(f"{name} · {m.data_kind.value} · {m.summary}", name) for name, m in sorted(registered_stages().items())]
 
 
 def finetuning_types() -> list[str]:
@@ -111,7 +111,7 @@ def train_config(form: dict[str, Any], options_yaml: str, more_yaml: str, output
             value = int(value)
         config[key] = ",".join(value) if isinstance(value, list) else value
     stage = str(config.get("stage", "sft"))
-    method = registered_methods().get(stage)
+    method = registered_stages().get(stage)
     options: type | None = method.options if method is not None else None
     defaults = {k: _plain(field_default(f)) for k, (_, f) in fields_of(options).items()} if options else {}
     for key, value in _yaml_mapping(options_yaml, f"The {stage} options").items():

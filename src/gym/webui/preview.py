@@ -7,7 +7,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any
 
-from gym.config.methods import get_method
+from gym.config.stages.registry import get_stage
 from gym.core.kinds import DataKind
 from gym.data.loader import load_examples
 from gym.data.processors import (
@@ -46,7 +46,7 @@ def preview_rows(model: str, dataset: str, dataset_dir: str, stage: str, templat
                  cutoff_len: int = 2048, rows: int = 3) -> list[Segment]:
     """The first `rows` examples of `dataset` as `stage` trains on them, as marked text segments."""
     chat = _chat_format(model, template or None)
-    kind = get_method(stage).data_kind
+    kind = get_stage(stage).data_kind
     segments: list[Segment] = []
     for attr in get_dataset_attrs(dataset, dataset_dir):
         for n, example in enumerate(load_examples(attr, kind.value, max_samples=rows), start=1):

@@ -165,18 +165,18 @@ def build_export(ui: UI, demo: gr.Blocks) -> None:
     with gr.Row():
         model = gr.Dropdown([], allow_custom_value=True, label="model (a run's output, a folder)", scale=3)
         fmt = gr.Dropdown(EXPORT_FORMATS, value="hf", label="format")
-        quant = gr.Dropdown(GGUF_TYPES, value="", label="quantization (gguf)")
+        quant = gr.Dropdown(GGUF_TYPES, value="", label="type (gguf)")
     export = gr.Button("Export", variant="primary")
     picker, launch = _job_panel(ui, demo, "export", "export")
 
     @user_errors
-    def on_export(source: str, how: str, quantization: str) -> Any:
+    def on_export(source: str, how: str, gguf_type: str) -> Any:
         if not source:
             raise GymError("Pick the model to export.")
         key = "output_dir" if (Path(source) / "gym_manifest.json").is_file() else "model_name_or_path"
         args = ["export", "{config}", "--export_dir", "{job}/export", "--format", how]
-        if quantization:
-            args += ["--quantization", quantization]
+        if gguf_type:
+            args += ["--type", gguf_type]
         return launch(ui.store.create("export", f"{how} of {Path(source).name}", args, config={key: source},
                                       output="{job}/export"))
 

@@ -1,4 +1,4 @@
-"""`from zoo.gym import PersonalizedTrainer, BitDeltaConfig, ...`: the seeds' spelling of `gym`'s API."""
+"""`from zoo.gym import PersonalizedTrainer, BitDeltaConfig, ...`: the Gym documents' spelling of `gym`'s API."""
 
 from __future__ import annotations
 

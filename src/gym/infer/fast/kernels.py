@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from gym.models.loader import gym_home
+from gym.core.home import gym_home
 
 logger = logging.getLogger(__name__)
 

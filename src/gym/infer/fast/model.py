@@ -22,7 +22,7 @@ from gym.infer.fast import kernels
 from gym.infer.fast.cache import SlotCache
 from gym.infer.fast.deltas import CompiledVariant, RowDeltas
 from gym.infer.fast.linear import KERNEL_ROWS, FastLinear
-from gym.models.quantization import is_quantized
+from gym.models.base_quantization import is_quantized
 
 SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 

@@ -1,10 +1,3 @@
-"""Gym's training methods. Importing this package registers each one (gym.config.methods.register);
-the parser finds it through the `gym.methods` entry point, never by importing a method by name.
-
-To add a method: write <name>.py here (options dataclass with validate(), run(), register(...)),
-import it below, add tests/train/test_<name>.py and examples/<name>_lora.yaml.
+"""The training job's methods: one module per family of stages, each with `run(args)`. The stages themselves (names,
+options, data kinds) are declared in gym.config.stages, which names the module here that trains each one.
 """
-
-from gym.train.methods import dpo, grpo, kto, ppo, pt, rloo, rm, sft, unlearn
-
-__all__ = ["dpo", "grpo", "kto", "ppo", "pt", "rloo", "rm", "sft", "unlearn"]

@@ -12,38 +12,15 @@ from __future__ import annotations
 
 import logging
 import random
-from dataclasses import dataclass, field
 from typing import Any
 
 from gym.config.args import TrainArgs
-from gym.config.methods import Method, register
-from gym.core.errors import ConfigError
+from gym.config.stages.kto import KTOOptions
 from gym.core.kinds import DataKind
 from gym.core.results import RunResult
 from gym.train.workflow import choose_checkpointing, drop_fresh_reference_adapter, prepare, train_and_save, trl_args
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class KTOOptions:
-    """Options of the kto stage."""
-
-    pref_beta: float = field(default=0.1, metadata={"help": "Beta: how far the policy may move from the reference."})
-    kto_chosen_weight: float = field(default=1.0, metadata={"help": "Loss weight of desirable answers."})
-    kto_rejected_weight: float = field(default=1.0, metadata={"help": "Loss weight of undesirable answers."})
-    pref_ftx: float = field(default=0.0, metadata={"help": "Not supported by kto (kept for LLaMA-Factory configs); "
-                                                    "must stay 0."})
-
-    def validate(self, args: TrainArgs[Any]) -> None:
-        if self.pref_ftx:
-            raise ConfigError("'pref_ftx' is not supported by kto; remove it.")
-        if self.pref_beta <= 0:
-            raise ConfigError(f"'pref_beta' must be positive, got {self.pref_beta}.")
-        if args.training.per_device_train_batch_size < 2:
-            # TRL estimates KTO's KL reference point from mismatched prompt/answer pairs within a batch.
-            raise ConfigError("stage: kto needs per_device_train_batch_size of at least 2: its KL term is estimated "
-                              "from other rows of the same batch.")
 
 
 def run(args: TrainArgs[KTOOptions]) -> RunResult:
@@ -58,7 +35,7 @@ def run(args: TrainArgs[KTOOptions]) -> RunResult:
                        "desirable" if rows[0]["label"] else "undesirable")
     longest = max(len(r["prompt_ids"]) + len(r["completion_ids"]) for r in rows)
     # Each batch also runs the mismatched (KL) pairs.
-    choose_checkpointing(args, setup.model, 2 * longest * args.training.per_device_train_batch_size)
+    choose_checkpointing(args, setup, 2 * longest * args.training.per_device_train_batch_size)
 
     batch_size = args.training.per_device_train_batch_size
 
@@ -72,7 +49,7 @@ def run(args: TrainArgs[KTOOptions]) -> RunResult:
     # The mismatched pairs are fixed per batch, so batches must come in dataset order: shuffle once here.
     rows = list(rows)
     random.Random(args.training.seed).shuffle(rows)
-    config = trl_args(KTOConfig, args, beta=options.pref_beta, desirable_weight=options.kto_chosen_weight,
+    config = trl_args(KTOConfig, args, setup, beta=options.pref_beta, desirable_weight=options.kto_chosen_weight,
                       undesirable_weight=options.kto_rejected_weight, max_length=None,
                       train_sampling_strategy="sequential")
     trainer = GymKTOTrainer(
@@ -89,7 +66,3 @@ def _rotate_completions(batch: dict[str, list[Any]]) -> dict[str, list[Any]]:
     completions = batch["completion_ids"]
     batch["KL_completion_ids"] = completions[-1:] + completions[:-1]
     return batch
-
-
-register(Method(name="kto", data_kind=DataKind.FEEDBACK, run=run, options=KTOOptions,
-                summary="Kahneman-Tversky optimisation on answers tagged good or bad"))

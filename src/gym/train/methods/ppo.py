@@ -30,23 +30,19 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import torch
 from safetensors.torch import save_file
 
 from gym.config.args import TrainArgs
-from gym.config.methods import Method, register
-from gym.core.errors import ConfigError
+from gym.config.stages.ppo import PPOOptions
 from gym.core.kinds import DataKind
 from gym.core.results import RunResult
 from gym.train import ranks
 from gym.train.checkpoints import load_checkpoint, save_checkpoint, save_every
 from gym.train.harness import Progress, RunLog, finish_run
 from gym.train.ppo_loop import build_loop, collect_rollout, optimise, prompt_batches
-from gym.train.reward_funcs import RewardChoice
 from gym.train.stopping import stop_on_interrupt, stopped
 from gym.train.tracking import LoopReporter
 from gym.train.workflow import prepare
@@ -56,61 +52,15 @@ logger = logging.getLogger(__name__)
 VALUE_HEAD_FILE = "value_head.safetensors"
 
 
-@dataclass
-class PPOOptions(RewardChoice):
-    """Options of stage: ppo. Names and defaults follow LLaMA-Factory where it has them."""
-
-    ppo_buffer_size: int = field(default=1, metadata={"help": "Batches of rollouts per optimisation phase."})
-    ppo_epochs: int = field(default=4, metadata={"help": "Optimisation passes over each rollout."})
-    ppo_score_norm: bool = field(default=False, metadata={"help": "Normalise scores by their running mean and std."})
-    ppo_score_clip: float | None = field(default=None, metadata={"help": "Clip scores to [-x, x] (after norm)."})
-    ppo_whiten_rewards: bool = field(default=False, metadata={"help": "Whiten per-token rewards (scale only)."})
-    ppo_target: float | None = field(default=6.0, metadata={
-        "help": "Target KL of the adaptive KL controller; null = a fixed coefficient."})
-    ppo_horizon: int = field(default=10000, metadata={"help": "Horizon of the adaptive KL controller."})
-    ppo_init_kl_coef: float = field(default=0.2, metadata={"help": "Initial KL penalty coefficient."})
-    ppo_gamma: float = field(default=1.0, metadata={"help": "Discount factor for GAE."})
-    ppo_lam: float = field(default=0.95, metadata={"help": "Lambda for GAE."})
-    ppo_cliprange: float = field(default=0.2, metadata={"help": "Clip range of the policy probability ratio."})
-    ppo_cliprange_value: float = field(default=0.2, metadata={"help": "Clip range of the value update."})
-    ppo_vf_coef: float = field(default=0.1, metadata={"help": "Weight of the value loss."})
-    max_completion_length: int = field(default=64, metadata={"help": "Most new tokens sampled per completion."})
-    temperature: float = field(default=0.9, metadata={"help": "Sampling temperature for rollouts."})
-    top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling threshold for rollouts."})
-
-    def validate(self, args: TrainArgs[Any]) -> None:
-        RewardChoice.validate(self, args)
-        for name in ("ppo_buffer_size", "ppo_epochs", "ppo_horizon", "max_completion_length"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"'{name}' must be at least 1, got {getattr(self, name)}.")
-        if self.temperature <= 0 or not 0 < self.top_p <= 1:
-            raise ConfigError("'temperature' must be > 0 and 'top_p' in (0, 1].")
-        if self.ppo_target is not None and self.ppo_target <= 0:
-            raise ConfigError(f"'ppo_target' must be positive (null = a fixed KL coefficient), got {self.ppo_target}.")
-        for key in ("neftune_noise_alpha", "use_liger_kernel"):
-            if getattr(args.training, key):
-                raise ConfigError(f"stage: ppo runs Gym's own loop, which does not apply '{key}'; remove it.")
-        optim = str(getattr(args.training.optim, "value", args.training.optim))
-        if args.finetuning.chosen() or optim not in ("adamw_torch", "adamw_torch_fused"):
-            # Gym's PPO loop steps policy and value head with one AdamW of its own.
-            raise ConfigError(f"stage: ppo trains with AdamW; "
-                              f"'{(args.finetuning.chosen() or ['optim: ' + optim])[0]}' is not supported there.")
-        nonzero_init = [k for k in ("pissa_init", "loftq_init") if getattr(args.finetuning, k)]
-        if args.finetuning.finetuning_type == "lora" and nonzero_init:
-            # PiSSA and LoftQ start the adapter non-zero (on a changed or rounded base), so the model with its
-            # adapter disabled is not the starting model and cannot serve as the KL reference.
-            raise ConfigError(f"stage: ppo does not support `{nonzero_init[0]}`: the KL reference is the model with "
-                              "the adapter disabled, which then is not the starting model. Use plain LoRA.")
-
-
 def _save_value_head(value_head: torch.nn.Linear, folder: Path) -> None:
     save_file({name: p.detach().cpu().contiguous() for name, p in value_head.state_dict().items()},
               str(folder / VALUE_HEAD_FILE), metadata={"format": "pt", "what": "gym-ppo-value-head"})
 
 
 def run(args: TrainArgs[PPOOptions]) -> RunResult:
-    opts, training = args.options, args.training
+    opts = args.options
     setup = prepare(args, DataKind.PROMPT)
+    training = setup.training  # the run's arguments: the config's keys with bf16, the device and the rest decided
     if setup.data.eval is not None:
         logger.warning("stage: ppo does not evaluate: val_size / eval_dataset are ignored.")
 
@@ -144,7 +94,7 @@ def run(args: TrainArgs[PPOOptions]) -> RunResult:
     save_steps = save_every(training.save_strategy, training.save_steps, max_steps)
 
     # report_to: the Trainer's tracker callbacks, driven by this loop (rank 0 logs, as under a Trainer).
-    reporter = LoopReporter(args, loop.model, setup.tokenizer, setup.model_path, max_steps=max_steps,
+    reporter = LoopReporter(args, training, loop.model, setup.tokenizer, setup.model_path, max_steps=max_steps,
                             done_steps=first_step - 1, enabled=main)
 
     started, entry = time.perf_counter(), {}
@@ -185,7 +135,3 @@ def run(args: TrainArgs[PPOOptions]) -> RunResult:
         tokens_seen=tokens, tokens_per_second=tokens / max(seconds, 1e-9), final_loss=entry.get("loss"),
         metrics={k: entry[k] for k in ("reward", "kl", "kl_coef", "entropy", "response_length") if k in entry},
         pissa_init_dir=setup.pissa_init_dir, extra=lambda folder: _save_value_head(loop.value_head, folder))
-
-
-register(Method(name="ppo", data_kind=DataKind.PROMPT, run=run, options=PPOOptions,
-                summary="proximal policy optimisation with a value head (Gym's own loop)"))

@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import Any
 
 from gym.config.args import TrainArgs
-from gym.config.methods import Method, register
 from gym.core.kinds import DataKind
 from gym.core.results import RunResult
 from gym.train.workflow import run_causal_lm
@@ -20,5 +19,3 @@ from gym.train.workflow import run_causal_lm
 def run(args: TrainArgs[Any]) -> RunResult:
     return run_causal_lm(args, data_kind=DataKind.UNSUPERVISED, packing_by_default=True)
 
-
-register(Method(name="pt", data_kind=DataKind.UNSUPERVISED, run=run, summary="continued pre-training on plain text"))

@@ -9,24 +9,12 @@ The output folder is what `reward_model:` (ppo) and `reward_funcs: [reward_model
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 from gym.config.args import TrainArgs
-from gym.config.methods import Method, register
+from gym.config.stages.rm import RewardOptions
 from gym.core.kinds import DataKind
 from gym.core.results import RunResult
 from gym.models.loader import load_reward_backbone
 from gym.train.workflow import choose_checkpointing, prepare, train_and_save, trl_args
-
-
-@dataclass
-class RewardOptions:
-    """Options of the rm stage."""
-
-    center_rewards_coefficient: float | None = field(
-        default=None,
-        metadata={"help": "Weight of a penalty on (r_chosen + r_rejected)^2 that keeps rewards centred on zero."},
-    )
 
 
 def run(args: TrainArgs[RewardOptions]) -> RunResult:
@@ -45,13 +33,9 @@ def run(args: TrainArgs[RewardOptions]) -> RunResult:
     train = full_sequences(setup.data.train)
     assert train is not None  # get_dataset refuses an empty training set
     longest = max(max(len(c), len(r)) for c, r in zip(train["chosen_ids"], train["rejected_ids"]))
-    choose_checkpointing(args, setup.model, 2 * longest * args.training.per_device_train_batch_size)
-    config = trl_args(RewardConfig, args, max_length=None,
+    choose_checkpointing(args, setup, 2 * longest * args.training.per_device_train_batch_size)
+    config = trl_args(RewardConfig, args, setup, max_length=None,
                       center_rewards_coefficient=options.center_rewards_coefficient)
     trainer = RewardTrainer(model=setup.model, args=config, train_dataset=train,
                             eval_dataset=full_sequences(setup.data.eval), processing_class=setup.tokenizer)
     return train_and_save(trainer, setup, args)
-
-
-register(Method(name="rm", data_kind=DataKind.PAIRWISE, run=run, options=RewardOptions,
-                summary="reward model: a scalar score trained on chosen/rejected pairs"))

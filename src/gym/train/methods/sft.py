@@ -12,7 +12,6 @@ from __future__ import annotations
 from typing import Any
 
 from gym.config.args import TrainArgs
-from gym.config.methods import Method, register
 from gym.core.kinds import DataKind
 from gym.core.results import RunResult
 from gym.train.workflow import run_causal_lm
@@ -21,5 +20,3 @@ from gym.train.workflow import run_causal_lm
 def run(args: TrainArgs[Any]) -> RunResult:
     return run_causal_lm(args, data_kind=DataKind.SUPERVISED, packing_by_default=False)
 
-
-register(Method(name="sft", data_kind=DataKind.SUPERVISED, run=run, summary="supervised fine-tuning on conversations"))

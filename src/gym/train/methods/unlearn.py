@@ -19,15 +19,13 @@ import copy
 import dataclasses
 import itertools
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from gym.config.args import TrainArgs
-from gym.config.methods import Method, register
-from gym.core.errors import ConfigError
+from gym.config.stages.unlearn import UnlearnOptions
 from gym.core.kinds import DataKind
 from gym.core.results import RunResult
 from gym.data.collators import CausalLMCollator
@@ -35,30 +33,6 @@ from gym.data.loader import get_dataset
 from gym.data.processors import IGNORE_INDEX
 from gym.train.trainer import GymTrainer
 from gym.train.workflow import choose_checkpointing, prepare, train_and_save
-
-
-@dataclass
-class UnlearnOptions:
-    """Options of stage unlearn."""
-
-    unlearn_loss: Literal["ga", "npo", "simnpo"] = field(
-        default="npo", metadata={"help": "Forget loss: ga (gradient ascent), npo or simnpo (reference-free NPO)."})
-    unlearn_beta: float = field(default=0.1, metadata={"help": "NPO/SimNPO temperature beta."})
-    simnpo_gamma: float = field(default=0.0, metadata={"help": "SimNPO reward margin gamma."})
-    retain_dataset: str | None = field(
-        default=None, metadata={"help": "Comma-separated datasets whose answers must be kept (supervised rows)."})
-    retain_loss: Literal["nll", "kl"] = field(
-        default="nll", metadata={"help": "On the retain set: nll (keep learning its answers) or kl (stay at the "
-                                 "reference model's distribution)."})
-    retain_weight: float = field(default=1.0, metadata={"help": "Weight of the retain loss."})
-
-    def validate(self, args: TrainArgs[Any]) -> None:
-        if self.unlearn_beta <= 0:
-            raise ConfigError(f"'unlearn_beta' must be positive, got {self.unlearn_beta}.")
-        if self.retain_weight < 0:
-            raise ConfigError(f"'retain_weight' must be >= 0, got {self.retain_weight}.")
-        if args.data.packing or args.data.neat_packing:
-            raise ConfigError("stage: unlearn scores each forget answer as a whole; turn packing off.")
 
 
 def answer_log_probs(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -147,19 +121,15 @@ def run(args: TrainArgs[UnlearnOptions]) -> RunResult:
         retain_args = dataclasses.replace(args.data, dataset=options.retain_dataset, eval_dataset=None, val_size=0)
         retain = get_dataset(retain_args, setup.chat, DataKind.SUPERVISED, seed=args.training.seed).train
     longest = max(len(row["input_ids"]) for row in setup.data.train)
-    choose_checkpointing(args, setup.model, 2 * longest * args.training.per_device_train_batch_size)
+    choose_checkpointing(args, setup, 2 * longest * args.training.per_device_train_batch_size)
     needs_reference = options.unlearn_loss == "npo" or (retain is not None and options.retain_loss == "kl")
     is_adapter = hasattr(setup.model, "disable_adapter")
     reference = None
     if needs_reference and not is_adapter:
         reference = copy.deepcopy(setup.model).eval().requires_grad_(False)
     trainer = UnlearnTrainer(
-        model=setup.model, args=args.training, train_dataset=setup.data.train, eval_dataset=setup.data.eval,
+        model=setup.model, args=setup.training, train_dataset=setup.data.train, eval_dataset=setup.data.eval,
         data_collator=CausalLMCollator(pad_token_id=setup.tokenizer.pad_token_id),
         processing_class=setup.tokenizer, options=options, retain=retain, reference=reference,
     )
     return train_and_save(trainer, setup, args)
-
-
-register(Method(name="unlearn", data_kind=DataKind.SUPERVISED, run=run, options=UnlearnOptions,
-                summary="forget a dataset's answers (ga, npo, simnpo), keeping a retain set"))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gym.config import compression, serving
+from gym.config import aliases
 from gym.config.parser import get_train_args
 from gym.core.errors import ConfigError
 
@@ -20,7 +20,7 @@ from gym.core.errors import ConfigError
       "delta_enable_deltasoup": True, "delta_distill_steps": 5}),
 ])
 def test_quantization_becomes_the_delta_keys(value, expected):
-    assert compression.expand({"quantization": value, "stage": "sft"}) == {"stage": "sft", **expected}
+    assert aliases.canonical({"quantization": value, "stage": "sft"}) == {"stage": "sft", **expected}
 
 
 @pytest.mark.parametrize(("config", "match"), [
@@ -32,7 +32,7 @@ def test_quantization_becomes_the_delta_keys(value, expected):
     ({"quantization": {"bits": 1}}, "needs a method"),
     ({"quantization": "bitdelta", "delta_compression": "int8"}, "keep one"),
     ({"delta_enable_deltasoup": True}, "set delta_compression"),
-    ({"quantization": {"method": "int8", "safety_threshold": 0.5}}, "applies to bitdelta"),
+    ({"quantization": {"method": "int8", "safety_threshold": 0.5}}, "applies to delta_compression: bitdelta"),
 ])
 def test_quantization_mistakes_are_named(config, match):
     with pytest.raises(ConfigError, match=match):
@@ -42,11 +42,11 @@ def test_quantization_mistakes_are_named(config, match):
 def test_serving_becomes_engine_keys_and_server_options():
     block = {"model_format": "gguf", "quantization": "int8", "batch_size": 8, "max_concurrent": 20,
              "cache_size": "512MB"}
-    assert serving.expand({"serving": block}) == {"infer_backend": "llamacpp", "infer_dtype": "int8",
+    assert aliases.canonical({"serving": block}) == {"infer_backend": "llamacpp", "infer_dtype": "int8",
                                                   "infer_prefix_cache_mb": 512}
-    assert serving.server_options({"serving": block}) == {"batch_size": 8, "max_concurrent": 20}
-    assert serving.expand({"serving": {"model_format": "hf"}}) == {}  # the default engine choice stands
-    assert serving.megabytes("1.5GB") == 1536 and serving.megabytes(300) == 300
+    assert aliases.server_options({"serving": block}) == {"batch_size": 8, "max_concurrent": 20}
+    assert aliases.canonical({"serving": {"model_format": "hf"}}) == {}  # the default engine choice stands
+    assert aliases.megabytes("1.5GB") == 1536 and aliases.megabytes(300) == 300
 
 
 @pytest.mark.parametrize(("block", "match"), [

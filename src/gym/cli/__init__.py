@@ -5,7 +5,9 @@ user can cause are GymErrors; known failures of the machine or a library (no spa
 safetensors file) are translated by gym.core.errors.as_gym_error; anything else is a bug and keeps
 its traceback. `--debug` shows the traceback in every case.
 
-To add a verb: a `cmd_<verb>(argv) -> int` function, a line in COMMANDS and one in USAGE.
+To add a verb: a `cmd_<verb>(argv) -> int` function, a line in COMMANDS and one in USAGE. A verb with
+sub-commands of its own (`gym delta compress`, `gym soup contribute`, ...) has its module here, gym/cli/<verb>.py:
+every door of the command line lives in this package, and the jobs it calls know nothing of argv.
 """
 
 from __future__ import annotations
@@ -87,14 +89,14 @@ def cmd_train(argv: list[str]) -> int:
     if not argv:
         raise GymError("gym train needs a config: `gym train examples/quickstart.yaml` (see `gym train --help`).")
     from gym.config.files import parse_cli_args
-    from gym.train.launch import launch_elsewhere
+    from gym.workflows.launch import launch_elsewhere
 
     values, exit_code = launch_elsewhere(argv, parse_cli_args(argv))
     if exit_code is not None:  # the run happened in processes torchrun or Ray started
         return exit_code
     from gym.config.parser import get_train_args
     from gym.train.ranks import is_main_process
-    from gym.train.run import run_exp
+    from gym.workflows.training import run_exp
 
     args = get_train_args(values)
     result = run_exp(args)
@@ -128,7 +130,19 @@ def cmd_tune(argv: list[str]) -> int:
     return 0
 
 
+CHAT_USAGE = """usage: gym chat [CONFIG] [key=value ...] [--prompt TEXT]
+
+Talk to a model: a short name (smollm2-135m), a hub id or folder (model_name_or_path=...), a training config (its
+finished output_dir: the adapter on its base, with the trained chat template and system prompt), or an adapter
+(adapter_name_or_path=...). Without --prompt, a conversation on the terminal (/clear, /exit). Decoding keys:
+temperature, top_p, top_k, max_new_tokens, repetition_penalty, do_sample; engine keys: infer_backend, infer_dtype.
+See docs/inference.md."""
+
+
 def cmd_chat(argv: list[str]) -> int:
+    if "--help" in argv or "-h" in argv:
+        print(CHAT_USAGE)
+        return 0
     prompt, argv = take_option(argv, "--prompt")
     from gym.config.files import parse_cli_args
     from gym.infer.chat import ChatModel
@@ -153,7 +167,7 @@ def cmd_api(argv: list[str]) -> int:
 
 
 def cmd_merge(argv: list[str]) -> int:
-    from gym.merge.cli import main as merge_main
+    from gym.cli.merge import main as merge_main
 
     return merge_main(argv)
 
@@ -192,6 +206,12 @@ def _interactive(model: ChatModel) -> int:
 
 
 def cmd_infer(argv: list[str]) -> int:
+    if "--help" in argv or "-h" in argv:
+        print("usage: gym infer CONFIG --dataset NAME_OR_FILE -o OUT.jsonl [--dataset_dir data] [--batch_size 8]\n"
+              "                 [--max_samples N] [key=value ...]\n\n"
+              "Generations for every row of a dataset, as `gym chat` answers them; resumable (rows already in OUT are "
+              "kept). See docs/inference.md.")
+        return 0
     from gym.config.files import parse_cli_args
     from gym.infer.batch import run_infer
 
@@ -216,37 +236,37 @@ def cmd_infer(argv: list[str]) -> int:
 
 
 def cmd_delta(argv: list[str]) -> int:
-    from gym.delta.cli import main as delta_main
+    from gym.cli.delta import main as delta_main
 
     return delta_main(argv)
 
 
 def cmd_variants(argv: list[str]) -> int:
-    from gym.personalization.cli import main as variants_main
+    from gym.cli.variants import main as variants_main
 
     return variants_main(argv)
 
 
 def cmd_soup(argv: list[str]) -> int:
-    from gym.soup.cli import main as soup_main
+    from gym.cli.soup import main as soup_main
 
     return soup_main(argv)
 
 
 def cmd_tfgrpo(argv: list[str]) -> int:
-    from gym.tfgrpo.cli import main as tfgrpo_main
+    from gym.cli.tfgrpo import main as tfgrpo_main
 
     return tfgrpo_main(argv)
 
 
 def cmd_export(argv: list[str]) -> int:
-    from gym.export.cli import main as export_main
+    from gym.cli.export import main as export_main
 
     return export_main(argv)
 
 
 def cmd_eval(argv: list[str]) -> int:
-    from gym.eval.cli import main as eval_main
+    from gym.cli.eval import main as eval_main
 
     return eval_main(argv)
 
@@ -323,7 +343,7 @@ COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "chat": cmd_chat,
     "api": cmd_api,
     "infer": cmd_infer,
-    "inference": cmd_infer,  # the seeds' name for it
+    "inference": cmd_infer,  # the Gym documents' name for it
     "delta": cmd_delta,
     "soup": cmd_soup,
     "variants": cmd_variants,
@@ -368,7 +388,3 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"gym: error: {error}", file=sys.stderr)
         return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -20,7 +20,7 @@ from transformers import AutoModelForSequenceClassification as SeqCls
 from gym.core.errors import ConfigError, ModelError
 from gym.core.files import CONFIG_FILE, MANIFEST_FILE
 from gym.data.templates import ChatFormat, get_chat_format
-from gym.train.verifiers import RewardFunc, as_text
+from gym.rewards.verifiers import RewardFunc, as_text
 
 _SCORE_BATCH = 16
 _MAX_LENGTH = 2048

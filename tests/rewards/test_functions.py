@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from gym.core.errors import ConfigError, GymError, ModelError
-from gym.train.reward_funcs import (
+from gym.rewards.functions import (
     REWARD_FUNCS,
     combined_reward,
     get_reward_funcs,
@@ -317,7 +317,8 @@ def test_not_a_reward_model(tmp_path, tiny_model_dir):
 # ---------------------------------------------------------------- the keys every online stage shares
 
 def test_reward_model_key_joins_the_reward_functions(seq_cls_dir):
-    from gym.train.reward_funcs import RewardChoice, rewards_of
+    from gym.config.rewards import RewardChoice
+    from gym.rewards.functions import rewards_of
 
     funcs, weights = rewards_of(RewardChoice(reward_funcs=["format"], reward_model=str(seq_cls_dir)))
     assert [f.__name__ for f in funcs] == ["format", "reward_model"] and weights == [1.0, 1.0]
@@ -334,7 +335,7 @@ def test_reward_model_key_joins_the_reward_functions(seq_cls_dir):
 
 
 def test_exact_and_regex_verifiers():
-    from gym.train.reward_funcs import get_reward_funcs
+    from gym.rewards.functions import get_reward_funcs
 
     (exact,), _ = get_reward_funcs(["exact"])
     assert exact(prompts=[""] * 4, completions=["Lima.", "<think>hmm</think> lima", "The answer is Lima", "$42"],
@@ -346,3 +347,10 @@ def test_exact_and_regex_verifiers():
     assert len(funcs) == 2
     with pytest.raises(ConfigError, match="needs a pattern"):
         get_reward_funcs(["regex"])
+
+
+def test_every_reward_name_the_config_accepts_is_built_here():
+    from gym.config.rewards import REWARD_NAMES
+    from gym.rewards.functions import REWARD_FUNCS
+
+    assert set(REWARD_FUNCS) == set(REWARD_NAMES)

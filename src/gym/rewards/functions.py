@@ -8,9 +8,9 @@ Every entry is `name` or `name:argument` (`length:80`, `format:<regex>`, `regex:
 `fn(prompts, completions, **columns) -> list[float | None]`, so the same list feeds TRL's trainers
 and our own PPO loop (through `combined_reward`). A None reward means "not applicable to this row".
 
-To add a reward: write a factory `name_reward(arg: str | None) -> RewardFunc` (in gym.train.verifiers
-for a rule on the text) and add it to REWARD_FUNCS below. Users can also bring their own without
-touching Gym: `python:my_module:my_function`.
+To add a reward: write a factory `name_reward(arg: str | None) -> RewardFunc` (in gym.rewards.verifiers
+for a rule on the text), add it to REWARD_FUNCS below and its name to gym.config.rewards.REWARD_NAMES.
+Users can also bring their own without touching Gym: `python:my_module:my_function`.
 """
 
 from __future__ import annotations
@@ -22,15 +22,13 @@ import math
 import os
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gym.config.args import TrainArgs
-from gym.core.errors import ConfigError, GymError, IncompleteConfig
-from gym.core.names import did_you_mean
-from gym.train.reward_model import load_reward_model, reward_model_reward
-from gym.train.verifiers import (
+from gym.config.rewards import RewardChoice, check_reward_specs
+from gym.core.errors import ConfigError, GymError
+from gym.rewards.reward_model import load_reward_model, reward_model_reward
+from gym.rewards.verifiers import (
     RewardFunc,
     accuracy_reward,
     exact_reward,
@@ -39,8 +37,7 @@ from gym.train.verifiers import (
     regex_reward,
 )
 
-__all__ = ["REWARD_FUNCS", "RewardChoice", "RewardFunc", "combined_reward", "get_reward_funcs", "load_reward_model",
-           "rewards_of"]
+__all__ = ["REWARD_FUNCS", "RewardFunc", "combined_reward", "get_reward_funcs", "load_reward_model", "rewards_of"]
 
 
 # ---------------------------------------------------------------- user code
@@ -98,6 +95,7 @@ def python_reward(arg: str | None) -> RewardFunc:
 
 # ---------------------------------------------------------------- registry
 
+# One factory per name the config layer accepts (gym.config.rewards.REWARD_NAMES).
 REWARD_FUNCS: dict[str, Callable[[str | None], RewardFunc]] = {
     "accuracy": accuracy_reward,
     "exact": exact_reward,
@@ -109,51 +107,11 @@ REWARD_FUNCS: dict[str, Callable[[str | None], RewardFunc]] = {
 }
 
 
-def _split_specs(names: str) -> list[str]:
-    """Split "accuracy,format:<regex>" on commas, except the commas inside a regex (`\\d{1,3}`)."""
-    specs: list[str] = []
-    for piece in names.split(","):
-        if specs and specs[-1].startswith(("format:", "regex:")) and piece.split(":", 1)[0].strip() not in REWARD_FUNCS:
-            specs[-1] += "," + piece
-        else:
-            specs.append(piece.strip())
-    return [s for s in specs if s]
-
-
-def _checked(names: str | list[str] | None, weights: list[float] | str | None) -> tuple[list[str], list[float]]:
-    """The specs and their weights, checked without building anything (no model loads, no imports)."""
-    specs = _split_specs(names) if isinstance(names, str) else [str(n).strip() for n in names or []]
-    if not specs:
-        raise ConfigError(
-            f"No reward functions: set reward_funcs, e.g. `reward_funcs: [accuracy, format]` "
-            f"(known: {', '.join(REWARD_FUNCS)})."
-        )
-    if isinstance(weights, str):
-        weights = [w for w in weights.split(",") if w.strip()]  # type: ignore[misc]
-    if weights is None:
-        weights = [1.0] * len(specs)
-    if len(weights) != len(specs):
-        raise ConfigError(
-            f"reward_weights has {len(weights)} values but reward_funcs has {len(specs)} ({', '.join(specs)}); "
-            "give one weight per reward function, or leave reward_weights out for all 1.0."
-        )
-    try:
-        numbers = [float(w) for w in weights]
-    except (TypeError, ValueError):
-        raise ConfigError(f"reward_weights must be numbers, got {weights!r}.") from None
-    for spec in specs:
-        name = spec.partition(":")[0].strip()
-        if name not in REWARD_FUNCS:
-            raise ConfigError(f"Unknown reward function '{name}'.{did_you_mean(name, REWARD_FUNCS)} "
-                              f"Known: {', '.join(REWARD_FUNCS)}.")
-    return specs, numbers
-
-
 def get_reward_funcs(
     names: str | list[str] | None, weights: list[float] | None = None
 ) -> tuple[list[RewardFunc], list[float]]:
     """Reward callables for `reward_funcs` (a list, or a comma-separated string) and their weights."""
-    specs, numbers = _checked(names, weights)
+    specs, numbers = check_reward_specs(names, weights)
     funcs: list[RewardFunc] = []
     seen: dict[str, int] = {}
     for spec in specs:
@@ -179,40 +137,6 @@ def combined_reward(
             if reward is not None and not math.isnan(reward):
                 totals[i] += weight * reward
     return totals
-
-
-# ---------------------------------------------------------------- the config keys every online stage shares
-
-@dataclass
-class RewardChoice:
-    """Where rewards come from (grpo, gspo, rloo, ppo): named reward functions and/or a trained reward model."""
-
-    reward_funcs: list[str] | None = field(
-        default=None,
-        metadata={"help": "Reward functions: accuracy, format, length, reward_model:<path>, python:module:function."},
-    )
-    reward_weights: list[float] | None = field(
-        default=None, metadata={"help": "One weight per reward function (default: all 1)."}
-    )
-    reward_model: str | None = field(
-        default=None, metadata={"help": "Output folder of a `stage: rm` run, used as one more reward."}
-    )
-
-    def requested(self) -> tuple[list[str], list[float] | None]:
-        """The reward specs and weights asked for; `reward_model` weighs 1 unless weighted."""
-        names = list(self.reward_funcs or [])
-        weights = list(self.reward_weights) if self.reward_weights is not None else None
-        if self.reward_model:
-            names.append(f"reward_model:{self.reward_model}")
-            if weights is not None and len(weights) == len(names) - 1:
-                weights.append(1.0)
-        if not names:
-            raise IncompleteConfig("This stage needs rewards: set `reward_funcs` (e.g. [accuracy, format]) and/or "
-                              "`reward_model` (the output folder of a `stage: rm` run).")
-        return names, weights
-
-    def validate(self, args: TrainArgs[Any]) -> None:
-        _checked(*self.requested())
 
 
 def rewards_of(choice: RewardChoice) -> tuple[list[RewardFunc], list[float]]:

@@ -1,7 +1,7 @@
 """The quantization settings of a config -> transformers' quantization config, and what a quantized base needs
 before adapters train on it.
 
-Which combinations can run was checked by QuantizationArguments.validate; here they are only built.
+Which combinations can run was checked by BaseQuantizationArguments.validate; here they are only built.
 """
 
 from __future__ import annotations

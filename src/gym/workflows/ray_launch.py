@@ -20,7 +20,7 @@ from typing import Any
 
 from gym.core.errors import ConfigError, GymError
 
-TRUE = ("1", "true", "yes", "on")  # as gym.train.launch reads its flags (which imports this module: no cycle)
+TRUE = ("1", "true", "yes", "on")  # as gym.workflows.launch reads its flags (which imports this module: no cycle)
 
 KEYS = ("ray_num_workers", "resources_per_worker", "placement_strategy", "ray_run_name", "ray_storage_path",
         "ray_init_kwargs")
@@ -56,7 +56,7 @@ def train_worker(config: dict[str, Any]) -> None:
     """One Ray worker: an ordinary `gym train` as the rank Ray Train gave it."""
     from gym.config.parser import get_train_args
     from gym.train.ranks import is_main_process
-    from gym.train.run import run_exp
+    from gym.workflows.training import run_exp
 
     result = run_exp(get_train_args(config["values"]))
     if is_main_process():

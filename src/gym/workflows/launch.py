@@ -92,7 +92,7 @@ def launch_elsewhere(argv: list[str], values: dict[str, Any]) -> tuple[dict[str,
     processes, several nodes, or DeepSpeed). Returns the config to run here (Ray's keys taken out) and None, or the
     exit code of the run that happened elsewhere."""
     from gym.config.distributed import needs_launcher
-    from gym.train.ray_launch import run_on_ray, split_settings, use_ray
+    from gym.workflows.ray_launch import run_on_ray, split_settings, use_ray
 
     quiet_deepspeed_on_cpu()
     values, ray_settings = split_settings(values)

@@ -1,4 +1,4 @@
-"""QuantizationArguments: load the base model quantized (QLoRA and its kin), with LLaMA-Factory's key names.
+"""BaseQuantizationArguments: load the base model quantized (QLoRA and its kin), with LLaMA-Factory's key names.
 
 The base is quantized on load by transformers' quantizers; only adapters train on it (a quantized weight
 has no gradient). Each method names the package it needs and the bit widths it takes, and every check
@@ -27,7 +27,7 @@ QUANTIZERS: dict[str, tuple[str, str, tuple[int, ...]]] = {
 
 
 @dataclass
-class QuantizationArguments:
+class BaseQuantizationArguments:
     """Quantize the base model on load (QLoRA: a 4-bit base, float adapters)."""
 
     quantization_bit: int | None = field(

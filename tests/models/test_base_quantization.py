@@ -12,8 +12,8 @@ from safetensors.torch import load_file
 
 from gym.config.parser import get_train_args
 from gym.core.errors import ConfigError
+from gym.models.base_quantization import is_quantized
 from gym.models.loader import load_causal_lm
-from gym.models.quantization import is_quantized
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("bitsandbytes") is None,
                                 reason="bitsandbytes is part of the dev install (make setup)")
@@ -102,7 +102,7 @@ def test_qlora_trains_the_adapter_and_serves_like_its_merge(train_config, tiny_m
     adapter merged onto the unquantized base agree up to the base's rounding."""
     from peft import PeftModel
 
-    from gym.train.run import run_exp
+    from gym.workflows.training import run_exp
 
     result = run_exp(train_config(quantization_bit=4, max_steps=4))
     adapter = load_file(str(Path(result.output_dir) / "adapter_model.safetensors"))
@@ -126,7 +126,7 @@ def test_qlora_trains_the_adapter_and_serves_like_its_merge(train_config, tiny_m
 def test_adapters_train_on_every_quantized_base_this_cpu_runs(train_config, keys):
     if keys.get("quantization_method") == "torchao":
         pytest.importorskip("torchao")
-    from gym.train.run import run_exp
+    from gym.workflows.training import run_exp
 
     result = run_exp(train_config(**keys))
     saved = load_file(str(Path(result.output_dir) / "adapter_model.safetensors"))
@@ -135,7 +135,7 @@ def test_adapters_train_on_every_quantized_base_this_cpu_runs(train_config, keys
 
 def test_chat_serves_qlora_on_the_quantized_base(train_config, tiny_model_dir):
     from gym.infer.chat import ChatModel
-    from gym.train.run import run_exp
+    from gym.workflows.training import run_exp
 
     out = run_exp(train_config(quantization_bit=4)).output_dir
     chat = ChatModel({"model_name_or_path": str(tiny_model_dir), "adapter_name_or_path": out,
@@ -180,7 +180,7 @@ def test_pissa_quantizes_the_residual(train_config, tmp_path, tiny_model_dir):
     original than the rounded original does, and the saved adapter applies to the original base."""
     from peft import PeftModel
 
-    from gym.train.run import run_exp
+    from gym.workflows.training import run_exp
 
     result = run_exp(train_config(quantization_bit=4, pissa_init=True, pissa_iter=-1, lora_rank=8, max_steps=1))
     out = Path(result.output_dir)
