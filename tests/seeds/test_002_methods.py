@@ -70,10 +70,7 @@ def test_bitdelta_personalization(tiny_model_dir):
     assert isinstance(response, str)
 
 
-def test_deltasoup_with_rewards(tiny_model_dir):
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-
+def test_deltasoup_with_rewards(lora_finetune, lora_delta):
     from zoo.gym import AggregationMethod, DeltaSoup, DeltaSoupConfig
 
     # Configure DeltaSoup
@@ -82,13 +79,10 @@ def test_deltasoup_with_rewards(tiny_model_dir):
         differential_privacy=True,
         enable_rewards=True
     )
+    # Ours: a fixed noise seed (for tests only: it voids the privacy), so the test can take the noise back out.
+    config = dataclasses.replace(config, noise_seed=0)
 
-    def fine_tune(seed):
-        torch.manual_seed(seed)
-        return get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model_dir),
-                              LoraConfig(r=2, target_modules=["v_proj"], init_lora_weights=False))
-
-    model_alice, model_bob, model_carol = fine_tune(1), fine_tune(2), fine_tune(3)
+    model_alice, model_bob, model_carol = (lora_finetune(seed, "v_proj") for seed in (1, 2, 3))
 
     # Users contribute improvements
     soup = DeltaSoup(config)
@@ -100,11 +94,28 @@ def test_deltasoup_with_rewards(tiny_model_dir):
         soup.aggregate()
     soup.contribute(user_id="carol", model=model_carol)
     aggregated_model = soup.aggregate()
-    assert aggregated_model
 
-    # Distribute rewards
+    # The released delta is the robust mean of the clipped contributions plus Gaussian noise. The three agree,
+    # so Krum keeps them all and each, clipped to clip_norm (1; each is longer), weighs a third; the noise is
+    # N(0, sigma^2) per entry, drawn name by name in sorted order from noise_seed + the round number.
+    deltas = [lora_delta(model) for model in (model_alice, model_bob, model_carol)]
+    norms = [sum(float(v.square().sum()) for v in d.values()) ** 0.5 for d in deltas]
+    assert min(norms) > config.clip_norm
+    (spent,) = soup.status()["privacy"]["per_round"]
+    assert (spent["epsilon"], spent["delta"], spent["sensitivity"]) == (1.0, 1e-5, 2 * config.clip_norm)
+    sigma, generator = spent["sigma"], torch.Generator().manual_seed(config.noise_seed + spent["round"])
+    assert sorted(aggregated_model) == [f"model.layers.{i}.self_attn.v_proj.weight" for i in range(2)]
+    for name in sorted(aggregated_model):
+        released = aggregated_model[name]
+        noise = sigma * torch.randn(released.shape, generator=generator)
+        mean = sum(d[name] / norm for d, norm in zip(deltas, norms)) / 3
+        torch.testing.assert_close(released.double() - noise.double(), mean, rtol=0, atol=2e-5)
+        assert (released - mean).std() == pytest.approx(sigma, rel=0.05)  # the noise is really there
+
+    # Distribute rewards: the whole pool, to the three who agree (their shares: test_000_overview)
     rewards = soup.calculate_rewards()
-    assert rewards and set(rewards) <= {"alice", "bob", "carol"} and all(v >= 0 for v in rewards.values())
+    assert set(rewards) == {"alice", "bob", "carol"} and all(v > 0 for v in rewards.values())
+    assert sum(rewards.values()) == pytest.approx(config.reward_pool)
 
 
 def test_sdk_config_objects():
