@@ -86,3 +86,24 @@ def lora_delta():
         return out
 
     return delta
+
+
+
+@pytest.fixture()
+def assert_serves_variant(tiny_model_dir):
+    """assert_serves_variant(chat): the served ChatModel is the tiny base with a variant's delta in every linear
+    layer of its blocks (what Gym's lora_target: all trains) and nowhere else, not the base itself."""
+    import torch
+    from safetensors.torch import load_file
+
+    linear = [f"model.layers.{i}.{m}.weight" for i in range(2) for m in (
+        "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj",
+        "mlp.down_proj")]
+
+    def check(chat) -> None:
+        base = load_file(str(tiny_model_dir / "model.safetensors"))
+        served = chat.model.state_dict()
+        changed = sorted(k for k in base if not torch.equal(served[k].to(base[k].dtype), base[k]))
+        assert changed == sorted(linear)
+
+    return check

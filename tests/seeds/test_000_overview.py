@@ -169,7 +169,7 @@ def test_python_api_gspo_bitdelta_deltasoup_export(tiny_model_dir, tmp_path, cap
     assert out.is_file() and GGUFReader(out).tensors
 
 
-def test_personalized_models(tiny_model_dir, tmp_path):
+def test_personalized_models(tiny_model_dir, tmp_path, assert_serves_variant):
     from gym.personalization import PersonalizedTrainer
 
     user_prefs = [{"instruction": f"Greet me, number {i}.", "chosen": "Hello, friend!", "rejected": "Go away."}
@@ -178,10 +178,13 @@ def test_personalized_models(tiny_model_dir, tmp_path):
     # Ours: 2 training steps and 2 scale-distillation steps instead of 3 epochs and 50.
     trainer.config = dataclasses.replace(trainer.config, distill_steps=2)
     record = trainer.create_variant(user_id="user_123", preferences=user_prefs, max_steps=2)
-    assert record.user == "user_123"
+    assert (record.user, record.method, record.training["stage"]) == ("user_123", "bitdelta", "dpo")  # preferences
+    assert 0 < record.bytes < record.base["parameters"] * 4 / 16  # 1 bit a weight plus scales, not a model copy
     chat = trainer.serve_variant("user_123")  # a ChatModel answering as the variant
     try:
         assert isinstance(chat.chat([{"role": "user", "content": "Hi"}], max_new_tokens=4), str)
+        # ...as the variant, not the base: every layer the preferences trained carries the delta, nothing else does
+        assert_serves_variant(chat)
     finally:
         chat.close()
 

@@ -49,7 +49,7 @@ def test_training_free_grpo(tiny_model_dir):
     assert isinstance(response, str)
 
 
-def test_bitdelta_personalization(tiny_model_dir):
+def test_bitdelta_personalization(tiny_model_dir, assert_serves_variant):
     from zoo.gym import BitDeltaConfig, PersonalizedTrainer
 
     # Configure BitDelta
@@ -63,11 +63,18 @@ def test_bitdelta_personalization(tiny_model_dir):
 
     # Train personalized variants (hub id -> the tiny local model)
     trainer = PersonalizedTrainer(str(tiny_model_dir), config)
-    trainer.create_variant("user_123", user_data, max_steps=2)
+    record = trainer.create_variant("user_123", user_data, max_steps=2)
+    assert (record.method, record.training["stage"]) == ("bitdelta", "sft")  # rows with answers: sft
+    assert 0 < record.bytes < record.base["parameters"] * 4 / 16  # 1 bit a weight plus scales, not a model copy
 
     # Serve variant
     response = trainer.serve_variant("user_123", "My favourite colour?", max_new_tokens=4)
     assert isinstance(response, str)
+    chat = trainer.serve_variant("user_123")  # the model behind that answer: the base with the user's delta
+    try:
+        assert_serves_variant(chat)
+    finally:
+        chat.close()
 
 
 def test_deltasoup_with_rewards(lora_finetune, lora_delta):
