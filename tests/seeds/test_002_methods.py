@@ -47,6 +47,11 @@ def test_training_free_grpo(tiny_model_dir):
     # Deploy instantly (no parameter updates)
     response = trainer.infer("What is 2 + 1?", experiences)
     assert isinstance(response, str)
+    from safetensors.torch import load_file
+
+    base = load_file(str(tiny_model_dir / "model.safetensors"))
+    answering = trainer.model.chat_model.model.state_dict()  # the weights that answered: the base, bit for bit
+    assert all(torch.equal(answering[name].to(value.dtype), value) for name, value in base.items())
 
 
 def test_bitdelta_personalization(tiny_model_dir, assert_serves_variant):
