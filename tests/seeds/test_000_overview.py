@@ -86,7 +86,7 @@ def test_deltaquant_config():
     assert config.method is QuantMethod.INT4 and config.calibration is None  # chosen when compression starts
 
 
-def test_deltasoup_config_and_community_learning(tiny_model_dir, make_finetune, own_gym_home):
+def test_deltasoup_config_and_community_learning(lora_finetune, lora_delta, own_gym_home, tiny_model_dir):
     from gym.quantization import AggregationMethod, DeltaSoup, DeltaSoupConfig
 
     config = DeltaSoupConfig(
@@ -96,7 +96,7 @@ def test_deltasoup_config_and_community_learning(tiny_model_dir, make_finetune, 
     )
     # "Community Learning": model_alice and model_bob are fine-tunes of one base; a PEFT model names its base,
     # so DeltaSoup(config) needs no folder or base of its own.
-    model_alice, model_bob, model_carol = (_peft_finetune(tiny_model_dir, seed) for seed in (1, 2, 3))
+    model_alice, model_bob, model_carol = (lora_finetune(seed) for seed in (1, 2, 3))
     soup = DeltaSoup(config)
     soup.contribute(user_id="alice", model=model_alice)
     soup.contribute(user_id="bob", model=model_bob)
@@ -104,18 +104,27 @@ def test_deltasoup_config_and_community_learning(tiny_model_dir, make_finetune, 
         soup.aggregate(min_contributors=3)
     soup.contribute(user_id="carol", model=model_carol)
     aggregated = soup.aggregate(min_contributors=3)
-    assert aggregated and soup.path == own_gym_home / "soups" / Path(tiny_model_dir).name
-    assert set(soup.calculate_rewards()) <= {"alice", "bob", "carol"}
+    assert set(aggregated) == {f"model.layers.{i}.self_attn.q_proj.weight" for i in range(2)}
+    assert soup.path == own_gym_home / "soups" / Path(tiny_model_dir).name
 
-
-def _peft_finetune(base_dir, seed):
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    torch.manual_seed(seed)
-    model = get_peft_model(AutoModelForCausalLM.from_pretrained(base_dir),
-                           LoraConfig(r=2, target_modules=["q_proj"], init_lora_weights=False))
-    return model
+    # Rewards pay leave-one-out agreement (gym.soup.payouts). With differential privacy every contribution is
+    # clipped to clip_norm (1; each is longer) and the robust mean gives the three agreeing ones a third each,
+    # so what the others put in is (u_j + u_k) / 3 for unit vectors u, and q_i = cos(u_i, u_j + u_k). The pool
+    # is split quality_weight by q and participation_weight equally among the three.
+    rewards = soup.calculate_rewards()
+    models = {"alice": model_alice, "bob": model_bob, "carol": model_carol}
+    flat = {user: torch.cat([v.reshape(-1) for _, v in sorted(lora_delta(model).items())])
+            for user, model in models.items()}
+    assert all(v.norm() > config.clip_norm for v in flat.values())
+    unit = {user: v / v.norm() for user, v in flat.items()}
+    quality = {user: float(torch.nn.functional.cosine_similarity(
+        u, sum(unit[other] for other in unit if other != user), dim=0)) for user, u in unit.items()}
+    assert all(q > 0.5 for q in quality.values())  # they agree, as fine-tunes of one task do
+    share = config.reward_pool / (config.quality_weight + config.participation_weight)
+    expected = {user: share * (config.quality_weight * q / sum(quality.values()) + config.participation_weight / 3)
+                for user, q in quality.items()}
+    assert rewards == pytest.approx(expected, rel=1e-5)  # the same three keys, and each amount
+    assert sum(rewards.values()) == pytest.approx(config.reward_pool)
 
 
 def test_python_api_gspo_bitdelta_deltasoup_export(tiny_model_dir, tmp_path, caplog):
@@ -160,7 +169,7 @@ def test_python_api_gspo_bitdelta_deltasoup_export(tiny_model_dir, tmp_path, cap
     assert out.is_file() and GGUFReader(out).tensors
 
 
-def test_personalized_models(tiny_model_dir, tmp_path):
+def test_personalized_models(tiny_model_dir, tmp_path, assert_serves_variant):
     from gym.personalization import PersonalizedTrainer
 
     user_prefs = [{"instruction": f"Greet me, number {i}.", "chosen": "Hello, friend!", "rejected": "Go away."}
@@ -169,10 +178,13 @@ def test_personalized_models(tiny_model_dir, tmp_path):
     # Ours: 2 training steps and 2 scale-distillation steps instead of 3 epochs and 50.
     trainer.config = dataclasses.replace(trainer.config, distill_steps=2)
     record = trainer.create_variant(user_id="user_123", preferences=user_prefs, max_steps=2)
-    assert record.user == "user_123"
+    assert (record.user, record.method, record.training["stage"]) == ("user_123", "bitdelta", "dpo")  # preferences
+    assert 0 < record.bytes < record.base["parameters"] * 4 / 16  # 1 bit a weight plus scales, not a model copy
     chat = trainer.serve_variant("user_123")  # a ChatModel answering as the variant
     try:
         assert isinstance(chat.chat([{"role": "user", "content": "Hi"}], max_new_tokens=4), str)
+        # ...as the variant, not the base: every layer the preferences trained carries the delta, nothing else does
+        assert_serves_variant(chat)
     finally:
         chat.close()
 

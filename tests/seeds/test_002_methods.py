@@ -47,9 +47,14 @@ def test_training_free_grpo(tiny_model_dir):
     # Deploy instantly (no parameter updates)
     response = trainer.infer("What is 2 + 1?", experiences)
     assert isinstance(response, str)
+    from safetensors.torch import load_file
+
+    base = load_file(str(tiny_model_dir / "model.safetensors"))
+    answering = trainer.model.chat_model.model.state_dict()  # the weights that answered: the base, bit for bit
+    assert all(torch.equal(answering[name].to(value.dtype), value) for name, value in base.items())
 
 
-def test_bitdelta_personalization(tiny_model_dir):
+def test_bitdelta_personalization(tiny_model_dir, assert_serves_variant):
     from zoo.gym import BitDeltaConfig, PersonalizedTrainer
 
     # Configure BitDelta
@@ -63,17 +68,21 @@ def test_bitdelta_personalization(tiny_model_dir):
 
     # Train personalized variants (hub id -> the tiny local model)
     trainer = PersonalizedTrainer(str(tiny_model_dir), config)
-    trainer.create_variant("user_123", user_data, max_steps=2)
+    record = trainer.create_variant("user_123", user_data, max_steps=2)
+    assert (record.method, record.training["stage"]) == ("bitdelta", "sft")  # rows with answers: sft
+    assert 0 < record.bytes < record.base["parameters"] * 4 / 16  # 1 bit a weight plus scales, not a model copy
 
     # Serve variant
     response = trainer.serve_variant("user_123", "My favourite colour?", max_new_tokens=4)
     assert isinstance(response, str)
+    chat = trainer.serve_variant("user_123")  # the model behind that answer: the base with the user's delta
+    try:
+        assert_serves_variant(chat)
+    finally:
+        chat.close()
 
 
-def test_deltasoup_with_rewards(tiny_model_dir):
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-
+def test_deltasoup_with_rewards(lora_finetune, lora_delta):
     from zoo.gym import AggregationMethod, DeltaSoup, DeltaSoupConfig
 
     # Configure DeltaSoup
@@ -82,13 +91,10 @@ def test_deltasoup_with_rewards(tiny_model_dir):
         differential_privacy=True,
         enable_rewards=True
     )
+    # Ours: a fixed noise seed (for tests only: it voids the privacy), so the test can take the noise back out.
+    config = dataclasses.replace(config, noise_seed=0)
 
-    def fine_tune(seed):
-        torch.manual_seed(seed)
-        return get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model_dir),
-                              LoraConfig(r=2, target_modules=["v_proj"], init_lora_weights=False))
-
-    model_alice, model_bob, model_carol = fine_tune(1), fine_tune(2), fine_tune(3)
+    model_alice, model_bob, model_carol = (lora_finetune(seed, "v_proj") for seed in (1, 2, 3))
 
     # Users contribute improvements
     soup = DeltaSoup(config)
@@ -100,11 +106,28 @@ def test_deltasoup_with_rewards(tiny_model_dir):
         soup.aggregate()
     soup.contribute(user_id="carol", model=model_carol)
     aggregated_model = soup.aggregate()
-    assert aggregated_model
 
-    # Distribute rewards
+    # The released delta is the robust mean of the clipped contributions plus Gaussian noise. The three agree,
+    # so Krum keeps them all and each, clipped to clip_norm (1; each is longer), weighs a third; the noise is
+    # N(0, sigma^2) per entry, drawn name by name in sorted order from noise_seed + the round number.
+    deltas = [lora_delta(model) for model in (model_alice, model_bob, model_carol)]
+    norms = [sum(float(v.square().sum()) for v in d.values()) ** 0.5 for d in deltas]
+    assert min(norms) > config.clip_norm
+    (spent,) = soup.status()["privacy"]["per_round"]
+    assert (spent["epsilon"], spent["delta"], spent["sensitivity"]) == (1.0, 1e-5, 2 * config.clip_norm)
+    sigma, generator = spent["sigma"], torch.Generator().manual_seed(config.noise_seed + spent["round"])
+    assert sorted(aggregated_model) == [f"model.layers.{i}.self_attn.v_proj.weight" for i in range(2)]
+    for name in sorted(aggregated_model):
+        released = aggregated_model[name]
+        noise = sigma * torch.randn(released.shape, generator=generator)
+        mean = sum(d[name] / norm for d, norm in zip(deltas, norms)) / 3
+        torch.testing.assert_close(released.double() - noise.double(), mean, rtol=0, atol=2e-5)
+        assert (released - mean).std() == pytest.approx(sigma, rel=0.05)  # the noise is really there
+
+    # Distribute rewards: the whole pool, to the three who agree (their shares: test_000_overview)
     rewards = soup.calculate_rewards()
-    assert rewards and set(rewards) <= {"alice", "bob", "carol"} and all(v >= 0 for v in rewards.values())
+    assert set(rewards) == {"alice", "bob", "carol"} and all(v > 0 for v in rewards.values())
+    assert sum(rewards.values()) == pytest.approx(config.reward_pool)
 
 
 def test_sdk_config_objects():

@@ -124,3 +124,31 @@ def test_badam_under_zero3_is_a_config_error():
         OptimizerArguments(use_badam=True).validate(args)  # type: ignore[arg-type]
     args.training.deepspeed = {"zero_optimization": {"stage": 2}}
     OptimizerArguments(use_badam=True).validate(args)  # type: ignore[arg-type]
+
+
+def test_loraplus_learning_rates_per_matrix(train_config, capture_trainer):
+    """LoRA+ (Hayou et al., 2024): in the optimizer the run steps, every B matrix learns at learning_rate x
+    loraplus_lr_ratio, every A matrix at learning_rate, and LoRA on the embeddings at loraplus_lr_embedding."""
+    from gym.train.run import run_exp
+
+    lr, ratio, embedding_lr = 1e-3, 16.0, 3e-5
+    seen = capture_trainer(workflow)
+    result = run_exp(train_config(lora_target="q_proj,v_proj,embed_tokens", learning_rate=lr, max_steps=1,
+                                  loraplus_lr_ratio=ratio, loraplus_lr_embedding=embedding_lr))
+    trainer = seen["trainer"]
+    optimizer = getattr(trainer.optimizer, "optimizer", trainer.optimizer)  # accelerate wraps it
+    names = {id(p): n for n, p in trainer.model.named_parameters() if p.requires_grad}
+    # initial_lr: the group's rate before the schedule decayed it (to 0 at the last step)
+    grouped = [(names[id(p)], group["initial_lr"]) for group in optimizer.param_groups for p in group["params"]]
+    assert sorted(n for n, _ in grouped) == sorted(names.values())  # every trainable parameter, in one group
+    lr_of = dict(grouped)
+    kinds = {"lora_A": lr, "lora_B": lr * ratio, "lora_embedding_A": embedding_lr, "lora_embedding_B": embedding_lr}
+    by_kind = {kind: {rate for n, rate in lr_of.items() if kind in n.split(".")} for kind in kinds}
+    assert by_kind == {kind: {rate} for kind, rate in kinds.items()}
+
+    # ...and the step taken used them: Adam's first step moves each entry by its rate (|g| / (|g| + eps) ~ 1),
+    # and what starts at zero (B of a linear layer, A of an embedding) is then at most that rate in size.
+    adapter = load_file(str(Path(result.output_dir) / "adapter_model.safetensors"))
+    largest = {kind: max(float(v.abs().max()) for k, v in adapter.items() if kind in k.split("."))
+               for kind in ("lora_B", "lora_embedding_A")}
+    assert largest == pytest.approx({"lora_B": lr * ratio, "lora_embedding_A": embedding_lr}, rel=1e-3)

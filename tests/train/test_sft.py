@@ -17,6 +17,7 @@ def _base_state(tiny_model_dir):
     return load_file(str(Path(tiny_model_dir) / "model.safetensors"))
 
 
+# Here LoRA+ only has to train and save; its learning rates per matrix: test_optimizers.py, loraplus.
 @pytest.mark.parametrize(
     "variant",
     [{}, {"use_rslora": True}, {"use_dora": True}, {"pissa_init": True, "pissa_iter": 2},

@@ -17,10 +17,14 @@ def test_loss_matches_the_models_own_loss(tiny_model_dir):
     labels[1, 9:] = -100
     mask = torch.ones_like(ids)
     reference = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+    reference.backward()
+    expected = {name: p.grad.clone() for name, p in model.named_parameters()}
+    model.zero_grad()
     ours = supervised_lm_loss(model, {"input_ids": ids, "attention_mask": mask}, labels)
     assert torch.allclose(ours, reference, atol=1e-5)
-    ours.backward()
-    assert model.model.embed_tokens.weight.grad is not None
+    ours.backward()  # the same gradient too, through the tied head and the embeddings
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, expected[name], rtol=1e-4, atol=1e-7, msg=name)
 
 
 def test_neftune_noises_training_embeddings_only(train_config, monkeypatch):
