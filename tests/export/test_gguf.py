@@ -135,6 +135,6 @@ def test_named_template_and_bad_choices(train_config, tmp_path, capsys):
     assert "<|start_header_id|>" in template  # the trained llama3 format, not the tokenizer's ChatML
     assert main(["export", "--output_dir", result.output_dir, "--format", "gguf", "--export_dir", str(path)]) == 2
     assert "--overwrite" in capsys.readouterr().err
-    assert main(["export", "--output_dir", result.output_dir, "--format", "gguf", "--quantization", "q4_k_x",
+    assert main(["export", "--output_dir", result.output_dir, "--format", "gguf", "--type", "q4_k_x",
                  "--export_dir", str(tmp_path / "x")]) == 2
-    assert "Unknown GGUF quantization 'q4_k_x'" in capsys.readouterr().err
+    assert "Unknown GGUF type 'q4_k_x'" in capsys.readouterr().err

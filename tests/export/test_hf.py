@@ -61,7 +61,7 @@ def test_dtype_and_overwrite(train_config, tiny_model_dir, tmp_path, capsys):
 @pytest.mark.parametrize(("args", "message"), [
     (["--format", "gguff"], "Unknown export format 'gguff'"),
     (["--export_dtype", "fp8"], "export_dtype must be one of"),
-    (["--quantization", "q4_0"], "export_quantization applies to the GGUF formats"),
+    (["--type", "q4_0"], "export_type applies to the GGUF formats"),
     ([], "Set export_dir"),
 ])
 def test_bad_export_options_exit_2(tiny_model_dir, tmp_path, capsys, args, message):
