@@ -212,6 +212,6 @@ def test_gym_help_loads_neither_torch_nor_transformers():
     assert out.strip().splitlines()[-1] == "[]"
 
 
-def test_no_module_is_over_400_lines():
-    long = {m: n for m, s in source_modules().items() if (n := len(s.splitlines())) > 400}
+def test_no_module_is_over_600_lines():
+    long = {m: n for m, s in source_modules().items() if (n := len(s.splitlines())) > 600}
     assert not long, f"split these by concern: {long}"
