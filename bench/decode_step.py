@@ -34,8 +34,8 @@ def main() -> None:
 
     from transformers import AutoModelForCausalLM
 
+    from gym.infer.fast.cpu import FastDecoder
     from gym.infer.fast.kernels import kernel_status
-    from gym.infer.fast.model import FastDecoder
     from gym.models.loader import resolve_model_path
 
     if kernel_status() is not None:

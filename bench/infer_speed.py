@@ -121,8 +121,8 @@ def main() -> None:
             first_text = f"{first:>14.2f}s" if first is not None else f"{'-':>15}"
             print(f"{label:<10} {name:<9} {tps:>15.1f} {gbs:>10.1f} {100 * gbs / probe:>9.0f}% {multi_text} "
                   f"{first_text}")
+    from gym.infer.fast.cpu import FastDecoder
     from gym.infer.fast.kernels import kernel_status
-    from gym.infer.fast.model import FastDecoder
 
     missing = kernel_status()
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()

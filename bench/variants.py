@@ -140,10 +140,10 @@ def main() -> None:
 
     from transformers import AutoModelForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
+    from gym.infer.fast.cpu import FastDecoder
     from gym.infer.fast.deltas import UnpackedCache, compile_variant
     from gym.infer.fast.gpu import GpuDecoder
     from gym.infer.fast.kernels import kernel_status
-    from gym.infer.fast.model import FastDecoder
     from gym.models.loader import resolve_model_path
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")

@@ -59,6 +59,21 @@ def test_train_then_chat_answers_once(tmp_path, train_config):
     assert chat.stdout.startswith("User: Add 2 and 3.\nAssistant:")
 
 
+def test_chat_prompt_prints_the_answer_on_stdout_and_status_before_it(tiny_model_dir):
+    """stdout is the exchange alone; the engine's status lines go to stderr, and all of them come before the
+    exchange (a terminal shows both streams, and they used to land inside the answer line)."""
+    args = ("chat", "--model_name_or_path", str(tiny_model_dir), "--prompt", "Add 2 and 3.", "max_new_tokens=5",
+            "do_sample=false")
+    chat = _gym(*args)
+    assert chat.returncode == 0, chat.stderr
+    assert chat.stdout.startswith("User: Add 2 and 3.\nAssistant: ") and "[gym]" not in chat.stdout
+    assert "[gym] Fast engine ready" in chat.stderr
+    both = subprocess.run([sys.executable, "-m", "gym.cli", *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, timeout=300).stdout
+    assert both.index("[gym] Fast engine ready") < both.index("User: ")
+    assert both[both.index("User: "):] == chat.stdout  # nothing else after the exchange starts
+
+
 def test_version_env_and_help(capsys):
     from gym import __version__
 

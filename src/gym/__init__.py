@@ -10,7 +10,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from gym.core.library_noise import quiet_optional_extensions
 from gym.core.version import __version__
+
+# Before anything imports transformers, which imports torchao and bitsandbytes (gym.core.library_noise).
+quiet_optional_extensions()
 
 if TYPE_CHECKING:
     from gym.delta.bitdelta import BitDeltaConfig, BitDeltaQuantizer

@@ -4,6 +4,8 @@ closer to the original model than plain rounding, and every combination that can
 from __future__ import annotations
 
 import importlib.util
+import logging
+import re
 from pathlib import Path
 
 import pytest
@@ -46,6 +48,24 @@ def test_4bit_base_holds_half_a_byte_per_weight(tiny_model_dir):
     rounded = bnb.functional.dequantize_4bit(q_proj.weight.data, q_proj.weight.quant_state)
     error = (rounded - weight).norm() / weight.norm()
     assert 0.01 < error < 0.2
+
+
+def test_the_log_says_the_base_is_4bit_and_what_that_saved(tiny_model_dir, caplog):
+    """One line: the format, the bytes its weights take (codes and scales) and what they take in float32."""
+    with caplog.at_level(logging.INFO, logger="gym.models.loader"):
+        plain = load_causal_lm(str(tiny_model_dir))
+        assert not [r for r in caplog.records if r.getMessage().startswith("Base model")]
+        load_causal_lm(str(tiny_model_dir), _model_args(tiny_model_dir, quantization_bit=4))
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Base model")]
+    assert len(lines) == 1
+    found = re.fullmatch(r"Base model: 4-bit NF4 \(bitsandbytes, double quantization\), ([\d.]+) MB of weights "
+                         r"instead of ([\d.]+) MB in float32", lines[0])
+    assert found, lines[0]
+    quantized, full = float(found[1]), float(found[2])
+    assert full == round(sum(p.numel() for p in plain.parameters()) * 4 / 1e6, 1)
+    # The linear weights go from 4 bytes to half a byte and a little for the scales; the rest stays float32.
+    linear = sum(p.numel() for p in _linear_weights(plain).values()) * 4 / 1e6
+    assert full - linear * 0.875 - 0.1 <= quantized <= full - linear * 0.8 + 0.1
 
 
 def test_8bit_and_fp4_variants(tiny_model_dir):

@@ -15,8 +15,8 @@ from gym.delta.bitdelta import BitDeltaConfig, BitDeltaQuantizer
 from gym.delta.deltaquant import DeltaQuantConfig, DeltaQuantizer
 from gym.delta.format import load_delta
 from gym.infer.fast import kernels
+from gym.infer.fast.cpu import FastDecoder
 from gym.infer.fast.deltas import UnpackedCache, compile_variant
-from gym.infer.fast.model import FastDecoder
 from gym.personalization.loading import deltas_from_adapter, deltas_from_file
 
 TOKENS = [[11, 205, 3001, 42, 7], [500, 501, 502], [9, 8, 7, 6, 5, 4], [1234, 77], [300, 301, 302, 303]]

@@ -149,6 +149,9 @@ def cmd_chat(argv: list[str]) -> int:
 
     model = ChatModel(parse_cli_args(argv))
     try:
+        # Status goes to stderr (logging) and the answer to stdout; starting the engine first also keeps a
+        # terminal, which shows both, from printing the engine's start-up lines inside the answer line.
+        model.start()
         if prompt is not None:
             print(f"User: {prompt}\nAssistant: ", end="", flush=True)
             for piece in model.stream_chat([{"role": "user", "content": prompt}]):

@@ -121,6 +121,11 @@ class ChatModel:
             self._engine = engine
         return self._engine
 
+    def start(self) -> None:
+        """Start the engine now instead of on the first request, so that what it reports while starting
+        (its weight format, how long it took) is said before an answer begins, not in the middle of one."""
+        self.engine  # noqa: B018 (the property starts it)
+
     def close(self) -> None:
         if self._engine is not None:
             self._engine.shutdown()

@@ -48,7 +48,7 @@ def fast_dtype(model_args: ModelArguments) -> str:
 
 
 def fast_unsupported(model: Any) -> str | None:
-    from gym.infer.fast.model import unsupported_reason
+    from gym.infer.fast.decoder import unsupported_reason
 
     return unsupported_reason(model)
 

@@ -55,6 +55,53 @@ def is_quantized(model: Any) -> bool:
     return getattr(base, "hf_quantizer", None) is not None or bool(getattr(base, "is_quantized", False))
 
 
+def describe_quantized(model: Any, model_args: ModelArguments, dtype: torch.dtype) -> str:
+    """A base quantized on load, in words, and what its weights take against the same weights in `dtype`:
+    "4-bit NF4 (bitsandbytes, double quantization), 61.2 MB of weights instead of 245.0 MB in float32". The
+    quantized side counts every part stored: the packed codes and their scales (bitsandbytes keeps those in
+    each weight's quant_state or SCB, torchao inside its tensor subclass); the float parts (embeddings, norms)
+    count the same on both sides."""
+    stored: dict[tuple[int, int], int] = {}  # by storage, so a table shared by many weights counts once
+    weights = 0
+    for param in model.parameters():
+        for part in _stored_parts(param):
+            stored[(part.data_ptr(), part.nbytes)] = part.nbytes
+        state = getattr(param, "quant_state", None)
+        weights += state.shape.numel() if state is not None else param.numel()  # a 4-bit code packs two
+    return (f"{_format_name(model_args)}, {sum(stored.values()) / 1e6:.1f} MB of weights instead of "
+            f"{weights * dtype.itemsize / 1e6:.1f} MB in {str(dtype).removeprefix('torch.')}")
+
+
+def _format_name(model_args: ModelArguments) -> str:
+    bits, method = model_args.quantization_bit, model_args.quantization_method
+    if method == "bnb" and bits == 4:
+        double = ", double quantization" if model_args.double_quantization else ""
+        return f"4-bit {model_args.quantization_type.upper()} (bitsandbytes{double})"
+    if method == "bnb":
+        return "8-bit LLM.int8 (bitsandbytes)"
+    groups = f", groups of {model_args.quantization_group_size}"
+    if method == "torchao":
+        return f"{bits}-bit int{bits} weight-only (torchao{groups if bits == 4 else ''})"
+    return f"{bits}-bit HQQ ({groups.removeprefix(', ')})"
+
+
+def _stored_parts(tensor: Any) -> list[torch.Tensor]:
+    """The plain tensors a parameter is stored as: a tensor subclass's (torchao) inner tensors, and a
+    bitsandbytes weight's scales (4-bit: quant_state, nested under double quantization; 8-bit: SCB)."""
+    if hasattr(tensor, "__tensor_flatten__"):
+        names, _ = tensor.__tensor_flatten__()
+        return [part for name in names for part in _stored_parts(getattr(tensor, name))]
+    parts = [tensor]
+    state = getattr(tensor, "quant_state", None)
+    while state is not None:
+        parts += [t for t in (state.absmax, state.code, state.offset) if isinstance(t, torch.Tensor)]
+        state = state.state2 if state.nested else None
+    scales = getattr(tensor, "SCB", None)
+    if isinstance(scales, torch.Tensor):
+        parts.append(scales)
+    return parts
+
+
 def prepare_for_adapters(model: Any) -> Any:
     """Freeze the quantized base and keep its float parts (norms, embeddings) in float32 for stable adapter
     training (peft's recipe for k-bit training; gradient checkpointing is Gym's choice, made later)."""

@@ -36,7 +36,7 @@ from gym.core.files import MANIFEST_FILE as MANIFEST
 from gym.core.home import gym_home
 from gym.models import unsloth
 from gym.models.attention import register_shift_attention
-from gym.models.base_quantization import device_map, quantization_config
+from gym.models.base_quantization import describe_quantized, device_map, quantization_config
 from gym.models.registry import DEFAULT_MODEL, EMBEDDED, HUB_PRESETS, known_names
 
 logger = logging.getLogger(__name__)
@@ -240,11 +240,13 @@ def load_causal_lm(model_path: str, model_args: ModelArguments | None = None,
         return unsloth.load(model_path, model_args, dtype)
     kwargs = _load_kwargs(model_path, model_args, dtype)
     try:
-        return AutoModelForCausalLM.from_pretrained(
+        model = AutoModelForCausalLM.from_pretrained(
             model_path, dtype=dtype, attn_implementation=attn_implementation(model_args), **kwargs
         )
     except (OSError, ValueError, SafetensorError) as exc:  # a missing/unreadable config.json or weights file
         raise ModelError(f"Could not load the model {model_path}: {_first_line(exc)}") from None
+    _report_quantized(model, model_args, dtype)
+    return model
 
 
 def load_reward_backbone(model_path: str, model_args: ModelArguments | None = None,
@@ -257,6 +259,7 @@ def load_reward_backbone(model_path: str, model_args: ModelArguments | None = No
         )
     except (OSError, ValueError, SafetensorError) as exc:  # a missing/unreadable config.json or weights file
         raise ModelError(f"Could not load the model {model_path}: {_first_line(exc)}") from None
+    _report_quantized(model, model_args, dtype)
     if model.config.pad_token_id is None:
         # The score is read at the last non-padding token, which the model finds through pad_token_id.
         model.config.pad_token_id = model.config.eos_token_id
@@ -300,6 +303,12 @@ def _load_kwargs(model_path: str, model_args: ModelArguments | None, dtype: torc
     if model_args is not None and model_args.rope_scaling is not None:
         kwargs["config"] = scaled_rope_config(model_path, model_args)
     return kwargs
+
+
+def _report_quantized(model: Any, model_args: ModelArguments | None, dtype: torch.dtype) -> None:
+    """Say that the base was quantized on load and what that saved: a QLoRA run's log should show it."""
+    if model_args is not None and model_args.quantization_bit is not None:
+        logger.info("Base model: %s", describe_quantized(model, model_args, dtype))
 
 
 def _hub_kwargs(model_args: ModelArguments | None) -> dict[str, Any]:

@@ -12,8 +12,9 @@ from transformers import AutoModelForCausalLM
 from gym.config.model import ModelArguments
 from gym.core.errors import ConfigError
 from gym.infer.engines import build_engine
+from gym.infer.fast.cpu import FastDecoder
+from gym.infer.fast.decoder import unsupported_reason
 from gym.infer.fast.engine import FastEngine
-from gym.infer.fast.model import FastDecoder, unsupported_reason
 from gym.infer.hf_engine import HFEngine
 from gym.infer.requests import SamplingParams
 

@@ -20,8 +20,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from gym.data.templates import get_chat_format
+from gym.infer.fast.cpu import FastDecoder
 from gym.infer.fast.engine import FastEngine
-from gym.infer.fast.model import FastDecoder
 from gym.infer.requests import SamplingParams
 
 REPO = Path(__file__).resolve().parents[3]

@@ -1,4 +1,4 @@
-"""What both decoders (CPU: model.FastDecoder, GPU: gpu.GpuDecoder) do with their per-slot KV cache:
+"""What both decoders (CPU: cpu.FastDecoder, GPU: gpu.GpuDecoder) do with their per-slot KV cache:
 `keys`/`values` hold one [slots, kv_heads, capacity, head_dim] tensor per layer, and `grow` (each
 decoder's own: where and how the tensors live differs) makes room."""
 

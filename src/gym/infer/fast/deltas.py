@@ -30,6 +30,7 @@ import torch
 
 from gym.core.errors import ConfigError
 from gym.infer.fast import kernels
+from gym.infer.fast.decoder import layer_norms, layer_products
 
 
 @dataclass(frozen=True)
@@ -145,19 +146,16 @@ class Part:
 
 
 def decoder_layout(model: Any) -> tuple[dict[str, list[Part]], dict[str, str]]:
-    """(linears, vectors) of a Llama-family model as the fast decoders fuse it: for each decoder layer key
-    ("3.qkv", "3.gate_up", "head", ...) the parameters side by side in it; for each vector key
-    ("3.input_norm", "3.qkv.bias", "norm", "embed"...) the parameter it is. Names are named_parameters()'s,
-    which name a tied LM head by its embedding."""
+    """(linears, vectors) of a Llama-family model as the fast decoders fuse it (gym.infer.fast.decoder): for
+    each product key ("3.qkv", "3.gate_up", "head", ...) the parameters side by side in it; for each vector
+    key ("3.input_norm", "3.qkv.bias", "norm", "embed"...) the parameter it is. Names are
+    named_parameters()'s, which name a tied LM head by its embedding."""
     names = {id(p): n for n, p in model.named_parameters()}
     linears: dict[str, list[Part]] = {}
     vectors: dict[str, str] = {"embed": names[id(model.model.embed_tokens.weight)],
                                 "norm": names[id(model.model.norm.weight)]}
     for index, layer in enumerate(model.model.layers):
-        attention, mlp = layer.self_attn, layer.mlp
-        fused = {"qkv": [attention.q_proj, attention.k_proj, attention.v_proj], "o": [attention.o_proj],
-                 "gate_up": [mlp.gate_proj, mlp.up_proj], "down": [mlp.down_proj]}
-        for kind, modules in fused.items():
+        for kind, modules in layer_products(layer).items():
             start, parts, biases = 0, [], []
             for module in modules:
                 parts.append(Part(names[id(module.weight)], start, module.weight.shape[0]))
@@ -167,11 +165,8 @@ def decoder_layout(model: Any) -> tuple[dict[str, list[Part]], dict[str, str]]:
             linears[f"{index}.{kind}"] = parts
             for part in biases:
                 linears.setdefault(f"{index}.{kind}.bias", []).append(part)
-        vectors[f"{index}.input_norm"] = names[id(layer.input_layernorm.weight)]
-        vectors[f"{index}.post_norm"] = names[id(layer.post_attention_layernorm.weight)]
-        for norm in ("q_norm", "k_norm"):
-            if getattr(attention, norm, None) is not None:
-                vectors[f"{index}.{norm}"] = names[id(getattr(attention, norm).weight)]
+        for kind, norm in layer_norms(layer).items():
+            vectors[f"{index}.{kind}"] = names[id(norm.weight)]
     head = model.get_output_embeddings().weight
     linears["head"] = [Part(names[id(head)], 0, head.shape[0])]
     return linears, vectors

@@ -1,4 +1,5 @@
-"""FastEngine: dynamic batching on the fast decoder (gym.infer.fast.model), with chunked prefill.
+"""FastEngine: dynamic batching on the fast decoder (gym.infer.fast.cpu, or .gpu for a model on a CUDA GPU),
+with chunked prefill.
 
 Each request holds one slot of the decoder's KV cache from its prefill to its last token. The engine
 thread loops: admit a waiting request into a free slot (restoring any cached prefix of its prompt),
@@ -24,9 +25,9 @@ import torch
 from gym.infer.batching import BatchingEngine
 from gym.infer.emit import finish, report_token
 from gym.infer.fast.bank import VariantBank
+from gym.infer.fast.cpu import FastDecoder
 from gym.infer.fast.deltas import CompiledVariant
 from gym.infer.fast.gpu import GpuDecoder
-from gym.infer.fast.model import FastDecoder
 from gym.infer.fast.prefix import PrefixCache
 from gym.infer.requests import Request
 from gym.infer.sampling import sample_rows
@@ -75,8 +76,8 @@ class FastEngine(BatchingEngine):
         self.dtype = dtype
         self._decoding: list[_Row] = []
         self._prefilling: list[_Row] = []
-        logger.info("Fast engine ready in %.1fs: weights as %s (%.0f MB read per token)", time.perf_counter() - started,
-                    dtype, self.decoder.weight_bytes / 1e6)
+        logger.info("Fast engine ready in %.1fs (%s): weights as %s (%.0f MB read per token)",
+                    time.perf_counter() - started, self.decoder.spec, dtype, self.decoder.weight_bytes / 1e6)
         if isinstance(self.decoder, GpuDecoder) and self.decoder.use_graphs:
             compiled = "compiled with torch.compile" if self.decoder.compiled else "eager kernels"
             logger.info("Decode steps replay CUDA graphs (%s), %.1fs of capture so far", compiled,

@@ -1,4 +1,5 @@
-"""The fast engine's decoder on a GPU: a static KV cache and a decode step replayed as a CUDA graph.
+"""The fast engine's decoder on a GPU: the Llama-family layer (gym.infer.fast.decoder) in torch ops, a
+static KV cache and a decode step replayed as a CUDA graph.
 
 A decode step of a small model on a GPU is launch-bound, not bandwidth-bound: Qwen3-0.6B's step is
 ~1,100 small kernels, each a few microseconds of work behind ~5 µs of Python dispatch and launch. So the
@@ -36,8 +37,8 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from gym.infer.fast.cache import SlotCache
+from gym.infer.fast.decoder import DecoderSpec, Layer, Weights, fuse, rotary_tables, share
 from gym.infer.fast.deltas import CompiledVariant, RowDeltas
-from gym.infer.fast.gpu_layer import GpuLayer, gpu_layer, rms_norm, rotate
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +46,38 @@ MIN_LENGTH_BUCKET = 256
 # Not cuDNN's attention: it builds a plan for every new shape (0.6-1.2 s each on the H100), so every new
 # prompt length paid it in its time to first token (docs/benchmarks.md, GPU section).
 ATTENTION_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
+class GpuLinear(NamedTuple):
+    """A product as F.linear takes it: the weight (projections fused side by side, as the model's own
+    modules now view it) and its bias."""
+
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+
+
+GpuLayer = Layer[GpuLinear, torch.Tensor]
+
+
+def _product(modules: list[Any]) -> GpuLinear:
+    """The modules' outputs from one F.linear; their weights then view into the fused one (no second copy
+    of the model on the GPU)."""
+    weight, bias = fuse(modules)
+    share(modules, weight)
+    return GpuLinear(weight, bias)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    # transformers' order of operations: normalize in float32, back to the model dtype, then scale.
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(x.dtype)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
 
 
 @dataclass
@@ -86,26 +119,18 @@ class GpuDecoder(SlotCache):
 
     def __init__(self, model: Any, *, slots: int, max_length: int | None = None, graphs: bool | None = None,
                  compile: bool = False) -> None:
-        config = model.config
+        self.spec = DecoderSpec.from_config(model.config)
         parameter = next(model.parameters())
         self.device, self.model_dtype = parameter.device, parameter.dtype
         cuda = self.device.type == "cuda"
         self.use_graphs = cuda if graphs is None else graphs and cuda
-        self.heads = config.num_attention_heads
-        self.kv_heads = getattr(config, "num_key_value_heads", None) or self.heads
-        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
-        self.eps = config.rms_norm_eps
-        limit = getattr(config, "max_position_embeddings", 4096)
-        if getattr(config, "sliding_window", None):
-            limit = min(limit, config.sliding_window)
-        self.max_length = min(max_length or limit, limit)
-        inner = model.model
-        with torch.no_grad():
-            self.embed = inner.embed_tokens.weight.detach()
-            self.norm = inner.norm.weight.detach()
-            self.layers = [gpu_layer(layer) for layer in inner.layers]
-            self.head = model.get_output_embeddings().weight.detach()
-            self.cos, self.sin = self._rotary_tables(inner.rotary_emb)
+        self.max_length = self.spec.max_length(max_length)
+        weights = Weights.read(model, lambda _, modules: _product(modules), norm=lambda weight: weight)
+        self.embed, self.norm, self.head = weights.embed, weights.norm, weights.head
+        self.layers: list[GpuLayer] = weights.layers
+        # transformers computes the tables in float32 and casts them to the activations' dtype.
+        cos, sin = rotary_tables(model, self.max_length, self.device)
+        self.cos, self.sin = cos.to(self.model_dtype).contiguous(), sin.to(self.model_dtype).contiguous()
         self.dtype = str(self.model_dtype).removeprefix("torch.")
         self.slots = slots
         self.capacity = 0
@@ -124,13 +149,6 @@ class GpuDecoder(SlotCache):
         self.grow(min(MIN_LENGTH_BUCKET, self.max_length))
         if compile:
             self._pieces = self._compiled_pieces()
-
-    def _rotary_tables(self, rotary: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        positions = torch.arange(self.max_length, device=self.device)[None, :]
-        probe = torch.zeros(1, dtype=torch.float32, device=self.device)
-        cos, sin = rotary(probe, positions)
-        # transformers computes the tables in float32 and casts them to the activations' dtype.
-        return cos[0].to(self.model_dtype).contiguous(), sin[0].to(self.model_dtype).contiguous()
 
     def _compiled_pieces(self) -> _Pieces:
         """The three base-row pieces of a layer step, compiled. Each takes its layer's weights as
@@ -167,8 +185,9 @@ class GpuDecoder(SlotCache):
     @property
     def weight_bytes(self) -> int:
         """Bytes of weights one decode step reads (the embedding row lookup aside)."""
-        tensors = [self.head, self.norm] + [t for layer in self.layers for t in (
-            layer.input_norm, layer.post_norm, layer.qkv, layer.o, layer.gate_up, layer.down)]
+        tensors = [self.head.weight, self.norm] + [t for layer in self.layers for t in (
+            layer.input_norm, layer.post_norm, layer.qkv.weight, layer.o.weight, layer.gate_up.weight,
+            layer.down.weight)]
         return sum(t.numel() * t.element_size() for t in tensors)
 
     # -- the cache ---------------------------------------------------------------------------------------
@@ -181,7 +200,7 @@ class GpuDecoder(SlotCache):
             raise ValueError(f"{length} positions exceed the model's {self.max_length}")
         capacity = min(self.max_length, max(length, 2 * self.capacity))
         # One slot more than the requests have: the scratch slot that padding rows of a graph write to.
-        shape = (self.slots + 1, self.kv_heads, capacity, self.head_dim)
+        shape = (self.slots + 1, self.spec.kv_heads, capacity, self.spec.head_dim)
         # The old graphs go with their memory pool: a pool whose graphs were freed cannot take a new capture.
         self._graphs.clear()
         self._pool = None
@@ -196,9 +215,9 @@ class GpuDecoder(SlotCache):
              deltas: RowDeltas | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q [tokens, heads, dim], k and v [tokens, kv_heads, dim] of x, normed (where the model norms
         them) and rotated; with `deltas`, each row's variant's corrections added (gym.infer.fast.deltas)."""
-        heads, kv, dim = self.heads, self.kv_heads, self.head_dim
+        heads, kv, dim = self.spec.heads, self.spec.kv_heads, self.spec.head_dim
         h = self._norm(x, layer.input_norm, f"{index}.input_norm", deltas)
-        qkv = self._linear(h, layer.qkv, f"{index}.qkv", deltas, layer.qkv_bias)
+        qkv = self._linear(h, layer.qkv, f"{index}.qkv", deltas)
         q, k, v = qkv.view(x.shape[0], heads + 2 * kv, dim).split([heads, kv, kv], dim=1)
         if layer.q_norm is not None and layer.k_norm is not None:
             q = self._norm(q, layer.q_norm, f"{index}.q_norm", deltas)
@@ -232,13 +251,12 @@ class GpuDecoder(SlotCache):
         return self._logits(x, deltas) if deltas else self._pieces.logits(x)
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor, key: str, deltas: RowDeltas | None) -> torch.Tensor:
-        normed = rms_norm(x, weight, self.eps)
-        return deltas.norm(key, x, normed, self.eps) if deltas else normed
+        normed = rms_norm(x, weight, self.spec.eps)
+        return deltas.norm(key, x, normed, self.spec.eps) if deltas else normed
 
     @staticmethod
-    def _linear(x: torch.Tensor, weight: torch.Tensor, key: str, deltas: RowDeltas | None,
-                bias: torch.Tensor | None = None) -> torch.Tensor:
-        y = F.linear(x, weight, bias)
+    def _linear(x: torch.Tensor, linear: GpuLinear, key: str, deltas: RowDeltas | None) -> torch.Tensor:
+        y = F.linear(x, linear.weight, linear.bias)
         return deltas.linear(key, x, y) if deltas else y
 
     def _embed(self, tokens: torch.Tensor, deltas: RowDeltas | None) -> torch.Tensor:
@@ -254,7 +272,7 @@ class GpuDecoder(SlotCache):
         """Logits [rows, vocab] float32 of one token per row; row i attends over cache slot i's first
         `length` positions (masked to its own position) and writes its keys to cache slot `slots[i]`."""
         rows = tokens.shape[0]
-        heads, kv, dim = self.heads, self.kv_heads, self.head_dim
+        heads, kv, dim = self.spec.heads, self.spec.kv_heads, self.spec.head_dim
         x = self._embed(tokens, deltas)
         cos, sin = self.cos[positions][:, None, :], self.sin[positions][:, None, :]
         mask = (torch.arange(length, device=tokens.device)[None, :] <= positions[:, None])[:, None, None, :]
@@ -353,7 +371,7 @@ class GpuDecoder(SlotCache):
         the batch bucket it falls in)."""
         ends = [start + len(tokens) for _, tokens, start in segments]
         self.grow(max(ends))
-        heads, dim = self.heads, self.head_dim
+        heads, dim = self.spec.heads, self.spec.head_dim
         chosen = variants or [None] * len(segments)
         counts = [len(tokens) for _, tokens, _ in segments]
         deltas = RowDeltas([v for v, count in zip(chosen, counts) for _ in range(count)])

@@ -25,7 +25,7 @@ from gym.core.home import gym_home
 
 logger = logging.getLogger(__name__)
 
-BLOCK = 32  # weights per quantization block (one float16 scale each)
+BLOCK = 32  # weights per block of packed int8/int4 weights (one float16 scale each)
 GROUP = 16  # output rows stored interleaved, so that a vector's lanes are 16 outputs (see csrc/linear.cpp)
 QUAD = 4  # inputs per output side by side in the interleaved layout: what one 32-bit lane multiplies
 

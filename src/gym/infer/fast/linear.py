@@ -9,8 +9,6 @@ layer at a time, so the expanded copy is transient. float32 weights always multi
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from gym.core.hardware import cpu_supports_bf16
@@ -45,24 +43,6 @@ class FastLinear:
             target = getattr(torch, dtype)
             # A weight already in the served dtype is used as it is: no second copy of the model.
             self.weight = weight.detach().to(target).contiguous()
-
-    @classmethod
-    def fused(cls, modules: list[Any], dtype: str) -> FastLinear:
-        """One layer computing the outputs of several (q, k and v; gate and up) side by side: one kernel call
-        instead of several. Where the weights are kept as they are (float, same dtype), the modules' own
-        weights become views into the fused one, so the model is not held twice."""
-        weight = torch.cat([m.weight.detach() for m in modules])
-        biases = [m.bias for m in modules]
-        bias = None if all(b is None for b in biases) else torch.cat([
-            b.detach().float() if b is not None else torch.zeros(m.weight.shape[0]) for m, b in zip(modules, biases)])
-        layer = cls(weight, bias, dtype)
-        if layer.weight.dtype == modules[0].weight.dtype and layer.weight.data_ptr() == weight.data_ptr():
-            start = 0
-            for module in modules:
-                rows = module.weight.shape[0]
-                module.weight.data = layer.weight[start:start + rows]
-                start += rows
-        return layer
 
     @property
     def nbytes(self) -> int:

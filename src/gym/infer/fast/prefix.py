@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
+from gym.infer.fast.cpu import FastDecoder
 from gym.infer.fast.gpu import GpuDecoder
-from gym.infer.fast.model import FastDecoder
 
 BLOCK = 64
 

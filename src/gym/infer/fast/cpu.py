@@ -1,18 +1,15 @@
-"""A decoder for Llama-family models built on FastLinear, with a KV cache of per-request slots.
+"""The fast engine's decoder on the CPU: the Llama-family layer (gym.infer.fast.decoder) on FastLinear
+products at the served weight format, over a KV cache of per-request slots.
 
-The transformers model supplies the weights and the rotary embedding (so every RoPE scaling it knows
-is honoured); the forward pass is ours, written for decoding: no module dispatch, no attention-mask
-bookkeeping for padding, one (slot, position) per row. Each slot is one request's cache, kept from
-column 0 (no left padding), so a row's position is simply its length.
-
-Supported: model types llama, mistral, qwen2, qwen3 (SmolLM, TinyLlama, Llama 2/3, Mistral, Qwen 2/2.5/3)
-with SiLU MLPs, on the CPU (this decoder) or a CUDA GPU (gym.infer.fast.gpu); `unsupported_reason` names
-what rules a model out, and the engine then uses the transformers path.
+The forward pass is written for decoding: no module dispatch, no attention-mask bookkeeping for
+padding, one (slot, position) per row. Each slot is one request's cache, kept from column 0 (no left
+padding), so a row's position is simply its length. A decode step of base rows runs every layer in one
+call of the compiled kernels (gym.infer.fast.kernels), the same kernels in the same order as the
+layer-by-layer walk.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -20,40 +17,11 @@ import torch.nn.functional as F
 
 from gym.infer.fast import kernels
 from gym.infer.fast.cache import SlotCache
+from gym.infer.fast.decoder import DecoderSpec, Layer, Weights, fuse, rotary_tables, share
 from gym.infer.fast.deltas import CompiledVariant, RowDeltas
 from gym.infer.fast.linear import KERNEL_ROWS, FastLinear
-from gym.models.base_quantization import is_quantized
 
-SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "qwen3")
-
-
-def unsupported_reason(model: Any) -> str | None:
-    """Why the fast decoder cannot run this model, or None when it can."""
-    config: Any = getattr(model, "config", None)
-    model_type = getattr(config, "model_type", None)
-    if model_type not in SUPPORTED_TYPES:
-        return f"model type {model_type!r} is not one it implements ({', '.join(SUPPORTED_TYPES)})"
-    if is_quantized(model):
-        return ("the base is quantized on load (quantization_bit), and the fast engine quantizes float weights "
-                "itself (infer_dtype: int8/int4)")
-    device = next(model.parameters()).device
-    if device.type not in ("cpu", "cuda"):
-        return f"it runs on the CPU or a CUDA GPU and the model is on {device}"
-    if device.type == "cuda" and (getattr(config, "mlp_bias", False) or (
-            getattr(config, "attention_bias", False) and model_type not in ("qwen2",))):
-        return "its GPU decoder has biases on the q/k/v projections only (as Qwen2's)"
-    if getattr(config, "hidden_act", "silu") != "silu":
-        return f"hidden_act {config.hidden_act!r} (it implements silu)"
-    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
-    if rope.get("rope_type", rope.get("type")) in ("dynamic", "longrope"):
-        return f"RoPE type {rope.get('rope_type')!r} depends on the sequence length"
-    if getattr(config, "use_sliding_window", False) or getattr(config, "layer_types", None) and any(
-            t != "full_attention" for t in config.layer_types):
-        return "it uses sliding-window attention"
-    inner = getattr(model, "model", None)
-    if inner is None or not hasattr(inner, "layers") or not hasattr(inner, "rotary_emb"):
-        return "its modules are not laid out as a transformers Llama-family model"
-    return None
+CpuLayer = Layer[FastLinear, torch.Tensor]
 
 
 def _head_format(dtype: str) -> str:
@@ -63,16 +31,15 @@ def _head_format(dtype: str) -> str:
     return "int8" if dtype == "int4" else dtype
 
 
-@dataclass
-class Layer:
-    input_norm: torch.Tensor
-    post_norm: torch.Tensor
-    qkv: FastLinear  # q, k and v projections side by side
-    o: FastLinear
-    gate_up: FastLinear  # gate and up projections side by side
-    down: FastLinear
-    q_norm: torch.Tensor | None
-    k_norm: torch.Tensor | None
+def _product(modules: list[Any], dtype: str) -> FastLinear:
+    """One FastLinear computing the modules' outputs side by side (one kernel call instead of several).
+    Where the fused weight is kept as it is (float, the served dtype), the modules' own weights become views
+    into it, so the model is not held twice."""
+    weight, bias = fuse(modules)
+    linear = FastLinear(weight, bias, dtype)
+    if linear.weight.dtype == weight.dtype and linear.weight.data_ptr() == weight.data_ptr():
+        share(modules, linear.weight)
+    return linear
 
 
 class FastDecoder(SlotCache):
@@ -85,49 +52,22 @@ class FastDecoder(SlotCache):
     def __init__(self, model: Any, dtype: str, *, slots: int, max_length: int | None = None) -> None:
         # The compiled kernels when they build (once per machine), else their torch reference.
         self.compiled = kernels.kernel_status() is None
-        config = model.config
-        self.config = config
+        self.spec = DecoderSpec.from_config(model.config)
         self.dtype = dtype
-        self.heads = config.num_attention_heads
-        self.kv_heads = getattr(config, "num_key_value_heads", None) or self.heads
-        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
-        self.eps = config.rms_norm_eps
-        limit = getattr(config, "max_position_embeddings", 4096)
-        if getattr(config, "sliding_window", None):
-            limit = min(limit, config.sliding_window)  # beyond the window the model attends differently
-        self.max_length = min(max_length or limit, limit)
-        inner = model.model
-        self.embed = inner.embed_tokens.weight.detach()
-        self.norm = inner.norm.weight.detach().float()
-        self.layers = [self._layer(layer, dtype) for layer in inner.layers]
-        head = model.get_output_embeddings().weight
-        self.head = FastLinear(head, getattr(model.get_output_embeddings(), "bias", None), _head_format(dtype))
-        cos, sin = self._rotary_tables(inner.rotary_emb)
-        self.cos, self.sin = cos, sin
+        self.max_length = self.spec.max_length(max_length)
+        head_dtype = _head_format(dtype)
+        weights = Weights.read(model, lambda key, modules: _product(modules, head_dtype if key == "head" else dtype),
+                               norm=lambda weight: weight.float())
+        self.embed, self.norm, self.head = weights.embed, weights.norm, weights.head
+        self.layers: list[CpuLayer] = weights.layers
+        cos, sin = rotary_tables(model, self.max_length, torch.device("cpu"))
+        self.cos, self.sin = cos.float().contiguous(), sin.float().contiguous()
         self.slots = slots
         self.capacity = 0
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
         self.grow(min(256, self.max_length))
         self._step_tensors, self._step_formats = self._step_arguments()
-
-    def _layer(self, layer: Any, dtype: str) -> Layer:
-        attention, mlp = layer.self_attn, layer.mlp
-
-        def linear(module: Any) -> FastLinear:
-            return FastLinear(module.weight, module.bias, dtype)
-
-        q_norm = getattr(attention, "q_norm", None)
-        k_norm = getattr(attention, "k_norm", None)
-        return Layer(
-            input_norm=layer.input_layernorm.weight.detach().float(),
-            post_norm=layer.post_attention_layernorm.weight.detach().float(),
-            qkv=FastLinear.fused([attention.q_proj, attention.k_proj, attention.v_proj], dtype),
-            o=linear(attention.o_proj), gate_up=FastLinear.fused([mlp.gate_proj, mlp.up_proj], dtype),
-            down=linear(mlp.down_proj),
-            q_norm=q_norm.weight.detach().float() if q_norm is not None else None,
-            k_norm=k_norm.weight.detach().float() if k_norm is not None else None,
-        )
 
     def _step_arguments(self) -> tuple[list[torch.Tensor], list[int]]:
         """The layers' tensors and product formats as the kernels' decode_layers takes them."""
@@ -144,13 +84,6 @@ class FastDecoder(SlotCache):
                 codes.append(formats.get(linear.dtype, 0))
         return tensors, codes
 
-    def _rotary_tables(self, rotary: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        positions = torch.arange(self.max_length)[None, :]
-        probe = torch.zeros(1, dtype=torch.float32)
-        with torch.no_grad():
-            cos, sin = rotary(probe, positions)
-        return cos[0].float().contiguous(), sin[0].float().contiguous()
-
     @property
     def weight_bytes(self) -> int:
         """Bytes of weights one decode step reads (the embedding row lookup aside)."""
@@ -166,7 +99,7 @@ class FastDecoder(SlotCache):
         if length > self.max_length:
             raise ValueError(f"{length} positions exceed the model's {self.max_length}")
         capacity = min(self.max_length, max(length, 2 * self.capacity))
-        shape = (self.slots, self.kv_heads, capacity, self.head_dim)
+        shape = (self.slots, self.spec.kv_heads, capacity, self.spec.head_dim)
         for index in range(len(self.layers)):
             # The kernels read only the positions a slot has written, so their cache is never zeroed (16
             # slots at 2,048 positions are 1.5 GB on the embedded model); the torch reference masks the
@@ -177,28 +110,28 @@ class FastDecoder(SlotCache):
         self.capacity = capacity
 
     # -- forward passes ----------------------------------------------------------------------------------
-    def _qk_rope(self, qkv: torch.Tensor, layer: Layer, cos: torch.Tensor, sin: torch.Tensor, index: int,
+    def _qk_rope(self, qkv: torch.Tensor, layer: CpuLayer, cos: torch.Tensor, sin: torch.Tensor, index: int,
                  deltas: RowDeltas) -> None:
         """Norm (where the model norms q and k) and rotate q and k in place in qkv [tokens, heads, dim]."""
-        heads, kv, dim = self.heads, self.kv_heads, self.head_dim
+        heads, kv, dim = self.spec.heads, self.spec.kv_heads, self.spec.head_dim
         if layer.q_norm is not None and layer.k_norm is not None:
             tokens = qkv.shape[0]
             for name, weight, first, count in (("q_norm", layer.q_norm, 0, heads), ("k_norm", layer.k_norm, heads, kv)):
                 part = qkv[:, first:first + count]
-                normed = kernels.rms_norm(part.reshape(-1, dim), weight, self.eps).view(tokens, count, dim)
-                part.copy_(deltas.norm(f"{index}.{name}", part, normed, self.eps) if deltas else normed)
+                normed = kernels.rms_norm(part.reshape(-1, dim), weight, self.spec.eps).view(tokens, count, dim)
+                part.copy_(deltas.norm(f"{index}.{name}", part, normed, self.spec.eps) if deltas else normed)
         kernels.rope_(qkv, cos, sin, heads + kv)
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor, key: str, deltas: RowDeltas) -> torch.Tensor:
-        normed = kernels.rms_norm(x, weight, self.eps)
-        return deltas.norm(key, x, normed, self.eps) if deltas else normed
+        normed = kernels.rms_norm(x, weight, self.spec.eps)
+        return deltas.norm(key, x, normed, self.spec.eps) if deltas else normed
 
     @staticmethod
     def _linear(linear: FastLinear, x: torch.Tensor, key: str, deltas: RowDeltas) -> torch.Tensor:
         y = linear(x)
         return deltas.linear(key, x, y) if deltas else y
 
-    def _mlp(self, x: torch.Tensor, layer: Layer, index: int, deltas: RowDeltas) -> torch.Tensor:
+    def _mlp(self, x: torch.Tensor, layer: CpuLayer, index: int, deltas: RowDeltas) -> torch.Tensor:
         h = self._norm(x, layer.post_norm, f"{index}.post_norm", deltas)
         gate_up = self._linear(layer.gate_up, h, f"{index}.gate_up", deltas)
         return self._linear(layer.down, kernels.silu_mul(gate_up), f"{index}.down", deltas)
@@ -216,7 +149,7 @@ class FastDecoder(SlotCache):
         rows = len(tokens)
         self.grow(max(lengths) + 1)
         positions = torch.tensor(lengths)
-        heads, kv, dim = self.heads, self.kv_heads, self.head_dim
+        heads, kv, dim = self.spec.heads, self.spec.kv_heads, self.spec.head_dim
         deltas = RowDeltas(variants or [])
         x = self._embed(tokens, deltas)
         cos, sin = self.cos[positions], self.sin[positions]
@@ -224,7 +157,7 @@ class FastDecoder(SlotCache):
         if self.compiled and not deltas and rows <= KERNEL_ROWS:
             # Base rows only: every layer in one kernel call, the same kernels in the same order as below.
             x = kernels.decode_layers(x, self._step_tensors, self._step_formats, cos, sin, self.keys, self.values,
-                                      positions, heads, kv, dim, self.eps, scale)
+                                      positions, heads, kv, dim, self.spec.eps, scale)
             return self._linear(self.head, self._norm(x, self.norm, "norm", deltas), "head", deltas)
         for index, layer in enumerate(self.layers):
             h = self._norm(x, layer.input_norm, f"{index}.input_norm", deltas)
@@ -251,7 +184,7 @@ class FastDecoder(SlotCache):
         walk through the layers, int weights expanded once per layer)."""
         ends = [start + len(tokens) for _, tokens, start in segments]
         self.grow(max(ends))
-        heads, kv, dim = self.heads, self.kv_heads, self.head_dim
+        heads, kv, dim = self.spec.heads, self.spec.kv_heads, self.spec.head_dim
         # Each token row answers as its segment's variant.
         deltas = RowDeltas([v for (_, tokens, _), v in zip(segments, variants or [None] * len(segments))
                             for _ in tokens])
