@@ -369,8 +369,8 @@ def test_non_finite_input_is_a_config_error(bad):
         ({"method": "int8", "granularity": "row"}, "tensor, channel, group"),
         ({"method": "int8", "granularity": "group"}, "group_size >= 1"),
         ({"method": "int8", "granularity": "group", "group_size": 0}, "group_size >= 1"),
-        ({"method": "binary", "symmetric": False}, "binary quantization has no symmetric"),
-        ({"method": "ternary", "clip_percentile": 99.0}, "ternary quantization has no symmetric"),
+        ({"method": "binary", "symmetric": False}, "binary has no symmetric"),
+        ({"method": "ternary", "clip_percentile": 99.0}, "ternary has no symmetric"),
         ({"method": "int4", "clip_percentile": 40.0}, r"\(50, 100\]"),
     ],
 )

@@ -129,7 +129,7 @@ def test_badam_under_zero3_is_a_config_error():
 def test_loraplus_learning_rates_per_matrix(train_config, capture_trainer):
     """LoRA+ (Hayou et al., 2024): in the optimizer the run steps, every B matrix learns at learning_rate x
     loraplus_lr_ratio, every A matrix at learning_rate, and LoRA on the embeddings at loraplus_lr_embedding."""
-    from gym.train.run import run_exp
+    from gym.workflows.training import run_exp
 
     lr, ratio, embedding_lr = 1e-3, 16.0, 3e-5
     seen = capture_trainer(workflow)

@@ -219,7 +219,10 @@ def test_report_to_names_are_checked_and_comma_lists_split(train_config):
     from gym.config.parser import get_train_args
 
     assert get_train_args(train_config(report_to="tensorboard, mlflow")).training.report_to == ["tensorboard", "mlflow"]
-    assert get_train_args(train_config(report_to="none")).training.report_to == []
+    assert get_train_args(train_config(report_to="none")).training.report_to == "none"  # transformers' own word
+    from gym.train.hf_args import hf_training_args
+
+    assert hf_training_args(get_train_args(train_config(report_to="none"))).report_to == []
     with pytest.raises(ConfigError, match="unknown tracker 'wandbb'. Did you mean 'wandb'"):
         get_train_args(train_config(report_to="wandbb"))
     with pytest.raises(ConfigError, match="stands alone"):
