@@ -13,6 +13,10 @@ import pytest
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # One pytest worker per core (make test runs `-n 2`): each computes on one thread, and so do the processes its
+    # tests start, so two workers never fight over the cores (OpenMP threads spin-wait when oversubscribed).
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -51,8 +55,7 @@ def tiny_model_dir(tmp_path_factory, tokenizer) -> Path:
     return path
 
 
-@pytest.fixture()
-def data_dir(tmp_path) -> Path:
+def write_tiny_datasets(folder: Path) -> Path:
     """A dataset_dir with small alpaca, sharegpt and text datasets registered in dataset_info.json."""
     alpaca = [{"instruction": f"Add {i} and {i + 1}.", "input": "", "output": f"{i} + {i + 1} = {2 * i + 1}."}
               for i in range(24)]
@@ -60,15 +63,46 @@ def data_dir(tmp_path) -> Path:
                                {"from": "human", "value": "Again, louder."}, {"from": "gpt", "value": w.upper()}]}
             for w in ["hello", "tree", "river", "stone", "cloud", "light", "house", "bird"]]
     text = [{"text": f"Document {i}: the number {i} squared is {i * i}."} for i in range(20)]
-    (tmp_path / "alpaca.json").write_text(json.dumps(alpaca))
-    (tmp_path / "chat.json").write_text(json.dumps(chat))
-    (tmp_path / "text.jsonl").write_text("".join(json.dumps(r) + "\n" for r in text))
-    (tmp_path / "dataset_info.json").write_text(json.dumps({
+    (folder / "alpaca.json").write_text(json.dumps(alpaca))
+    (folder / "chat.json").write_text(json.dumps(chat))
+    (folder / "text.jsonl").write_text("".join(json.dumps(r) + "\n" for r in text))
+    (folder / "dataset_info.json").write_text(json.dumps({
         "tiny_alpaca": {"file_name": "alpaca.json"},
         "tiny_chat": {"file_name": "chat.json", "formatting": "sharegpt", "columns": {"messages": "conversations"}},
         "tiny_text": {"file_name": "text.jsonl", "columns": {"prompt": "text"}},
     }))
-    return tmp_path
+    return folder
+
+
+@pytest.fixture()
+def data_dir(tmp_path) -> Path:
+    """A dataset_dir with small alpaca, sharegpt and text datasets registered in dataset_info.json."""
+    return write_tiny_datasets(tmp_path)
+
+
+def tiny_sft_config(model_dir: Path, data: Path, output_dir: Path | str, **overrides: object) -> dict:
+    config = {
+        "model_name_or_path": str(model_dir), "stage": "sft", "finetuning_type": "lora",
+        "dataset": "tiny_alpaca", "dataset_dir": str(data), "cutoff_len": 64,
+        "output_dir": str(output_dir), "per_device_train_batch_size": 4, "max_steps": 3,
+        "learning_rate": 1e-2, "save_strategy": "no", "report_to": "none", "disable_tqdm": True, "seed": 0,
+    }
+    config.update(overrides)
+    return config
+
+
+@pytest.fixture(scope="session")
+def trained_run(tiny_model_dir, tmp_path_factory) -> Path:
+    """One LoRA run on the tiny model, trained once per session and shared by the tests that take a finished run
+    (chat, the API, every export format, the web UI's chat): llama3 template, a default system prompt and saved
+    decoding keys, so each can check that what training saved reaches its door. Tests read it, never write into it.
+    """
+    from gym.workflows.training import run_exp
+
+    root = tmp_path_factory.mktemp("trained-run")
+    config = tiny_sft_config(tiny_model_dir, write_tiny_datasets(root), root / "out", template="llama3",
+                             default_system="Answer briefly.", temperature=0.3, top_p=0.8, cutoff_len=256)
+    return Path(run_exp(config).output_dir)
 
 
 @pytest.fixture()
@@ -76,14 +110,7 @@ def train_config(tiny_model_dir, data_dir, tmp_path):
     """A complete, fast sft config on the tiny model; tests override what they exercise."""
 
     def make(**overrides):
-        config = {
-            "model_name_or_path": str(tiny_model_dir), "stage": "sft", "finetuning_type": "lora",
-            "dataset": "tiny_alpaca", "dataset_dir": str(data_dir), "cutoff_len": 64,
-            "output_dir": str(tmp_path / "out"), "per_device_train_batch_size": 4, "max_steps": 3,
-            "learning_rate": 1e-2, "save_strategy": "no", "report_to": "none", "disable_tqdm": True, "seed": 0,
-        }
-        config.update(overrides)
-        return config
+        return tiny_sft_config(tiny_model_dir, data_dir, **{"output_dir": tmp_path / "out", **overrides})
 
     return make
 

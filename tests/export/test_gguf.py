@@ -4,6 +4,8 @@ undoes llama.cpp's q/k layout) rebuilds the model with the source's logits and t
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import gguf
 import numpy as np
 import pytest
@@ -125,10 +127,8 @@ def test_qwen_models_are_written_without_the_llama_permutation(family, tokenizer
         assert torch.allclose(rebuilt(ids).logits, model(ids).logits, atol=1e-5)
 
 
-def test_named_template_and_bad_choices(train_config, tmp_path, capsys):
-    from gym.workflows.training import run_exp
-
-    result = run_exp(train_config(template="llama3", cutoff_len=256))
+def test_named_template_and_bad_choices(trained_run, tmp_path, capsys):
+    result = SimpleNamespace(output_dir=str(trained_run))
     path = tmp_path / "model.gguf"
     assert main(["export", "--output_dir", result.output_dir, "--format", "gguf", "--export_dir", str(path)]) == 0
     template = gguf.GGUFReader(path).fields["tokenizer.chat_template"].contents()

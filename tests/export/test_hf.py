@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -21,9 +22,8 @@ def _logits(model, ids):
         return model(torch.tensor([ids])).logits[0]
 
 
-def test_lora_export_equals_the_served_model_and_carries_its_format(train_config, tmp_path, capsys):
-    result = run_exp(train_config(template="llama3", default_system="Answer briefly.", temperature=0.3, top_p=0.8,
-                                  cutoff_len=256))
+def test_lora_export_equals_the_served_model_and_carries_its_format(trained_run, tmp_path, capsys):
+    result = SimpleNamespace(output_dir=str(trained_run))
     out = tmp_path / "export"
     assert main(["export", "--output_dir", result.output_dir, "--export_dir", str(out), "--export_size", "0.0004"]) == 0
     assert f"Exported {out}" in capsys.readouterr().out

@@ -109,13 +109,9 @@ def test_go_template_renders_the_trained_prompt(tokenizer, name, thinking):
         assert render_go(go, system or TEMPLATES[name].default_system, messages) == expected, (name, messages)
 
 
-def test_ollama_export_writes_the_gguf_and_its_modelfile(train_config, tmp_path, tokenizer):
-    from gym.workflows.training import run_exp
-
-    result = run_exp(train_config(template="llama3", default_system="Answer briefly.", temperature=0.3,
-                                  cutoff_len=256))
+def test_ollama_export_writes_the_gguf_and_its_modelfile(trained_run, tmp_path, tokenizer):
     out = tmp_path / "ollama"
-    assert main(["export", "--output_dir", result.output_dir, "--format", "ollama", "--quantization", "q8_0",
+    assert main(["export", "--output_dir", str(trained_run), "--format", "ollama", "--quantization", "q8_0",
                  "--export_dir", str(out)]) == 0
     modelfile = (out / "Modelfile").read_text()
     [gguf_file] = out.glob("*.gguf")

@@ -4,6 +4,7 @@ and a greedy loop through the ONNX cache decodes the tokens transformers' genera
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -28,10 +29,8 @@ def _run(session, ids, past, start):
     return session.run(None, feeds)
 
 
-def test_lora_export_runs_in_onnxruntime_as_in_pytorch(train_config, tmp_path, tokenizer):
-    from gym.workflows.training import run_exp
-
-    result = run_exp(train_config(lora_target="all"))
+def test_lora_export_runs_in_onnxruntime_as_in_pytorch(trained_run, tmp_path, tokenizer):
+    result = SimpleNamespace(output_dir=str(trained_run))
     out = tmp_path / "onnx"
     assert main(["export", "--output_dir", result.output_dir, "--format", "onnx", "--export_dir", str(out)]) == 0
     manifest = json.loads((out / "gym_manifest.json").read_text())

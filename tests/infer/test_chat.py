@@ -9,10 +9,9 @@ from gym.infer.chat import ChatModel
 from gym.workflows.training import run_exp
 
 
-def test_chat_uses_the_template_the_adapter_was_trained_with(train_config, tokenizer):
+def test_chat_uses_the_template_the_adapter_was_trained_with(trained_run, tokenizer):
     """Trained with a named template; chat must render prompts token-for-token the same way."""
-    result = run_exp(train_config(template="llama3", default_system="Answer briefly.", cutoff_len=256))
-    chat = ChatModel({"adapter_name_or_path": result.output_dir, "do_sample": False, "max_new_tokens": 12,
+    chat = ChatModel({"adapter_name_or_path": str(trained_run), "do_sample": False, "max_new_tokens": 12,
                       "repetition_penalty": 1.5})
     assert chat.data_args.template == "llama3"
     question = [{"role": "user", "content": "Add 2 and 3."}]

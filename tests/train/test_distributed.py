@@ -128,7 +128,27 @@ def test_fsdp_on_two_cpu_processes_shards_the_model_and_equals_one_process(train
     _same_adapter(Path(single.output_dir), tmp_path / "fsdp")  # gathered before saving: full, not empty
 
 
+def test_a_deepspeed_config_is_launched_under_torchrun_and_refused_outside_a_launcher(train_config):
+    """What make test checks of DeepSpeed without running it (its first run compiles DeepSpeed's CPU communication
+    op, minutes on a slow machine): `gym train` relaunches a DeepSpeed config under torchrun even for one process,
+    and a DeepSpeed config outside a launcher is refused before anything loads. The runs themselves, ZeRO-3's
+    gathered save included, are `make test-deepspeed`."""
+    pytest.importorskip("deepspeed", reason="pip install 'zoo-gym[deepspeed]'")
+    from gym.config.distributed import needs_launcher
+    from gym.config.parser import get_train_args
+    from gym.core.errors import ConfigError
+
+    config = train_config(deepspeed=str(REPO / "examples" / "deepspeed" / "ds_z3.json"))
+    assert needs_launcher(config) and needs_launcher(train_config(distributed={"strategy": "deepspeed"}))
+    assert not needs_launcher(train_config())
+    command = torchrun_command(["train", "c.yaml"], env={}, gpus=0, needs_launcher=True)
+    assert command is not None and "--nproc-per-node" in command and command[-3:] == ["gym.cli", "train", "c.yaml"]
+    with pytest.raises(ConfigError, match="runs in processes started by a launcher"):
+        get_train_args(config)
+
+
 @pytest.mark.slow
+@pytest.mark.skipif(not os.environ.get("GYM_TEST_ALL_ZERO"), reason="opt-in: make test-deepspeed")
 def test_deepspeed_zero3_on_two_cpu_processes_saves_the_gathered_adapter(train_config, tmp_path):
     pytest.importorskip("deepspeed", reason="pip install 'zoo-gym[deepspeed]'")
     single = run_exp(_config(train_config, tmp_path, "single", per_device=4))

@@ -8,11 +8,10 @@ import pytest
 from gym.core.errors import GymError
 from gym.infer.chat import ChatModel
 from gym.webui.tab_chat import Playground
-from gym.workflows.training import run_exp
 
 
-def test_a_runs_output_answers_as_gym_chat_on_it(train_config):
-    output = run_exp(train_config(max_steps=2)).output_dir
+def test_a_runs_output_answers_as_gym_chat_on_it(trained_run):
+    output = str(trained_run)
     playground = Playground()
     try:
         assert "Loaded" in playground.load(output, "", "", "", "")
