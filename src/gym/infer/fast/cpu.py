@@ -13,7 +13,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from gym.infer.fast import kernels
 from gym.infer.fast.cache import SlotCache
@@ -178,16 +177,15 @@ class FastDecoder(SlotCache):
 
     def prefill_many(self, segments: list[tuple[int, list[int], int]], *, every_position: bool = False,
                      variants: list[CompiledVariant | None] | None = None) -> list[torch.Tensor]:
-        """Several prompts' next positions in one step: (slot, tokens, start) each, as in `prefill`. Each
-        segment's numbers are what a prefill of it alone gives (its own products and attention), so an
-        answer does not depend on which requests were prefilled with it; the segments share the step (one
-        walk through the layers, int weights expanded once per layer)."""
+        """Several prompts' next positions in one step: (slot, tokens, start) each, as in `prefill`. Every
+        product and every attention computes each token's row as it would alone (gym.infer.fast.kernels), so an
+        answer depends neither on which requests were prefilled with it nor on how its prompt was chunked."""
         ends = [start + len(tokens) for _, tokens, start in segments]
         self.grow(max(ends))
         heads, kv, dim = self.spec.heads, self.spec.kv_heads, self.spec.head_dim
+        chosen = variants or [None] * len(segments)
         # Each token row answers as its segment's variant.
-        deltas = RowDeltas([v for (_, tokens, _), v in zip(segments, variants or [None] * len(segments))
-                            for _ in tokens])
+        deltas = RowDeltas([v for (_, tokens, _), v in zip(segments, chosen) for _ in tokens])
         x = self._embed([t for _, tokens, _ in segments for t in tokens], deltas)
         total = x.shape[0]
         cos = torch.cat([self.cos[start:end] for (_, _, start), end in zip(segments, ends)])
@@ -195,35 +193,24 @@ class FastDecoder(SlotCache):
         offsets = [0]
         for _, tokens, _ in segments:
             offsets.append(offsets[-1] + len(tokens))
-        # Query i of a segment sees keys [0, start + i]; with no earlier positions that is the plain causal mask.
-        masks = [None if start == 0 else (torch.arange(end)[None, :] <= torch.arange(start, end)[:, None])
-                 for (_, _, start), end in zip(segments, ends)]
-        sizes = [last - first for first, last in zip(offsets, offsets[1:])]
-
-        def each(linear: FastLinear, h: torch.Tensor, key: str) -> torch.Tensor:
-            y = linear.each(list(h.split(sizes)))
-            return deltas.linear(key, h, y) if deltas else y
-
+        scale = dim ** -0.5
         for index, layer in enumerate(self.layers):
             h = self._norm(x, layer.input_norm, f"{index}.input_norm", deltas)
-            qkv = each(layer.qkv, h, f"{index}.qkv").view(total, heads + 2 * kv, dim)
+            qkv = self._linear(layer.qkv, h, f"{index}.qkv", deltas).view(total, heads + 2 * kv, dim)
             self._qk_rope(qkv, layer, cos, sin, index, deltas)
             keys, values = self.keys[index], self.values[index]
             attended = torch.empty(total, heads * dim)
-            for (slot, _, start), end, mask, first, last in zip(segments, ends, masks, offsets, offsets[1:]):
-                q, k, v = qkv[first:last].transpose(0, 1)[None].split([heads, kv, kv], dim=1)
-                keys[slot, :, start:end] = k[0]
-                values[slot, :, start:end] = v[0]
-                out = F.scaled_dot_product_attention(q, keys[slot:slot + 1, :, :end], values[slot:slot + 1, :, :end],
-                                                     attn_mask=mask, is_causal=mask is None, enable_gqa=True)
-                attended[first:last] = out[0].transpose(0, 1).reshape(last - first, heads * dim)
-            x = x + each(layer.o, attended, f"{index}.o")
-            h = self._norm(x, layer.post_norm, f"{index}.post_norm", deltas)
-            x = x + each(layer.down, kernels.silu_mul(each(layer.gate_up, h, f"{index}.gate_up")), f"{index}.down")
+            for (slot, _, start), end, first, last in zip(segments, ends, offsets, offsets[1:]):
+                keys[slot, :, start:end] = qkv[first:last, heads:heads + kv].transpose(0, 1)
+                values[slot, :, start:end] = qkv[first:last, heads + kv:].transpose(0, 1)
+                attended[first:last] = kernels.prefill_attention(
+                    qkv[first:last, :heads].contiguous(), keys, values, slot, start, scale).view(last - first, -1)
+            x = x + self._linear(layer.o, attended, f"{index}.o", deltas)
+            x = x + self._mlp(x, layer, index, deltas)
         if every_position:
             logits = self._linear(self.head, self._norm(x, self.norm, "norm", deltas), "head", deltas)
             return [logits[first:last] for first, last in zip(offsets, offsets[1:])]
         lasts = torch.tensor(offsets[1:]) - 1
-        last_deltas = RowDeltas([(variants or [None] * len(segments))[i] for i in range(len(segments))])
+        last_deltas = RowDeltas(list(chosen))
         return list(self._linear(self.head, self._norm(x[lasts], self.norm, "norm", last_deltas), "head",
                                  last_deltas))

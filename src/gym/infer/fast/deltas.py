@@ -292,6 +292,17 @@ def _plan(plan: LinearPlan, parts: list[Part], deltas: dict[str, ParamDelta], wi
 
 
 # -- applying the deltas of one step's rows ------------------------------------------------------------
+def _row_product(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x @ weight.T with each row computed as it is alone (the kernels' float product, or row by row): a
+    variant's correction must not depend on how many of its rows share the step."""
+    return kernels.linear_float(x.contiguous(), weight.contiguous())
+
+
+def _matmul(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return x @ weight.T
+
+
+
 class RowDeltas:
     """The variants of one step's rows (None: the base), applied as corrections after each base product."""
 
@@ -331,6 +342,7 @@ class RowDeltas:
         scales: list[torch.Tensor] = []
         sizes: list[int] = []
         kernel = y.device.type == "cpu" and y.dtype == torch.float32
+        product = _row_product if kernel else _matmul
         for index, (variant, rows, count) in enumerate(self._on(x.device)):
             plan = variant.linears.get(key)
             if plan is None:
@@ -342,12 +354,12 @@ class RowDeltas:
                     scales += [plan.sign.scales] * count
                     sizes += [plan.sign.group_size] * count
                 else:
-                    y[rows] += x[rows] @ variant.matrix(key, plan.sign, y.device, y.dtype).T
+                    y[rows] += product(x[rows], variant.matrix(key, plan.sign, y.device, y.dtype))
             for start, stop, delta in plan.pieces:
                 if isinstance(delta, LowRankDelta):
-                    correction = (x[rows].float() @ delta.down.T) @ delta.up.T
+                    correction = product(product(x[rows].float(), delta.down), delta.up)
                 else:
-                    correction = x[rows] @ variant.matrix(f"{key}:{start}", delta, y.device, y.dtype).T
+                    correction = product(x[rows], variant.matrix(f"{key}:{start}", delta, y.device, y.dtype))
                 y[rows, start:stop] += correction.to(y.dtype)
             if plan.bias is not None:
                 y[rows] += plan.bias.to(y.dtype)
@@ -363,8 +375,12 @@ class RowDeltas:
             if delta is None:
                 continue
             part = x[rows].float()
-            unit = part * torch.rsqrt(part.pow(2).mean(-1, keepdim=True) + eps)
-            normed[rows] += (unit * delta).to(normed.dtype)
+            if part.device.type == "cpu":  # the kernels' rms norm: each row as it is alone
+                width = part.shape[-1]
+                scaled = kernels.rms_norm(part.reshape(-1, width).contiguous(), delta.float(), eps).view(part.shape)
+            else:
+                scaled = part * torch.rsqrt(part.pow(2).mean(-1, keepdim=True) + eps) * delta
+            normed[rows] += scaled.to(normed.dtype)
         return normed
 
     def embed(self, tokens: torch.Tensor, x: torch.Tensor) -> torch.Tensor:

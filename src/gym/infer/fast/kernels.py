@@ -2,10 +2,17 @@
 
 The kernels are built with torch's C++ extension loader (g++ and ninja) the first time they are needed,
 for this CPU (`-march=native`) and this torch, into `$GYM_HOME/kernels/<key>`; later processes load the
-built library in milliseconds. Where there is no compiler, or the build fails, `kernel_status()` says
-why and every linear layer runs the torch reference below instead, which computes the same thing
-(activations quantized per block for int8/int4, like the kernels) through a float matmul: correct,
+built library in milliseconds. `GYM_KERNEL_ISA=avx2` builds the AVX2 path instead (`-march=haswell`), so a
+machine with AVX-512 can run and test what an AVX2-only machine runs. Where there is no compiler, or the
+build fails, `kernel_status()` says why and every linear layer runs the torch reference below instead,
+which computes the same thing (activations quantized per block for int8/int4, like the kernels): correct,
 slower.
+
+Batch invariance: every operation here gives each row the numbers it gets alone, whatever other rows share
+the call, on every path (the kernels' per-row arithmetic is fixed, see csrc/linear.cpp; the torch reference
+computes row by row, because a BLAS product's rounding depends on the rows it multiplies together). So a
+request's greedy answer never depends on the load. The kernels are built with -ffp-contract=off: whether the
+compiler fuses a scalar multiply-add must not differ between two loops that promise the same numbers.
 """
 
 from __future__ import annotations
@@ -34,9 +41,27 @@ _lock = threading.Lock()
 _state: dict[str, str | bool] = {}
 
 
+ISAS = ("native", "avx2")
+
+
+def kernel_isa() -> str:
+    """Which path the kernels are built for: `native` (this CPU, the default) or `avx2` (GYM_KERNEL_ISA)."""
+    isa = os.environ.get("GYM_KERNEL_ISA", "native").lower() or "native"
+    if isa not in ISAS:
+        raise ValueError(f"GYM_KERNEL_ISA={isa!r}: choose one of {', '.join(ISAS)}")
+    return isa
+
+
+def _compile_flags() -> list[str]:
+    flags = ["-O3", "-fopenmp", "-ffp-contract=off"]
+    if platform.machine() in ("x86_64", "AMD64"):
+        flags.append("-march=haswell" if kernel_isa() == "avx2" else "-march=native")
+    return flags
+
+
 def _build_key() -> str:
     digest = hashlib.sha256(_SOURCE.read_bytes())
-    digest.update(f"{torch.__version__}|{platform.machine()}|{_cpu_flags()}".encode())
+    digest.update(f"{torch.__version__}|{platform.machine()}|{_cpu_flags()}|{' '.join(_compile_flags())}".encode())
     return digest.hexdigest()[:16]
 
 
@@ -73,9 +98,8 @@ def _load() -> dict[str, str | bool]:
 
     folder = gym_home() / "kernels" / _build_key()
     folder.mkdir(parents=True, exist_ok=True)
-    flags = ["-O3", "-fopenmp"] + (["-march=native"] if platform.machine() in ("x86_64", "AMD64") else [])
     try:
-        load(name="gym_kernels", sources=[str(_SOURCE)], extra_cflags=flags, extra_ldflags=["-fopenmp"],
+        load(name="gym_kernels", sources=[str(_SOURCE)], extra_cflags=_compile_flags(), extra_ldflags=["-fopenmp"],
              build_directory=str(folder), is_python_module=False, verbose=False)
     except Exception as exc:  # a compiler error must not stop inference: the reference path still works
         reason = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
@@ -204,26 +228,33 @@ def quantize_activations(x: torch.Tensor) -> torch.Tensor:
 
 
 # -- the operations --------------------------------------------------------------------------------------
+def _rowwise(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x @ weight.T one row at a time: a matrix-vector product per row, so no row's rounding depends on the
+    others (the torch reference's batch invariance)."""
+    weight_t = weight.T
+    return torch.stack([row @ weight_t for row in x]) if x.shape[0] else x.new_zeros(0, weight.shape[0])
+
+
 def linear_float(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """x [B, K] float32 @ weight [N, K] (float32, bfloat16 or float16) -> [B, N] float32."""
     if _state.get("ok"):
-        out: torch.Tensor = torch.ops.gym_kernels.linear(x, weight)
+        out: torch.Tensor = torch.ops.gym_kernels.linear(x.contiguous(), weight.contiguous())
         return out
-    return x @ weight.float().T
+    return _rowwise(x, weight.float())
 
 
 def linear_int8(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     if _state.get("ok"):
         out: torch.Tensor = torch.ops.gym_kernels.linear_q8(x, q, scale)
         return out
-    return quantize_activations(x) @ unpack_int8(q, scale).T
+    return _rowwise(quantize_activations(x), unpack_int8(q, scale))
 
 
 def linear_int4(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     if _state.get("ok"):
         out: torch.Tensor = torch.ops.gym_kernels.linear_q4(x, packed, scale)
         return out
-    return quantize_activations(x) @ unpack_int4(packed, scale).T
+    return _rowwise(quantize_activations(x), unpack_int4(packed, scale))
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -255,11 +286,32 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: to
     slots = torch.arange(rows)
     keys[slots, :, lengths] = k
     values[slots, :, lengths] = v
-    span = int(lengths.max()) + 1
-    mask = (torch.arange(span)[None, :] <= lengths[:, None])[:, None, None, :]
-    attended = torch.nn.functional.scaled_dot_product_attention(
-        q[:, :, None], keys[:rows, :, :span], values[:rows, :, :span], attn_mask=mask, scale=scale, enable_gqa=True)
-    return attended[:, :, 0]
+    out = torch.empty_like(q)
+    for row, length in enumerate(lengths.tolist()):  # each row over its own length: no padding to the longest
+        out[row] = _attend(q[row], keys[row, :, :length + 1], values[row, :, :length + 1], scale)
+    return out
+
+
+def _attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float) -> torch.Tensor:
+    """One query position's heads q [heads, dim] over keys/values [kv heads, n, dim] -> [heads, dim]."""
+    group = q.shape[0] // keys.shape[0]
+    keys, values = keys.repeat_interleave(group, 0), values.repeat_interleave(group, 0)
+    weights = torch.softmax((keys @ q[:, :, None])[:, :, 0] * scale, dim=-1)
+    return (weights[:, None, :] @ values)[:, 0]
+
+
+def prefill_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, slot: int, start: int,
+                      scale: float) -> torch.Tensor:
+    """A prompt's attention in cache slot `slot`, which holds positions [0, start + n) already: query i of
+    q [n, heads, dim] attends over [0, start + i], each exactly as a decode step attends (batch invariance:
+    a position's numbers do not depend on the chunk it was prefilled in)."""
+    if _state.get("ok"):
+        out: torch.Tensor = torch.ops.gym_kernels.prefill_attention(q.contiguous(), keys, values, slot, start, scale)
+        return out
+    out = torch.empty_like(q)
+    for i in range(q.shape[0]):
+        out[i] = _attend(q[i], keys[slot, :, :start + i + 1], values[slot, :, :start + i + 1], scale)
+    return out
 
 
 def decode_layers(x: torch.Tensor, tensors: list[torch.Tensor], formats: list[int], cos: torch.Tensor,

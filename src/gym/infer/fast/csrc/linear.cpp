@@ -227,20 +227,6 @@ inline float weight_at(const void* w, int64_t i) {
   }
 }
 
-#if defined(__AVX512F__)
-template <WeightKind kind>
-inline __m512 load16(const void* w, int64_t i) {
-  if constexpr (kind == WeightKind::F32) {
-    return _mm512_loadu_ps(static_cast<const float*>(w) + i);
-  } else if constexpr (kind == WeightKind::BF16) {
-    const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(w) + i));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
-  } else {
-    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(w) + i)));
-  }
-}
-#endif
-
 #ifdef GYM_AVX2
 inline float hsum(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -299,31 +285,18 @@ inline __m256i dot_u8s8(__m256i ax, __m256i sw) {
 // out[t * R + r] = dot(x[r], w[t]) for R activation rows and T weight rows: every weight vector loaded
 // feeds R rows, every activation vector feeds T weight rows, and R and T are compile-time constants
 // so the accumulators live in registers.
+//
+// Batch invariance: each product is summed the same way whatever R and T are (eight lanes, k in order,
+// then the same horizontal sum and the same scalar tail), so a row's numbers do not depend on how many
+// rows share the call, and a greedy answer does not change with the load. A 512-bit loop for many rows
+// was 1.1-1.35x faster at 8-16 rows on AVX-512, but it sums in sixteen lanes: the same request answered
+// differently alone and in a batch, so it is gone.
 template <WeightKind kind, int R, int T>
 void dot_float(const float* x, int64_t ldx, const void* w, int64_t ldw, int64_t K, float* out) {
   constexpr int64_t elem = kind == WeightKind::F32 ? 4 : 2;
   const char* wb = static_cast<const char*>(w);
   int64_t k = 0;
   float sums[T * R] = {};
-#if defined(__AVX512F__)
-  // Many rows (a batch of streams) are bound by the multiply-adds, where 512-bit vectors do twice the work per
-  // instruction: 1.1-1.35x on the embedded model's products at 8-16 rows. One or two rows stream the weights
-  // at memory speed either way, and there the 256-bit loop below keeps up with the prefetcher better (the LM
-  // head at one row: 3.1 vs 3.9 ms).
-  if constexpr (T > 1 || R > 2) {
-    __m512 acc[T * R];
-    for (int i = 0; i < T * R; ++i) acc[i] = _mm512_setzero_ps();
-    for (; k + 16 <= K; k += 16) {
-      __m512 wv[T];
-      for (int t = 0; t < T; ++t) wv[t] = load16<kind>(wb + t * ldw * elem, k);
-      for (int r = 0; r < R; ++r) {
-        const __m512 xv = _mm512_loadu_ps(x + r * ldx + k);
-        for (int t = 0; t < T; ++t) acc[t * R + r] = _mm512_fmadd_ps(wv[t], xv, acc[t * R + r]);
-      }
-    }
-    for (int i = 0; i < T * R; ++i) sums[i] = _mm512_reduce_add_ps(acc[i]);
-  }
-#endif
 #ifdef GYM_AVX2
   __m256 acc[T * R];
   for (int i = 0; i < T * R; ++i) acc[i] = _mm256_setzero_ps();
@@ -335,7 +308,7 @@ void dot_float(const float* x, int64_t ldx, const void* w, int64_t ldw, int64_t 
       for (int t = 0; t < T; ++t) acc[t * R + r] = _mm256_fmadd_ps(wv[t], xv, acc[t * R + r]);
     }
   }
-  for (int i = 0; i < T * R; ++i) sums[i] += hsum(acc[i]);
+  for (int i = 0; i < T * R; ++i) sums[i] = hsum(acc[i]);
 #endif
   for (; k < K; ++k) {
     for (int t = 0; t < T; ++t) {
@@ -781,6 +754,20 @@ inline float exp_shifted(float* v, int64_t n, float shift) {
   return total;
 }
 
+// One query head over positions [0, n) of its kv head: softmax(q . k_j * scale) . v_j, into o [dim].
+inline void attend(const float* qv, const float* kr, const float* vr, int64_t n, int64_t dim, float scale,
+                   std::vector<float>& scores, float* o) {
+  scores.resize(n);
+  float top = -INFINITY;
+  for (int64_t j = 0; j < n; ++j) {
+    scores[j] = dot(qv, kr + j * dim, dim) * scale;
+    top = std::max(top, scores[j]);
+  }
+  const float total = exp_shifted(scores.data(), n, top);
+  for (int64_t d = 0; d < dim; ++d) o[d] = 0.f;
+  for (int64_t j = 0; j < n; ++j) axpy(o, scores[j] / total, vr + j * dim, dim);
+}
+
 // One decode step of attention for each row r: store its new key and value (k, v [rows, kv heads, dim]) at
 // position lengths[r] of its slot r, then attend from q [rows, heads, dim] over positions [0, lengths[r]].
 // Each row reads only its own length (no padding), and grouped query heads share their kv head.
@@ -809,20 +796,36 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
   parallel_for(0, rows * heads, 1, [&](int64_t i0, int64_t i1) {
     std::vector<float> scores;
     for (int64_t i = i0; i < i1; ++i) {
-      const int64_t r = i / heads, h = i % heads, n = len[r] + 1;
-      const float* qv = qp + i * dim;
-      const float* kr = kp + (r * kv_heads + h / group) * capacity * dim;
-      const float* vr = vp + (r * kv_heads + h / group) * capacity * dim;
-      scores.resize(n);
-      float top = -INFINITY;
-      for (int64_t j = 0; j < n; ++j) {
-        scores[j] = dot(qv, kr + j * dim, dim) * float(scale);
-        top = std::max(top, scores[j]);
-      }
-      float total = exp_shifted(scores.data(), n, top);
-      float* o = op + i * dim;
-      for (int64_t d = 0; d < dim; ++d) o[d] = 0.f;
-      for (int64_t j = 0; j < n; ++j) axpy(o, scores[j] / total, vr + j * dim, dim);
+      const int64_t r = i / heads, h = i % heads;
+      attend(qp + i * dim, kp + (r * kv_heads + h / group) * capacity * dim,
+             vp + (r * kv_heads + h / group) * capacity * dim, len[r] + 1, dim, float(scale), scores, op + i * dim);
+    }
+  });
+  return out;
+}
+
+// A prompt's attention in one slot, whose keys and values already hold positions [0, start + n): query i
+// (position start + i) attends over [0, start + i]. Each query is computed exactly as a decode step computes
+// its row (`attend`), so a position's numbers do not depend on the chunk of the prompt it was prefilled in,
+// nor on the other requests of the step.
+at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values, int64_t slot,
+                             int64_t start, double scale) {
+  TORCH_CHECK(q.is_contiguous() && keys.is_contiguous() && values.is_contiguous(),
+              "prefill_attention takes contiguous tensors");
+  const int64_t n = q.size(0), heads = q.size(1), dim = q.size(2);
+  const int64_t kv_heads = keys.size(1), capacity = keys.size(2), group = heads / kv_heads;
+  TORCH_CHECK(start + n <= capacity && slot < keys.size(0), "prefill_attention: positions past the cache");
+  at::Tensor out = at::empty({n, heads, dim}, q.options());
+  const float* qp = q.data_ptr<float>();
+  const float* kp = keys.data_ptr<float>() + slot * kv_heads * capacity * dim;
+  const float* vp = values.data_ptr<float>() + slot * kv_heads * capacity * dim;
+  float* op = out.data_ptr<float>();
+  parallel_for(0, n * heads, 1, [&](int64_t i0, int64_t i1) {
+    std::vector<float> scores;
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t t = i / heads, h = i % heads;
+      attend(qp + i * dim, kp + (h / group) * capacity * dim, vp + (h / group) * capacity * dim, start + t + 1, dim,
+             float(scale), scores, op + i * dim);
     }
   });
   return out;
@@ -928,73 +931,64 @@ const MaskTable& mask_table() {
   return table;
 }
 
-// sums[r] = sum over k in [k0, k1) of x[r][k] where bit k of `bits` is set; k0, k1 multiples of 8.
+// Every packed product below computes each (row, output) the same way, so a row's correction does not depend
+// on which rows share the call (batch invariance): per group g, the masked sum of x over the group's set bits in
+// eight lanes, k in order, in one chain; the groups folded into eight lanes as h += 2 s_g * that sum; then the
+// lanes summed as ((0+1)+(2+3))+((4+5)+(6+7)), and sum_g s_g * sum(x over g) taken off. Four outputs of one row
+// (sign_dot4) and one output of up to four rows (sign_dot_rows) are two loops over that one recipe.
+
+// ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)): the order the paired horizontal adds of sign_dot4 give.
+inline float lanes_total(const float* l) {
+  return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+}
+
+// out[r] = sum_g s[g] * (x_r . sign over group g) for one output (its bits and scales) and R rows.
 template <int R>
-inline void masked_sums(const uint8_t* bits, const float* const* x, int64_t k0, int64_t k1, float* sums) {
-#if defined(__AVX512F__)
-  // AVX-512 takes the bits as they are: two bytes are the lane mask of a masked add over sixteen activations.
-  constexpr int U = R == 1 ? 4 : (R == 2 ? 2 : 1);
-  __m512 acc[R][U];
-  for (int r = 0; r < R; ++r)
-    for (int u = 0; u < U; ++u) acc[r][u] = _mm512_setzero_ps();
-  int64_t k = k0;
-  for (; k + 16 * U <= k1; k += 16 * U) {
-    for (int u = 0; u < U; ++u) {
-      uint16_t lanes;
-      std::memcpy(&lanes, bits + (k >> 3) + 2 * u, 2);
-      for (int r = 0; r < R; ++r)
-        acc[r][u] = _mm512_mask_add_ps(acc[r][u], __mmask16(lanes), acc[r][u], _mm512_loadu_ps(x[r] + k + 16 * u));
-    }
-  }
-  float tail[R];
-  for (int r = 0; r < R; ++r) tail[r] = 0.f;
-  for (; k < k1; ++k)
-    if ((bits[k >> 3] >> (k & 7)) & 1)
-      for (int r = 0; r < R; ++r) tail[r] += x[r][k];
+inline void sign_dot_rows(const uint8_t* bits, const float* s, int64_t G, int64_t size, int64_t K,
+                          const float* const* x, const float* const* group_sum, float* out) {
+  float offset[R];
   for (int r = 0; r < R; ++r) {
-    __m512 total = acc[r][0];
-    for (int u = 1; u < U; ++u) total = _mm512_add_ps(total, acc[r][u]);
-    sums[r] = _mm512_reduce_add_ps(total) + tail[r];
+    offset[r] = 0.f;
+    for (int64_t g = 0; g < G; ++g) offset[r] += s[g] * group_sum[r][g];
   }
-#elif defined(GYM_AVX2)
+#ifdef GYM_AVX2
   const MaskTable& table = mask_table();
-  constexpr int U = R == 1 ? 4 : (R == 2 ? 2 : 1);  // independent add chains per row, to hide the add latency
-  __m256 acc[R][U];
-  for (int r = 0; r < R; ++r)
-    for (int u = 0; u < U; ++u) acc[r][u] = _mm256_setzero_ps();
-  int64_t k = k0;
-  for (; k + 8 * U <= k1; k += 8 * U) {
-    for (int u = 0; u < U; ++u) {
-      const __m256 mask = _mm256_load_ps(reinterpret_cast<const float*>(table.lanes[bits[(k >> 3) + u]]));
-      for (int r = 0; r < R; ++r)
-        acc[r][u] = _mm256_add_ps(acc[r][u], _mm256_and_ps(mask, _mm256_loadu_ps(x[r] + k + 8 * u)));
+  __m256 half[R];
+  for (int r = 0; r < R; ++r) half[r] = _mm256_setzero_ps();
+  for (int64_t g = 0; g < G; ++g) {
+    const int64_t k0 = g * size, k1 = std::min(K, k0 + size);
+    __m256 acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+    for (int64_t k = k0; k < k1; k += 8) {
+      const __m256 mask = _mm256_load_ps(reinterpret_cast<const float*>(table.lanes[bits[k >> 3]]));
+      for (int r = 0; r < R; ++r) acc[r] = _mm256_add_ps(acc[r], _mm256_and_ps(mask, _mm256_loadu_ps(x[r] + k)));
     }
+    const __m256 twice = _mm256_set1_ps(2.f * s[g]);
+    for (int r = 0; r < R; ++r) half[r] = _mm256_fmadd_ps(twice, acc[r], half[r]);
   }
-  for (; k < k1; k += 8) {
-    const __m256 mask = _mm256_load_ps(reinterpret_cast<const float*>(table.lanes[bits[k >> 3]]));
-    for (int r = 0; r < R; ++r) acc[r][0] = _mm256_add_ps(acc[r][0], _mm256_and_ps(mask, _mm256_loadu_ps(x[r] + k)));
-  }
+  alignas(32) float lanes[8];
   for (int r = 0; r < R; ++r) {
-    __m256 total = acc[r][0];
-    for (int u = 1; u < U; ++u) total = _mm256_add_ps(total, acc[r][u]);
-    sums[r] = hsum(total);
+    _mm256_store_ps(lanes, half[r]);
+    out[r] = lanes_total(lanes) - offset[r];
   }
 #else
   for (int r = 0; r < R; ++r) {
-    float total = 0.f;
-    for (int64_t k = k0; k < k1; ++k)
-      if ((bits[k >> 3] >> (k & 7)) & 1) total += x[r][k];
-    sums[r] = total;
+    float dot = 0.f;
+    for (int64_t g = 0; g < G; ++g) {
+      float masked = 0.f;
+      for (int64_t k = g * size; k < std::min(K, (g + 1) * size); ++k)
+        if ((bits[k >> 3] >> (k & 7)) & 1) masked += x[r][k];
+      dot += 2.f * s[g] * masked;
+    }
+    out[r] = dot - offset[r];
   }
 #endif
 }
 
-// The signed dot products of one activation row with four consecutive sign rows (the common case: one
-// row per variant in a batch), out[o] = sum_g s[o][g] * (x . sign_o over group g). Each activation vector
-// loaded feeds all four rows, and each group's partial sums are scaled while still vectors, so the
-// horizontal reduction, which costs about as much as the masked adds of a 576-wide row, is done once for
-// all four outputs instead of once per output and group. AVX-512 CPUs take rows of whole blocks of 32
-// through the table lookups below and only odd widths through this (AVX2) form.
+// The same recipe for one activation row and four consecutive sign rows (the common case: one row per
+// variant in a batch), out[o] = sum_g s[o][g] * (x . sign_o over group g). Each activation vector loaded feeds
+// all four outputs, and the horizontal sums are done once for all four. AVX-512 CPUs take rows of whole
+// blocks of 32 through the table lookups below instead.
 inline void sign_dot4(const uint8_t* bits, int64_t row_bytes, const float* s, int64_t G, int64_t size, int64_t K,
                       const float* x, const float* group_sum, float* out) {
   float offset[4] = {0.f, 0.f, 0.f, 0.f};  // sum_g s[g] * sum(x over g): x . sign = 2 (x . b) - sum(x)
@@ -1017,9 +1011,8 @@ inline void sign_dot4(const uint8_t* bits, int64_t row_bytes, const float* s, in
     }
     for (int o = 0; o < 4; ++o) half[o] = _mm256_fmadd_ps(_mm256_set1_ps(2.f * s[o * G + g]), acc[o], half[o]);
   }
-#endif
-#ifdef GYM_AVX2
-  // Four horizontal sums at once: pairwise adds leave [o0 o1 o2 o3] in each 128-bit half.
+  // Four horizontal sums at once: pairwise adds leave [o0 o1 o2 o3] in each 128-bit half, each summed as
+  // lanes_total does.
   const __m256 pairs = _mm256_hadd_ps(_mm256_hadd_ps(half[0], half[1]), _mm256_hadd_ps(half[2], half[3]));
   const __m128 sums = _mm_add_ps(_mm256_castps256_ps128(pairs), _mm256_extractf128_ps(pairs, 1));
   alignas(16) float lanes_out[4];
@@ -1178,7 +1171,11 @@ void sign_matmul_add_(at::Tensor& y, const at::Tensor& x, const at::Tensor& rows
 #endif
       const int R = int(last - first);
       const float* xs[4];
-      for (int r = 0; r < R; ++r) xs[r] = xp + row[first + r] * K;
+      const float* sums[4];
+      for (int r = 0; r < R; ++r) {
+        xs[r] = xp + row[first + r] * K;
+        sums[r] = group_sum[first + r].data();
+      }
       const int64_t G = groups[first], size = group_sizes[first];
       const int64_t end = std::min(N, t1 * kOutputs);
       int64_t n = t0 * kOutputs;
@@ -1186,24 +1183,19 @@ void sign_matmul_add_(at::Tensor& y, const at::Tensor& x, const at::Tensor& rows
         for (; n + 4 <= end; n += 4) {
           float out[4];
           sign_dot4(bit_ptr[first] + n * row_bytes, row_bytes, scale_ptr[first] + n * G, G, size, K, xs[0],
-                    group_sum[first].data(), out);
+                    sums[0], out);
           for (int o = 0; o < 4; ++o) yp[row[first] * N + n + o] += out[o];
         }
       }
       for (; n < end; ++n) {
         const uint8_t* b = bit_ptr[first] + n * row_bytes;
         const float* s = scale_ptr[first] + n * G;
-        float out[4] = {0.f, 0.f, 0.f, 0.f};
-        for (int64_t g = 0; g < G; ++g) {
-          const int64_t k0 = g * size, k1 = std::min(K, k0 + size);
-          float sums[4];
-          switch (R) {
-            case 1: masked_sums<1>(b, xs, k0, k1, sums); break;
-            case 2: masked_sums<2>(b, xs, k0, k1, sums); break;
-            case 3: masked_sums<3>(b, xs, k0, k1, sums); break;
-            default: masked_sums<4>(b, xs, k0, k1, sums); break;
-          }
-          for (int r = 0; r < R; ++r) out[r] += s[g] * (2.f * sums[r] - group_sum[first + r][g]);
+        float out[4];
+        switch (R) {
+          case 1: sign_dot_rows<1>(b, s, G, size, K, xs, sums, out); break;
+          case 2: sign_dot_rows<2>(b, s, G, size, K, xs, sums, out); break;
+          case 3: sign_dot_rows<3>(b, s, G, size, K, xs, sums, out); break;
+          default: sign_dot_rows<4>(b, s, G, size, K, xs, sums, out); break;
         }
         for (int r = 0; r < R; ++r) yp[row[first + r] * N + n] += out[r];
       }
@@ -1221,6 +1213,8 @@ TORCH_LIBRARY(gym_kernels, m) {
   m.def("rope_(Tensor(a!) x, Tensor cos, Tensor sin, int heads) -> ()", &rope_);
   m.def("decode_attention(Tensor q, Tensor k, Tensor v, Tensor(a!) keys, Tensor(b!) values, Tensor lengths, "
         "float scale) -> Tensor", &decode_attention);
+  m.def("prefill_attention(Tensor q, Tensor keys, Tensor values, int slot, int start, float scale) -> Tensor",
+        &prefill_attention);
   m.def("silu_mul(Tensor gate_up) -> Tensor", &silu_mul);
   m.def("decode_layers(Tensor x, Tensor[] tensors, int[] formats, Tensor cos, Tensor sin, Tensor(a!)[] keys, "
         "Tensor(b!)[] values, Tensor lengths, int heads, int kv_heads, int dim, float eps, float scale) -> Tensor",
