@@ -181,3 +181,18 @@ def test_bf16_unset_follows_the_hardware(monkeypatch):
     assert hf_args.machine_values(get_train_args({}))["bf16"] is True
     assert "bf16" not in hf_args.machine_values(get_train_args({"bf16": False}))
     assert hf_args.hf_training_args(get_train_args({"bf16": False})).bf16 is False
+
+
+def test_a_hub_token_reaches_the_hub_libraries_but_not_the_saved_training_arguments(monkeypatch):
+    """The Trainer pickles its arguments into every checkpoint (training_args.bin): the push token must not be in
+    them. It goes to the environment the hub libraries read."""
+    import pickle
+
+    from gym.train.hf_args import hf_training_args
+
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    built = hf_training_args(get_train_args({"hub_token": "hf_secret_push_token"}))
+    assert built.hub_token is None and b"hf_secret_push_token" not in pickle.dumps(built)
+    import os
+
+    assert os.environ["HF_TOKEN"] == "hf_secret_push_token"

@@ -12,6 +12,7 @@ the Trainer runs with.
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any
 
 import torch
@@ -56,6 +57,11 @@ def hf_training_args(args: TrainArgs[Any], config_cls: type | None = None, **val
     keys.update(chosen)
     keys.update(machine_values(args))
     keys.update(values)
+    token = keys.pop("hub_token", None)
+    if token:
+        # The Trainer pickles its arguments into every checkpoint (training_args.bin): a token there would sit in
+        # plain text beside the weights. The hub libraries read it from the environment instead.
+        os.environ["HF_TOKEN"] = str(token)
     unknown = sorted(k for k in keys if k not in accepted)
     if unknown:
         raise ConfigError(f"'{unknown[0]}' is not a key of {config_cls.__name__} in the installed transformers/TRL: "
