@@ -22,7 +22,7 @@ from safetensors.torch import load_file
 from transformers import AutoConfig
 
 from gym.core.errors import ConfigError
-from gym.core.files import refuse_overwrite, remove_stale_temps, temp_path
+from gym.core.files import make_folder, refuse_overwrite, remove_stale_temps, temp_path
 from gym.core.names import split_names
 from gym.export.config import ExportArguments
 from gym.export.gguf_file import arch_of, encode_tensor, permute_for_llama
@@ -111,7 +111,7 @@ def export_gguf_lora(args: ExportArguments, config: dict[str, Any]) -> Path:
     target = Path(args.export_dir)
     out = target if target.suffix == ".gguf" else target / f"{adapter_dir.name}-lora-{gguf_type.upper()}.gguf"
     refuse_overwrite(out, args.export_overwrite)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    make_folder(out.parent)
     remove_stale_temps(out.parent)
     tmp = temp_path(out)
     try:

@@ -27,7 +27,7 @@ from transformers import AutoConfig
 
 from gym.config.files import ConfigSource, as_config_dict
 from gym.core.errors import ConfigError
-from gym.core.files import CONFIG_FILE, refuse_overwrite
+from gym.core.files import CONFIG_FILE, refuse_output_over_input, refuse_overwrite
 from gym.data.templates import get_chat_format, jinja_chat_template
 from gym.delta.apply import save_model_folder
 from gym.merge.config import MergeConfig, MergeMethod, parse_merge_config
@@ -53,6 +53,7 @@ STATE_DICT_PATH = "state dicts"
 def merge_models(config: ConfigSource) -> Path:
     """Merge what `config` (a dict, or a YAML/JSON file in mergekit's shape) lists; returns the output folder."""
     args = parse_merge_config(as_config_dict(config))
+    refuse_output_over_input(args.output_dir, [args.base_model, *(m.model for m in args.models)])
     refuse_overwrite(args.output_dir, args.overwrite, how="overwrite: true", folder=True)  # before the work
     adapters = [m.model for m in args.models if is_adapter(m.model)]
     if adapters and args.base_model is None:
