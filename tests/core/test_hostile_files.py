@@ -178,6 +178,7 @@ def test_an_output_under_a_file_is_one_line_and_exit_2(command, tmp_path, blocke
     assert not [p.name for p in tmp_path.iterdir() if ".tmp-" in p.name]
 
 
+@pytest.mark.slow  # a Python that imports torch: ~15 s on a busy machine
 def test_as_a_real_process_too(tmp_path, blocker, tiny_model_dir):
     done = subprocess.run([sys.executable, "-m", "gym.cli", "export", "--model_name_or_path", str(tiny_model_dir),
                            "--export_dir", str(blocker / "export")], capture_output=True, text=True, timeout=300)
