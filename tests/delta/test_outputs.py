@@ -44,5 +44,10 @@ def test_soup_aggregate_replaces_a_model_folder_only_with_overwrite(gaussian_fin
     assert (out / "model.safetensors").read_bytes() == b"a finished model"
     assert main(["soup", "status", str(soup), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["privacy"]["per_round"] == []  # no round was closed
-    assert main(["soup", "aggregate", str(soup), "-o", str(out), "--overwrite"]) == 0
-    assert (out / "gym_manifest.json").is_file()
+    # Not a folder Gym wrote (no manifest lists model.safetensors): --overwrite leaves it alone too.
+    assert main(["soup", "aggregate", str(soup), "-o", str(out), "--overwrite"]) == 2
+    assert "is not a folder Gym wrote" in capsys.readouterr().err
+    assert (out / "model.safetensors").read_bytes() == b"a finished model"
+    (out / "gym_manifest.json").write_text(json.dumps({"what": "model", "files": ["model.safetensors"]}))
+    assert main(["soup", "aggregate", str(soup), "-o", str(out), "--overwrite"]) == 0  # a Gym output: replaced
+    assert json.loads((out / "gym_manifest.json").read_text())["made_by"] == "gym soup aggregate"

@@ -19,7 +19,7 @@ import yaml
 
 from gym.config.files import parse_cli_args
 from gym.core.errors import ConfigError
-from gym.core.files import CONFIG_FILE, OutputLock, temp_path
+from gym.core.files import CONFIG_FILE, OutputLock, make_folder, temp_path
 from gym.tfgrpo.config import GRPOConfig, TFGRPOJob, parse_job
 from gym.tfgrpo.library import ExperienceLibrary
 from gym.tfgrpo.tasks import Task, split_held_out, tasks_from
@@ -123,7 +123,7 @@ def evaluate(config: GRPOConfig, job: TFGRPOJob, local: dict[str, Any]) -> int:
         print(_row(name, result))
     print(f"\nUsage:\n{trainer.usage.report(config.prices)}")
     out = Path(job.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    make_folder(out)
     report: dict[str, Any] = {name: r.as_json() for name, r in results.items()}
     report["library"] = None if library is None else {"size": len(library), "step": library.step}
     report["usage"] = trainer.usage.to_json()

@@ -7,7 +7,13 @@
 - **Owned**: one live run owns an output (`OutputLock`: a lock file with its pid, host and start);
   a second run fails at once, naming the owner; a lock whose process is gone is stale and replaced.
 - **No silent overwrite**: an existing output is replaced only when the user says so
-  (`refuse_overwrite`).
+  (`refuse_overwrite`), and then only if Gym wrote it: a folder is replaced whole only while it holds nothing
+  but the files its `gym_manifest.json` lists (`write_manifest` records them), so `--overwrite` never deletes
+  a user's own files, and the old folder goes only once the new one is in place (`install_folder`).
+- **Never over an input**: an output that is, or holds, what the job reads is refused
+  (`refuse_output_over_input`): replacing it would delete the input.
+- **Paths checked before the work**: a parent that is a file is named in one line (`refuse_file_in_path`,
+  called by every helper here) rather than surfacing as "Not a directory" from deep inside a writer.
 - **Space checked first** where the size is known (`check_free_space`).
 """
 
@@ -20,8 +26,10 @@ import re
 import shutil
 import socket
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 from gym.core.errors import OutputError
 
@@ -36,9 +44,35 @@ _TEMP = re.compile(r"^\.(?P<name>.+)\.tmp-(?P<pid>\d+)$")
 PathLike = str | os.PathLike[str]
 
 
+def refuse_file_in_path(path: PathLike, folder: bool = False) -> None:
+    """An OutputError when a folder on the way to `path` is a file (or a link to nothing), so that nothing can be
+    made there; with `folder`, also when `path` itself, which is to be a folder, is a file. The OS would report it
+    only as "Not a directory" or "File exists" from deep inside whichever writer met it first."""
+    path = Path(path)
+    if folder and os.path.lexists(path) and not path.is_dir():
+        raise OutputError(f"{path} is a file, not a folder; choose another path.")
+    for parent in path.parents:  # nearest first; the first that exists decides
+        if os.path.lexists(parent):
+            if not parent.is_dir():
+                what = "a broken link" if parent.is_symlink() else "a file"
+                raise OutputError(f"Cannot write {path}: its parent {parent} is {what}, not a folder. "
+                                  "Choose another path.")
+            return
+
+
+def make_folder(path: PathLike) -> Path:
+    """`mkdir -p path`, or an OutputError naming the file in the way."""
+    path = Path(path)
+    refuse_file_in_path(path, folder=True)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
 def temp_path(final: PathLike) -> Path:
-    """The hidden sibling of `final` this process writes before the rename: `.NAME.tmp-PID`."""
+    """The hidden sibling of `final` this process writes before the rename: `.NAME.tmp-PID`. Every atomic writer
+    asks for one first, so a parent that is a file is reported here, before anything is written."""
     final = Path(final)
+    refuse_file_in_path(final)
     return final.with_name(f".{final.name}.tmp-{os.getpid()}")
 
 
@@ -72,8 +106,10 @@ def remove_stale_temps(folder: PathLike) -> list[Path]:
 def refuse_overwrite(path: PathLike, overwrite: bool, how: str = "--overwrite", folder: bool = False) -> None:
     """Existing work at `path` is replaced only when `overwrite` is set; else an OutputError that says how
     to allow it. An empty folder holds no work. With `folder`, the output is a folder, so a file in its
-    place is an error either way (replacing a file with a folder is never what the user meant)."""
+    place is an error either way (replacing a file with a folder is never what the user meant), and a folder is
+    replaced only while everything in it is a file its manifest lists: the user's own files are never deleted."""
     path = Path(path)
+    refuse_file_in_path(path)
     if folder and path.exists() and not path.is_dir():
         raise OutputError(f"{path} is a file, and this output is a folder; choose another path.")
     if not folder and path.is_dir():
@@ -82,10 +118,103 @@ def refuse_overwrite(path: PathLike, overwrite: bool, how: str = "--overwrite", 
     if holds_work and not overwrite:
         kind = "folder" if path.is_dir() else "file"
         raise OutputError(f"{path} already exists (a {kind}); pass {how} to replace it, or choose another path.")
+    if holds_work and path.is_dir():
+        strangers = not_written_by_gym(path)
+        if strangers is None:
+            raise OutputError(f"{path} is not a folder Gym wrote (it has no {MANIFEST_FILE} listing its files), so "
+                              f"{how} will not delete it; nothing in it was touched. Choose another path, or empty it "
+                              "yourself.")
+        if strangers:
+            more = f" and {len(strangers) - 1} more" if len(strangers) > 1 else ""
+            raise OutputError(f"{path} holds {strangers[0]}{more}, which Gym did not write there, so {how} will not "
+                              "replace the folder; nothing in it was touched. Move it elsewhere, or choose another "
+                              "path.")
+
+
+def refuse_output_over_input(output: PathLike, inputs: Iterable[PathLike | None]) -> None:
+    """An OutputError when `output` is one of `inputs`, or a folder that holds one: writing it would replace what
+    the job reads (and `--overwrite` would delete it). Inputs that are not on this disk (hub ids, model names)
+    cannot be hit and are skipped. An output inside an input folder replaces only itself, and is allowed."""
+    target = Path(output).expanduser().resolve()
+    for given in inputs:
+        if not given:
+            continue
+        source = Path(given).expanduser()
+        if not os.path.lexists(source):
+            continue
+        source = source.resolve()
+        if source == target or target in source.parents:
+            where = "is" if source == target else "holds"
+            raise OutputError(f"The output {output} {where} the input {given}: writing it would replace what this "
+                              "command reads, --overwrite or not. Choose an output outside the inputs.")
+
+
+def write_manifest(folder: PathLike, manifest: dict[str, Any], indent: int = 2) -> None:
+    """`folder`'s gym_manifest.json, written last, with `files`: every file then in the folder. An overwrite
+    later replaces the folder only while it holds nothing else (`refuse_overwrite`)."""
+    folder = Path(folder)
+    files = [name for name in _entries(folder)[0] if name != MANIFEST_FILE]
+    (folder / MANIFEST_FILE).write_text(json.dumps({**manifest, "files": files}, indent=indent) + "\n",
+                                        encoding="utf-8")
+
+
+def not_written_by_gym(folder: PathLike) -> list[str] | None:
+    """What `folder` holds that its manifest does not list (relative paths, a foreign sub-folder once); None when
+    no manifest lists its files (a folder Gym did not write, or wrote before manifests listed them)."""
+    folder = Path(folder)
+    try:
+        listed = json.loads((folder / MANIFEST_FILE).read_text(encoding="utf-8")).get("files")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if not isinstance(listed, list) or not all(isinstance(name, str) for name in listed):
+        return None
+    owned = {*listed, MANIFEST_FILE}
+    owned_folders = {parent.as_posix() for name in owned for parent in Path(name).parents if parent != Path(".")}
+    files, folders = _entries(folder)
+    strangers: list[str] = []
+    for name, mine in [*((f, owned_folders) for f in folders), *((f, owned) for f in files)]:
+        # a foreign folder is named once, not with everything in it
+        if name not in mine and not any(name.startswith(f"{stranger}/") for stranger in strangers):
+            strangers.append(name)
+    return strangers
+
+
+def _entries(folder: Path) -> tuple[list[str], list[str]]:
+    """(files and links, sub-folders) under `folder`, as sorted relative POSIX paths; links are not followed."""
+    files: list[str] = []
+    folders: list[str] = []
+    for root, dirs, names in os.walk(folder):
+        here = Path(root).relative_to(folder)
+        for name in dirs:  # a link to a folder is one entry (os.walk does not go into it), not a tree
+            (files if (Path(root) / name).is_symlink() else folders).append((here / name).as_posix())
+        files += [(here / name).as_posix() for name in names]
+    return sorted(files), sorted(folders)
+
+
+def install_folder(tmp: PathLike, out: PathLike, overwrite: bool, how: str = "--overwrite") -> Path:
+    """Rename the finished folder `tmp` to `out`. An existing `out` is checked again (`refuse_overwrite`: another
+    process may have put files there since the job began), moved aside, and deleted only once the new folder is
+    in place, so a crash leaves the old output or the new one, never neither."""
+    tmp, out = Path(tmp), Path(out)
+    refuse_overwrite(out, overwrite, how, folder=True)
+    if not os.path.lexists(out):
+        os.replace(tmp, out)
+        return out
+    old = temp_path(out.with_name(f"{out.name}.old"))
+    shutil.rmtree(old, ignore_errors=True)
+    os.replace(out, old)
+    try:
+        os.replace(tmp, out)
+    except BaseException:
+        os.replace(old, out)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+    return out
 
 
 def check_free_space(path: PathLike, needed_bytes: int, margin: float = 1.1) -> None:
     """Fail before writing `needed_bytes` (times a margin for metadata) where the disk cannot hold them."""
+    refuse_file_in_path(path)
     probe = Path(path).resolve()
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent
@@ -125,7 +254,7 @@ class OutputLock:
 
     def acquire(self) -> None:
         self.created = not self.folder.exists()  # a folder made only to hold the lock is removed with it
-        self.folder.mkdir(parents=True, exist_ok=True)
+        make_folder(self.folder)
         mine = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                 "what": self.what}
         for _ in range(3):

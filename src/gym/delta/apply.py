@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import time
@@ -12,7 +11,16 @@ from typing import Any
 import torch
 
 from gym.core.errors import ConfigError
-from gym.core.files import MANIFEST_FILE, check_free_space, refuse_overwrite, remove_stale_temps, temp_path
+from gym.core.files import (
+    check_free_space,
+    install_folder,
+    make_folder,
+    refuse_output_over_input,
+    refuse_overwrite,
+    remove_stale_temps,
+    temp_path,
+    write_manifest,
+)
 from gym.delta.compress import reconstruct
 from gym.delta.format import fingerprint, load_delta
 from gym.delta.tensor_quant import Encoded
@@ -52,6 +60,7 @@ def apply_delta(base: Any, entries: dict[str, Encoded | torch.Tensor], header: d
 def write_applied(base_ref: str, delta_path: str | os.PathLike[str], out: str | os.PathLike[str],
                   overwrite: bool = False) -> Path:
     """`gym delta apply`: a model folder (safetensors + tokenizer) that transformers loads as it is."""
+    refuse_output_over_input(out, [base_ref, delta_path])
     refuse_overwrite(out, overwrite, folder=True)  # before minutes of work, not after
     entries, header = load_delta(delta_path)  # everything is checked before anything is written
     base_path = resolve_model_path(base_ref)
@@ -66,10 +75,11 @@ def save_model_folder(model: Any, tokenizer: str | Any, out: str | os.PathLike[s
                       max_shard_size: int | str | None = None) -> Path:
     """A model folder (weights, the tokenizer or the one at a path, gym_manifest.json) written under a temporary
     name and renamed into place, so a crash never leaves a half-written folder where a model was. An existing
-    model there is replaced only with `overwrite`. `max_shard_size`: safetensors shards of at most this size."""
+    model there is replaced only with `overwrite`, and only if Gym wrote it (gym.core.files.refuse_overwrite).
+    `max_shard_size`: safetensors shards of at most this size."""
     out = Path(out)
     refuse_overwrite(out, overwrite, folder=True)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    make_folder(out.parent)
     remove_stale_temps(out.parent)
     check_free_space(out, sum(p.numel() * p.element_size() for p in model.parameters()))
     tmp = temp_path(out)
@@ -77,11 +87,8 @@ def save_model_folder(model: Any, tokenizer: str | Any, out: str | os.PathLike[s
     try:
         model.save_pretrained(tmp, **({"max_shard_size": max_shard_size} if max_shard_size is not None else {}))
         (load_tokenizer(tokenizer) if isinstance(tokenizer, str) else tokenizer).save_pretrained(tmp)
-        (tmp / MANIFEST_FILE).write_text(json.dumps(
-            {"what": "model", **manifest, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}, indent=2))
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
+        write_manifest(tmp, {"what": "model", **manifest, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+        install_folder(tmp, out, overwrite)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out

@@ -26,13 +26,29 @@ LINEAR, EMBEDDING, OTHER = "linear", "embedding", "other"
 
 
 def _trained_base(adapter: Path) -> str | None:
-    """The base a Gym run's adapter was trained on, from its manifest (None for other adapters)."""
+    """The base an adapter was trained on: from a Gym run's manifest, else peft's adapter_config.json."""
+    for name, key in ((MANIFEST_FILE, "base_model"), ("adapter_config.json", "base_model_name_or_path")):
+        try:
+            base = json.loads((adapter / name).read_text(encoding="utf-8")).get(key)
+        except (OSError, ValueError, AttributeError):
+            continue
+        if base:
+            return str(base)
+    return None
+
+
+def merge_adapter(model: Any, folder: str | Path, base_ref: str | None, flag: str = "--base") -> Any:
+    """`model` with the LoRA adapter at `folder` merged in; an adapter trained on another base (other shapes,
+    other modules) is a ConfigError naming the first tensor that differs and, where known, the base to use
+    (`flag`: how the command names the base)."""
     try:
-        manifest = json.loads((adapter / MANIFEST_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    base = manifest.get("base_model")
-    return str(base) if base else None
+        return PeftModel.from_pretrained(model, str(folder)).merge_and_unload()
+    except (ValueError, RuntimeError, KeyError) as exc:
+        detail = next((line.strip() for line in str(exc).splitlines() if "mismatch" in line or "Missing" in line),
+                      str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        trained_on = _trained_base(Path(folder))
+        hint = f" It was trained on {trained_on}: pass {flag} {trained_on}." if trained_on else ""
+        raise ConfigError(f"The adapter {folder} does not fit the base {base_ref} ({detail}).{hint}") from None
 
 
 def load_model(ref: str, base_ref: str | None = None) -> Any:
@@ -43,15 +59,7 @@ def load_model(ref: str, base_ref: str | None = None) -> Any:
     if (folder / "adapter_config.json").is_file():
         if base_ref is None:
             raise ConfigError(f"{folder} is a LoRA adapter: give the base it was trained on (--base).")
-        model = load_causal_lm(resolve_model_path(base_ref))
-        try:
-            model = PeftModel.from_pretrained(model, str(folder)).merge_and_unload()
-        except (ValueError, RuntimeError, KeyError) as exc:
-            detail = next((line.strip() for line in str(exc).splitlines() if "mismatch" in line or "Missing" in line),
-                          str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
-            trained_on = _trained_base(folder)
-            hint = f" It was trained on {trained_on}: pass --base {trained_on}." if trained_on else ""
-            raise ConfigError(f"The adapter {folder} does not fit the base {base_ref} ({detail}).{hint}") from None
+        model = merge_adapter(load_causal_lm(resolve_model_path(base_ref)), folder, base_ref)
     else:
         model = load_causal_lm(resolve_model_path(ref))
     # Where it came from (an adapter folder is otherwise forgotten once merged): gym.delta.calibration reads

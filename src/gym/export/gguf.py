@@ -12,7 +12,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from gym.core.files import check_free_space, refuse_overwrite, remove_stale_temps, temp_path
+from gym.core.files import check_free_space, make_folder, refuse_overwrite, remove_stale_temps, temp_path
 from gym.data.templates import jinja_chat_template
 from gym.export.config import ExportArguments
 from gym.export.gguf_file import write_gguf
@@ -37,7 +37,7 @@ def write_model_gguf(args: ExportArguments, config: dict[str, Any]) -> tuple[Pat
     name = Path(str(config.get("adapter_name_or_path") or config.get("output_dir") or model_path).rstrip("/")).name
     out = gguf_path(args.export_dir, name, "bitdelta-f16" if bitdelta else gguf_type)
     refuse_overwrite(out, args.export_overwrite)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    make_folder(out.parent)
     remove_stale_temps(out.parent)
     # The largest case is F32: 4 bytes a weight, plus the tokenizer.
     check_free_space(out, sum(p.numel() for p in model.parameters()) * (4 if gguf_type == "f32" else 2))

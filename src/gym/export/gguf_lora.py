@@ -22,7 +22,7 @@ from safetensors.torch import load_file
 from transformers import AutoConfig
 
 from gym.core.errors import ConfigError
-from gym.core.files import refuse_overwrite, remove_stale_temps, temp_path
+from gym.core.files import make_folder, refuse_overwrite, remove_stale_temps, temp_path
 from gym.core.names import split_names
 from gym.export.config import ExportArguments
 from gym.export.gguf_file import arch_of, encode_tensor, permute_for_llama
@@ -51,6 +51,52 @@ def _module_scale(adapter: dict[str, Any], module: str, rank: int) -> tuple[floa
     return wanted, float(adapter["lora_alpha"]) / rank
 
 
+def _base_shapes(config: Any) -> dict[str, tuple[int, ...]]:
+    """The base's parameter shapes, from its config alone: the model built on the meta device holds no weights."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    return {name: tuple(param.shape) for name, param in model.named_parameters()}
+
+
+def _lora_pairs(adapter_dir: Path, adapter: dict[str, Any], weights: dict[str, Any], base_path: str, config: Any,
+                names: Any) -> list[tuple[str, str, Any, Any]]:
+    """(module, GGUF name, A, B) for every adapted matrix, each checked against the base's matrix: an adapter
+    trained on a base of another size would otherwise be written, and fail (or silently misbehave) only in
+    llama.cpp."""
+    shapes = _base_shapes(config)
+    pairs = []
+    for key in sorted(k for k in weights if k.endswith(".lora_A.weight")):
+        module = key.removeprefix("base_model.model.").removesuffix(".lora_A.weight")
+        if "embed" in module or "lm_head" in module:
+            raise ConfigError(f"{adapter_dir} adapts {module}; GGUF adapters cannot carry LoRA on embeddings: merge "
+                              "it with --format gguf.")
+        lora_b_key = key.replace(".lora_A.", ".lora_B.")
+        if lora_b_key not in weights:
+            raise ConfigError(f"{adapter_dir} has {key} without its {lora_b_key}: the adapter is damaged.")
+        lora_a, lora_b = weights[key].float(), weights[lora_b_key].float()
+        name = names.get_name(module + ".weight", try_suffixes=(".weight",))
+        base = shapes.get(f"{module}.weight")
+        trained_on = adapter.get("base_model_name_or_path") or "another model"
+        if base is None:
+            raise ConfigError(f"{adapter_dir} adapts {module}, which the base {base_path} does not have: it was "
+                              f"trained on {trained_on}. Export it against that base.")
+        if name is None:
+            raise ConfigError(f"gguf-lora: no GGUF name for {module}.")
+        if lora_a.dim() != 2 or lora_b.dim() != 2 or lora_a.shape[0] != lora_b.shape[1] or \
+                (lora_b.shape[0], lora_a.shape[1]) != base:
+            raise ConfigError(f"{adapter_dir} does not fit the base {base_path}: {module} is "
+                              f"{base[0]}x{base[1]} there, and the adapter's B ({tuple(lora_b.shape)}) times A "
+                              f"({tuple(lora_a.shape)}) is not. It was trained on {trained_on}: export it against "
+                              "that base.")
+        pairs.append((module, name, lora_a, lora_b))
+    if not pairs:
+        raise ConfigError(f"{adapter_dir} holds no LoRA weights (an empty adapter).")
+    return pairs
+
+
 def write_gguf_lora(adapter_dir: Path, base_path: str, path: Path, gguf_type: str = "f32") -> Path:
     if gguf_type not in ADAPTER_TYPES:
         raise ConfigError(f"gguf-lora is written as {', '.join(ADAPTER_TYPES)}; got {gguf_type!r}.")
@@ -65,6 +111,7 @@ def write_gguf_lora(adapter_dir: Path, base_path: str, path: Path, gguf_type: st
     config = AutoConfig.from_pretrained(base_path)
     arch = arch_of(config)
     names = gguf.get_tensor_name_map(arch, config.num_hidden_layers)
+    pairs = _lora_pairs(adapter_dir, adapter, weights, base_path, config, names)  # checked before the file opens
     qtype = {"f32": gguf.GGMLQuantizationType.F32, "f16": gguf.GGMLQuantizationType.F16,
              "bf16": gguf.GGMLQuantizationType.BF16, "q8_0": gguf.GGMLQuantizationType.Q8_0}[gguf_type]
     writer = gguf.GGUFWriter(path, gguf.MODEL_ARCH_NAMES[arch])
@@ -73,17 +120,7 @@ def write_gguf_lora(adapter_dir: Path, base_path: str, path: Path, gguf_type: st
     writer.add_string(gguf.Keys.Adapter.TYPE, "lora")
     writer.add_float32(gguf.Keys.Adapter.LORA_ALPHA, float(adapter["lora_alpha"]))
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
-    pairs = 0
-    for key in sorted(k for k in weights if k.endswith(".lora_A.weight")):
-        module = key.removeprefix("base_model.model.").removesuffix(".lora_A.weight")
-        if "embed" in module or "lm_head" in module:
-            raise ConfigError(f"{adapter_dir} adapts {module}; GGUF adapters cannot carry LoRA on embeddings: merge "
-                              "it with --format gguf.")
-        name = names.get_name(module + ".weight", try_suffixes=(".weight",))
-        if name is None:
-            raise ConfigError(f"gguf-lora: no GGUF name for {module}.")
-        lora_a = weights[key].float()
-        lora_b = weights[key.replace(".lora_A.", ".lora_B.")].float()
+    for module, name, lora_a, lora_b in pairs:
         wanted, applied = _module_scale(adapter, module, lora_a.shape[0])
         lora_b = lora_b * (wanted / applied)
         if arch == gguf.MODEL_ARCH.LLAMA and module.endswith("q_proj"):
@@ -94,9 +131,6 @@ def write_gguf_lora(adapter_dir: Path, base_path: str, path: Path, gguf_type: st
             data, stored = encode_tensor(tensor, qtype)
             writer.add_tensor(name + suffix, data, raw_dtype=stored if stored not in (
                 gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16) else None)
-        pairs += 1
-    if not pairs:
-        raise ConfigError(f"{adapter_dir} holds no LoRA weights (an empty adapter).")
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -111,7 +145,7 @@ def export_gguf_lora(args: ExportArguments, config: dict[str, Any]) -> Path:
     target = Path(args.export_dir)
     out = target if target.suffix == ".gguf" else target / f"{adapter_dir.name}-lora-{gguf_type.upper()}.gguf"
     refuse_overwrite(out, args.export_overwrite)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    make_folder(out.parent)
     remove_stale_temps(out.parent)
     tmp = temp_path(out)
     try:

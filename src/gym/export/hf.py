@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from peft import PeftModel
 from transformers import AutoConfig
 
 from gym.config.parser import get_infer_args
@@ -26,6 +25,7 @@ from gym.data.templates import get_chat_format, jinja_chat_template
 from gym.delta.apply import apply_delta, save_model_folder
 from gym.delta.bitdelta import BitDeltaConfig, BitDeltaQuantizer
 from gym.delta.format import load_delta
+from gym.delta.weights import merge_adapter
 from gym.export.config import ExportArguments
 from gym.infer.config import resolve_inference_config
 from gym.models.loader import generation_defaults, load_causal_lm, load_tokenizer, resolve_model_path
@@ -59,7 +59,7 @@ def load_merged(config: dict[str, Any], delta: str | None = None, bitdelta: bool
     tokenizer = load_tokenizer(model_path, model_args)
     model = load_causal_lm(model_path, model_args, dtype=torch.float32)
     for adapter in split_names(model_args.adapter_name_or_path):
-        model = PeftModel.from_pretrained(model, adapter).merge_and_unload()
+        model = merge_adapter(model, adapter, model_args.model_name_or_path, flag="--model_name_or_path")
     if delta is not None:
         entries, header = load_delta(delta)
         apply_delta(model, entries, header, delta)

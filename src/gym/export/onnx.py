@@ -14,9 +14,7 @@ logit apart, or nothing is written).
 from __future__ import annotations
 
 import importlib.util
-import json
 import logging
-import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -25,7 +23,15 @@ import torch
 from transformers.cache_utils import DynamicCache
 
 from gym.core.errors import ConfigError, GymError
-from gym.core.files import MANIFEST_FILE, check_free_space, refuse_overwrite, remove_stale_temps, temp_path
+from gym.core.files import (
+    check_free_space,
+    install_folder,
+    make_folder,
+    refuse_overwrite,
+    remove_stale_temps,
+    temp_path,
+    write_manifest,
+)
 from gym.data.templates import jinja_chat_template
 from gym.export.config import ExportArguments
 from gym.export.hf import load_merged
@@ -111,7 +117,7 @@ def export_onnx(args: ExportArguments, config: dict[str, Any]) -> Path:
     model, tokenizer, chat, _, _ = load_merged(config, args.delta, args.export_type == "bitdelta")
     model.config.use_cache = True
     decoder = CachedDecoder(model.float().eval())
-    out.parent.mkdir(parents=True, exist_ok=True)
+    make_folder(out.parent)
     remove_stale_temps(out.parent)
     check_free_space(out, sum(p.numel() * 4 for p in model.parameters()))
     if chat.template is not None:
@@ -129,12 +135,9 @@ def export_onnx(args: ExportArguments, config: dict[str, Any]) -> Path:
         model.config.save_pretrained(tmp)
         model.generation_config.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        (tmp / MANIFEST_FILE).write_text(json.dumps(
-            {"what": "onnx", "made_by": "gym export", "inputs": INPUTS, "outputs": OUTPUTS,
-             "checked_max_relative_logit_diff": difference}, indent=1) + "\n", encoding="utf-8")
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
+        write_manifest(tmp, {"what": "onnx", "made_by": "gym export", "inputs": INPUTS, "outputs": OUTPUTS,
+                             "checked_max_relative_logit_diff": difference}, indent=1)
+        install_folder(tmp, out, args.export_overwrite)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     logger.info("ONNX export checked with onnxruntime: largest logit difference %s of the largest logit.",

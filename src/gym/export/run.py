@@ -5,7 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from gym.export.config import parse_export
+from gym.core.files import refuse_file_in_path, refuse_output_over_input, refuse_overwrite
+from gym.core.names import split_names
+from gym.export.config import ExportArguments, parse_export
 from gym.personalization.store import variant_source
 
 
@@ -14,6 +16,7 @@ def run_export(config: dict[str, Any]) -> Path:
     args, model_config = parse_export(config)
     if args.variant is not None:
         args.delta, model_config["model_name_or_path"] = variant_source(args.variant)
+    check_output(args, model_config)
     if args.export_format == "gguf":
         from gym.export.gguf import export_gguf
 
@@ -33,3 +36,18 @@ def run_export(config: dict[str, Any]) -> Path:
     from gym.export.hf import export_hf
 
     return export_hf(args, model_config)
+
+
+def check_output(args: ExportArguments, model_config: dict[str, Any]) -> None:
+    """Refuse, before any model loads, an export_dir that is or holds one of the export's inputs (writing it would
+    replace them), one under a file, and for the folder formats one that --overwrite may not replace."""
+    assert args.export_dir is not None
+    out = Path(args.export_dir)
+    inputs = [model_config.get(key) for key in ("model_name_or_path", "model", "output_dir")]
+    inputs += split_names(model_config.get("adapter_name_or_path"))
+    inputs += [args.delta, args.variant.rpartition(":")[0] if args.variant else None]
+    refuse_output_over_input(out, [str(ref) for ref in inputs if isinstance(ref, (str, Path)) and ref])
+    if args.export_format in ("hf", "onnx"):
+        refuse_overwrite(out, args.export_overwrite, folder=True)
+    else:  # a .gguf file, or a folder the file is written in
+        refuse_file_in_path(out, folder=out.suffix != ".gguf")

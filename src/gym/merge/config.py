@@ -4,6 +4,12 @@ global parameters, dtype), read strictly before any model loads.
 Defaults follow mergekit, so a mergekit recipe means the same here: weight 1, density 1, lambda 1, rescale on,
 normalize on for linear and ties and off for task_arithmetic, dare and dare_ties. Global `parameters:` may
 also hold weight and density, the default of every model that does not set its own.
+
+Numbers are read as `gym train` reads them (gym.config.coerce): YAML 1.1 leaves `1.0e308` or `1e-3` a string,
+and the command line's `parameters.lambda=1e-3` too. A merge that cannot be finite is refused here, before any
+model loads: numbers beyond float32 (the arithmetic's type), a density too small to rescale by, and a
+normalization that divides by weights summing to (nearly) zero. What only the tensors can tell (a result beyond
+the saved dtype's range) is checked after the merge, before anything is written (gym.merge.run).
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gym.config.coerce import coerce
 from gym.core.errors import ConfigError
 from gym.core.names import did_you_mean
 
@@ -51,6 +58,9 @@ MODEL_KEYS = ("model", "parameters")
 MODEL_PARAMETERS = ("weight", "density")
 GLOBAL_PARAMETERS = ("normalize", "lambda", "rescale", *MODEL_PARAMETERS)
 DTYPES = ("auto", "float32", "float16", "bfloat16")
+FLOAT32_MAX = 3.4028234663852886e38  # the merge runs in float32: a larger number is inf there
+MIN_DENSITY = 1e-6  # dare multiplies what it keeps by 1/density; below this the merge is noise or inf
+CANCELLING = 1e-6  # normalize divides by the weights' sum: below this share of their size, float32 rounding rules
 # mergekit keys with no meaning here: refused with the reason rather than matched to a look-alike key.
 UNSUPPORTED = {
     "slices": "layer slicing (frankenmerges) is not supported; list whole models under `models`",
@@ -134,10 +144,27 @@ def parse_merge_config(raw: dict[str, Any]) -> MergeConfig:
         # mergekit's out_dtype is the saved dtype; its dtype (the arithmetic's) is the saved one when alone.
         dtype=_choice("dtype", raw.get("out_dtype", raw.get("dtype", "auto")), DTYPES),
         seed=_integer("seed", raw.get("seed", 0)), overwrite=_bool("overwrite", raw.get("overwrite", False)))
-    if method is MergeMethod.LINEAR and config.normalize and abs(sum(m.weight for m in models)) < 1e-12:
-        raise ConfigError("linear with normalize divides by the sum of the weights, which is 0 here; change the "
-                          "weights or set parameters: {normalize: false}.")
+    _check_normalize(config)
     return config
+
+
+def _check_normalize(config: MergeConfig) -> None:
+    """normalize divides by a sum of weights; weights that (nearly) cancel make that a division by ~0."""
+    if not config.normalize:
+        return
+    weights = [m.weight for m in config.models]
+    method = config.merge_method.value
+    if config.merge_method.elects_sign:
+        # ties divides each entry by the weights of the models that agree on it: with weights of both signs any
+        # subset may agree, and 1 and -0.9999999 divide by 1e-7.
+        if min(weights) < 0 < max(weights):
+            raise ConfigError(f"{method} with normalize divides each entry by the sum of the weights of the models "
+                              f"that agree on it, and with weights of both signs ({', '.join(map(str, weights))}) "
+                              "that sum can be 0 or nearly: make the weights all positive (subtract a model with "
+                              "task_arithmetic) or set parameters: {normalize: false}.")
+    elif abs(sum(weights)) <= CANCELLING * sum(abs(w) for w in weights):
+        raise ConfigError(f"{method} with normalize divides by the sum of the weights, which is {sum(weights):.3g} "
+                          "here: change the weights or set parameters: {normalize: false}.")
 
 
 def _nest_dotted(raw: dict[str, Any]) -> dict[str, Any]:
@@ -212,28 +239,32 @@ def _number(key: str, value: Any) -> float:
     if isinstance(value, (list, dict)):
         raise ConfigError(f"'{key}' must be one number: per-layer values (mergekit gradients and filters) are "
                           "not supported.")
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    number = coerce(key, value, float)
+    if not math.isfinite(number):
         raise ConfigError(f"'{key}' must be a finite number, got {value!r}.")
-    return float(value)
+    if abs(number) > FLOAT32_MAX:
+        raise ConfigError(f"'{key}' is {number:g}, beyond float32's largest number ({FLOAT32_MAX:.3g}), which the "
+                          "merge computes in: every value it touched would be inf. Use a smaller number.")
+    return float(number)
 
 
 def _density(key: str, value: Any) -> float:
     density = _number(key, value)
     if not 0 < density <= 1:
         raise ConfigError(f"'{key}' is the fraction of each delta kept: a number in (0, 1], got {density}.")
+    if density < MIN_DENSITY:
+        raise ConfigError(f"'{key}' is {density:g}: below {MIN_DENSITY:g}, dare keeps almost nothing and multiplies "
+                          "what it keeps by 1/density (inf or noise), and ties keeps nothing. Use a density in "
+                          f"[{MIN_DENSITY:g}, 1].")
     return density
 
 
 def _integer(key: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(f"'{key}' must be an integer, got {value!r}.")
-    return value
+    return int(coerce(key, value, int))
 
 
 def _bool(key: str, value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise ConfigError(f"'{key}' must be true or false, got {value!r}.")
-    return value
+    return bool(coerce(key, value, bool))
 
 
 def _choice(key: str, value: Any, choices: tuple[str, ...]) -> str:

@@ -27,7 +27,7 @@ from transformers import AutoConfig
 
 from gym.config.files import ConfigSource, as_config_dict
 from gym.core.errors import ConfigError
-from gym.core.files import CONFIG_FILE, refuse_overwrite
+from gym.core.files import CONFIG_FILE, refuse_output_over_input, refuse_overwrite
 from gym.data.templates import get_chat_format, jinja_chat_template
 from gym.delta.apply import save_model_folder
 from gym.merge.config import MergeConfig, MergeMethod, parse_merge_config
@@ -53,6 +53,7 @@ STATE_DICT_PATH = "state dicts"
 def merge_models(config: ConfigSource) -> Path:
     """Merge what `config` (a dict, or a YAML/JSON file in mergekit's shape) lists; returns the output folder."""
     args = parse_merge_config(as_config_dict(config))
+    refuse_output_over_input(args.output_dir, [args.base_model, *(m.model for m in args.models)])
     refuse_overwrite(args.output_dir, args.overwrite, how="overwrite: true", folder=True)  # before the work
     adapters = [m.model for m in args.models if is_adapter(m.model)]
     if adapters and args.base_model is None:
@@ -75,12 +76,33 @@ def merge_models(config: ConfigSource) -> Path:
         assert chat.template is not None  # a named template was given
         tokenizer.chat_template = jinja_chat_template(chat.template, tokenizer.eos_token or "", chat.default_system,
                                                       chat.enable_thinking)
+    check_finite(model, args, "float32")  # the merge itself
     model = model.to(saved_dtype(args.dtype, skeleton_path))
+    check_finite(model, args, str(model.dtype).removeprefix("torch."))  # and what would be saved
     manifest = {"made_by": "gym merge", "base_model": skeleton_ref, "merge": args.describe(), "merged_with": path,
                 "chat_template": template[0] if template else None, "dtype": str(model.dtype).removeprefix("torch.")}
     out = save_model_folder(model, tokenizer, args.output_dir, manifest, overwrite=args.overwrite)
     logger.info("Merged %d models (%s, via %s) into %s.", len(args.models), args.merge_method.value, path, out)
     return out
+
+
+def check_finite(model: Any, args: MergeConfig, dtype: str) -> None:
+    """Refuse, before anything is written, a merge with inf or NaN in it: the weights, lambda and densities
+    (each finite, checked by parse_merge_config) can still multiply a delta past float32, or past the saved dtype's
+    range (float16 ends at 65504), and such a model only ever outputs NaN."""
+    bad = [name for name, param in model.named_parameters() if not bool(torch.isfinite(param).all())]
+    if not bad:
+        return
+    where = f"{bad[0]}{f' and {len(bad) - 1} more tensors' if len(bad) > 1 else ''}"
+    settings = (f"weights {', '.join(f'{m.weight:g}' for m in args.models)}, lambda {args.lambda_:g}, densities "
+                f"{', '.join(f'{m.density:g}' for m in args.models)}")
+    if dtype == "float32":
+        raise ConfigError(f"The {args.merge_method.value} merge gives inf or NaN in {where} ({settings}); nothing "
+                          "was written. Lower lambda or the weights.")
+    largest = torch.finfo(getattr(torch, dtype)).max
+    raise ConfigError(f"The merged values of {where} exceed {dtype}'s largest number ({largest:.4g}) and would be "
+                      f"saved as inf ({settings}); nothing was written. Save in float32 (dtype: float32), or lower "
+                      "lambda or the weights.")
 
 
 def cat_weights(args: MergeConfig, adapters: list[str]) -> list[float] | None:

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from gym.core.errors import ConfigError, GymError
+from gym.core.files import make_folder
 from gym.delta.format import read_header
 from gym.personalization.loading import deltas_from_adapter
 
@@ -136,7 +137,7 @@ class VariantStore:
         refused, and so is an existing variant unless `replace`."""
         check_user_id(user_id)
         locks = self.root / ".locks"
-        locks.mkdir(parents=True, exist_ok=True)
+        make_folder(locks)  # a store path under a file: one line naming it, not NotADirectoryError
         lock = locks / user_id
         try:
             descriptor = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)

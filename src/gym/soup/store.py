@@ -29,7 +29,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from gym.core.errors import ConfigError
-from gym.core.files import remove_stale_temps, temp_path
+from gym.core.files import make_folder, remove_stale_temps, temp_path
 from gym.delta.compress import reconstruct
 from gym.delta.format import HEADER_KEY
 from gym.delta.tensor_quant import Encoded, QuantMethod
@@ -115,7 +115,7 @@ class Store:
     def create(cls, path: str | os.PathLike[str], meta: dict[str, str]) -> Store:
         """A new soup folder with `meta` recorded; an existing soup is opened as it is (meta untouched)."""
         path = Path(path)
-        (path / BLOBS).mkdir(parents=True, exist_ok=True)
+        make_folder(path / BLOBS)  # a soup path under a file: one line naming it, not NotADirectoryError
         db = _connect(path / LEDGER)
         try:
             with _immediate(db):

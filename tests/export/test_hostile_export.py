@@ -1,0 +1,99 @@
+"""`gym export` against hostile outputs and adapters (issue #39): --overwrite over a folder holding the model being
+exported (or the user's files) is refused with everything left in place, and a LoRA adapter trained on a base of
+another size is refused naming the matrix, instead of a GGUF adapter llama.cpp cannot apply."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import shutil
+from pathlib import Path
+
+import pytest
+
+from gym.cli import main
+
+
+def _gym(*args: object) -> tuple[int, str]:
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        code = main([str(a) for a in args])
+    return code, err.getvalue()
+
+
+def _snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("export_format", ["hf", "gguf"])
+def test_overwrite_never_deletes_the_model_it_exports(tiny_model_dir, tmp_path, export_format):
+    # The issue's case: export_dir D holding the source model D/model, plus a file of the user's; --overwrite deleted
+    # both. D == M is the same mistake.
+    exports = tmp_path / "exports"
+    model = exports / "model"
+    shutil.copytree(tiny_model_dir, model)
+    (exports / "unrelated.txt").write_text("the user's file")
+    before = _snapshot(exports)
+    for export_dir, where in ((exports, "holds"), (model, "is")):
+        code, err = _gym("export", "--model_name_or_path", model, "--format", export_format, "--export_dir",
+                         export_dir, "--overwrite")
+        assert code == 2 and "Traceback" not in err, err
+        assert f"gym: error: The output {export_dir} {where} the input {model}" in err
+    assert _snapshot(exports) == before
+
+
+def test_overwrite_replaces_only_a_folder_gym_exported(tiny_model_dir, tmp_path):
+    out = tmp_path / "export"
+    assert _gym("export", "--model_name_or_path", tiny_model_dir, "--export_dir", out)[0] == 0
+    assert _gym("export", "--model_name_or_path", tiny_model_dir, "--export_dir", out, "--overwrite")[0] == 0
+    (out / "README.md").write_text("my model card")
+    before = _snapshot(out)
+    code, err = _gym("export", "--model_name_or_path", tiny_model_dir, "--export_dir", out, "--overwrite")
+    assert code == 2 and "holds README.md, which Gym did not write there" in err
+    assert _snapshot(out) == before
+
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "thesis.tex").write_text("years of work")
+    code, err = _gym("export", "--model_name_or_path", tiny_model_dir, "--export_dir", mine, "--overwrite")
+    assert code == 2 and f"{mine} is not a folder Gym wrote" in err
+    assert (mine / "thesis.tex").read_text() == "years of work"
+
+
+@pytest.fixture(scope="module")
+def narrow_adapter(tmp_path_factory, tokenizer) -> Path:
+    """A LoRA adapter on q_proj and v_proj of a 2-layer Llama half as wide (32) as the tiny base (64)."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    base = LlamaForCausalLM(LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64,
+                                        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2))
+    root = tmp_path_factory.mktemp("narrow")
+    base.save_pretrained(root / "base")
+    model = get_peft_model(LlamaForCausalLM.from_pretrained(root / "base"),
+                           LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+    model.save_pretrained(root / "adapter")
+    return root / "adapter"
+
+
+def test_a_gguf_lora_of_an_adapter_for_another_base_size_is_refused(narrow_adapter, tiny_model_dir, tmp_path):
+    out = tmp_path / "adapter.gguf"
+    code, err = _gym("export", "--model_name_or_path", tiny_model_dir, "--adapter_name_or_path", narrow_adapter,
+                     "--format", "gguf-lora", "--export_dir", out)
+    assert code == 2 and "Traceback" not in err, err
+    assert f"{narrow_adapter} does not fit the base {tiny_model_dir}: model.layers.0.self_attn.q_proj is 64x64" in err
+    assert "(32, 4)" in err and "export it against that base" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # nor a temporary file
+
+
+@pytest.mark.parametrize("export_format", ["hf", "gguf"])
+def test_merging_an_adapter_for_another_base_size_is_one_line(narrow_adapter, tiny_model_dir, tmp_path,
+                                                              export_format):
+    code, err = _gym("export", "--model_name_or_path", tiny_model_dir, "--adapter_name_or_path", narrow_adapter,
+                     "--format", export_format, "--export_dir", tmp_path / "out")
+    assert code == 2 and "Traceback" not in err, err
+    assert f"The adapter {narrow_adapter} does not fit the base {tiny_model_dir} (size mismatch for" in err
+    assert "It was trained on" in err and "pass --model_name_or_path" in err
+    assert not (tmp_path / "out").exists()
