@@ -9,6 +9,7 @@ from __future__ import annotations
 from gym.config.aliases import server_options
 from gym.config.files import parse_cli_args, take_option
 from gym.core.errors import ConfigError
+from gym.core.network import check_port_number
 
 OPTIONS: dict[str, str | None] = {
     "--host": "127.0.0.1", "--port": "8000", "--api-key": None, "--max_batch_size": "16", "--max_waiting": "256",
@@ -49,6 +50,7 @@ def main(argv: list[str]) -> int:
                                                                      "--max_body_bytes"))
     except ValueError:
         raise ConfigError("--port, --max_batch_size, --max_waiting and --max_body_bytes take whole numbers.") from None
+    check_port_number(port)  # at once; whether the port is free is known when serve() binds it, before loading
     try:
         import fastapi  # noqa: F401
         import uvicorn  # noqa: F401

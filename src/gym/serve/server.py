@@ -1,4 +1,7 @@
-"""Run the OpenAI-compatible server: load the model, build the app, hand it to uvicorn.
+"""Run the OpenAI-compatible server: take the port, load the model, build the app, hand it to uvicorn.
+
+The port is bound first (gym.core.network), so a port in use or out of range is one line before minutes of
+loading, and uvicorn serves on that very socket, so no other program can take the port while the model loads.
 
 uvicorn turns SIGTERM and SIGINT into a graceful shutdown: it stops accepting connections, lets
 requests in flight finish (for at most `graceful_seconds`), then the app's lifespan stops the engine.
@@ -17,6 +20,7 @@ import torch
 import uvicorn
 
 from gym.core.errors import ConfigError
+from gym.core.network import bind_sockets, ready_to_listen
 from gym.delta.format import fingerprint
 from gym.delta.weights import parameters
 from gym.infer.chat import ChatModel
@@ -58,20 +62,26 @@ def serve(config: dict[str, Any], *, host: str = "127.0.0.1", port: int = 8000, 
     api_key = api_key or os.environ.get("GYM_API_KEY") or None
     library = ExperienceLibrary.load(experiences) if experiences else None  # a bad file fails before the model loads
     source = variant_source(variants) if variants else None
-    chat_model = ChatModel(config, max_batch_size=max_batch_size, max_waiting=max_waiting, variants=source)
-    if source is not None:
-        check_store_base(source.store, chat_model.model)
-    _ = chat_model.engine  # start the engine now: a backend that cannot start fails before the port opens
-    name = served_model_name(chat_model, model_name)
-    app = create_app(chat_model, name, api_key, max_body_bytes=max_body_bytes, experiences=library)
-    if library is not None:
-        logger.info("Every chat request gets the %d experiences of %s in its system prompt.", len(library),
-                    experiences)
-    logger.info("Serving '%s' on http://%s:%d/v1 (auth: %s, batch up to %d, queue %d)", name, host, port,
-                "bearer key" if api_key else "none", max_batch_size, max_waiting)
-    # uvicorn annotates timeout_graceful_shutdown as int, but only hands it to asyncio.wait_for (any float).
-    DrainingServer(uvicorn.Config(app, host=host, port=port, log_level="info", access_log=False,
-                                  timeout_graceful_shutdown=graceful_seconds)).run()  # type: ignore[arg-type]
+    sockets = bind_sockets(host, port)  # bound, not listening: clients are refused until the model is ready
+    try:
+        chat_model = ChatModel(config, max_batch_size=max_batch_size, max_waiting=max_waiting, variants=source)
+        if source is not None:
+            check_store_base(source.store, chat_model.model)
+        _ = chat_model.engine  # start the engine now: a backend that cannot start fails before the port opens
+        name = served_model_name(chat_model, model_name)
+        app = create_app(chat_model, name, api_key, max_body_bytes=max_body_bytes, experiences=library)
+        if library is not None:
+            logger.info("Every chat request gets the %d experiences of %s in its system prompt.", len(library),
+                        experiences)
+        logger.info("Serving '%s' on http://%s:%d/v1 (auth: %s, batch up to %d, queue %d)", name, host, port,
+                    "bearer key" if api_key else "none", max_batch_size, max_waiting)
+        # uvicorn annotates timeout_graceful_shutdown as int, but only hands it to asyncio.wait_for (any float).
+        server = DrainingServer(uvicorn.Config(app, host=host, port=port, log_level="info", access_log=False,
+                                               timeout_graceful_shutdown=graceful_seconds))  # type: ignore[arg-type]
+        server.run(ready_to_listen(sockets))
+    finally:
+        for sock in sockets:  # uvicorn closes them on shutdown; an error before it started leaves them to us
+            sock.close()
     logger.info("Stopped.")
 
 

@@ -1,14 +1,20 @@
 """The page: a header and one tab per door (Train, Chat, Deltas & variants, Soup, Export, Evaluate), in a black
 monochrome theme with system fonts, served by Gradio with nothing that reaches past the server: no analytics,
-no share link, no server-side rendering node process, no MCP, no external fonts or scripts."""
+no share link, no server-side rendering node process, no MCP, no external fonts or scripts.
+
+Anyone who reaches the page can start `gym` commands on this machine and read the runs folder, so it refuses to
+listen beyond the machine without --auth unless told --insecure-no-auth; the host, the port and the runs folder
+are checked before Gradio is imported, so a mistake in them is one line, not a traceback after the page was built.
+"""
 
 from __future__ import annotations
 
 import logging
 import os
-import warnings
 from typing import Any
 
+from gym.core.errors import ConfigError
+from gym.core.network import check_port, host_addresses, is_loopback
 from gym.core.version import __version__
 from gym.webui.common import CSS, FORCE_DARK, UI, theme
 from gym.webui.jobs import JobStore
@@ -25,13 +31,13 @@ def _quiet_gradio() -> None:
             os.environ["NO_PROXY"] = ",".join(filter(None, [os.environ.get("NO_PROXY", ""), host]))
 
 
-def build_app(runs_dir: str = "saves/webui", dataset_dir: str = "data") -> Any:
+def build_app(runs_dir: str | JobStore = "saves/webui", dataset_dir: str = "data") -> Any:
     _quiet_gradio()
     import gradio as gr
 
     from gym.webui import tab_chat, tab_tools, tab_train
 
-    ui = UI(store=JobStore(runs_dir), dataset_dir=dataset_dir)
+    ui = UI(store=runs_dir if isinstance(runs_dir, JobStore) else JobStore(runs_dir), dataset_dir=dataset_dir)
     with gr.Blocks(title="Gym", analytics_enabled=False) as demo:
         gr.Markdown(f"# GYM\nFine-tune, align, compress, personalize and serve · v{__version__} · runs in "
                     f"`{ui.store.root}`", elem_classes="gym-title")
@@ -45,18 +51,35 @@ def build_app(runs_dir: str = "saves/webui", dataset_dir: str = "data") -> Any:
     return demo
 
 
+def check_exposure(host: str, auth: tuple[str, str] | None, insecure_no_auth: bool = False) -> None:
+    """Refuse a page reachable from other machines without a password; with insecure_no_auth, say it once."""
+    if auth is not None or is_loopback(host):
+        return
+    where = ", ".join(host_addresses(host))
+    if not insecure_no_auth:
+        raise ConfigError(f"gym webui --host {host} ({where}) would be reachable from other machines without "
+                          "--auth: anyone who reaches it could run commands here and read its files. Add --auth "
+                          "user:password, or --insecure-no-auth to serve it unprotected anyway.")
+    logger.warning("Listening on %s (%s) without --auth (--insecure-no-auth): anyone who can reach this machine can "
+                   "run jobs and read their files.", host, where)
+
+
 def serve(host: str = "127.0.0.1", port: int = 7860, auth: tuple[str, str] | None = None,
-          runs_dir: str = "saves/webui", dataset_dir: str = "data", block: bool = True) -> Any:
+          runs_dir: str = "saves/webui", dataset_dir: str = "data", block: bool = True,
+          insecure_no_auth: bool = False) -> Any:
     """Build and launch; with block=False, return (the app, its local URL) and leave it running in threads."""
-    if host in ("0.0.0.0", "::") and auth is None:
-        warnings.warn(f"gym webui listens on {host} without --auth: anyone who can reach this machine can start "
-                      "jobs and read its files. Add --auth user:password.", stacklevel=2)
-        logger.warning("Listening on %s without --auth: anyone who can reach this machine can run jobs.", host)
-    demo = build_app(runs_dir, dataset_dir)
+    check_exposure(host, auth, insecure_no_auth)
+    check_port(host, port)
+    store = JobStore(runs_dir)
+    demo = build_app(store, dataset_dir)
     # Polling timers and long jobs must not queue behind each other.
     demo.queue(default_concurrency_limit=None)
-    _, url, _ = demo.launch(server_name=host, server_port=port, auth=auth, share=False, ssr_mode=False,
-                            mcp_server=False, pwa=False, footer_links=[], show_error=True, quiet=not block,
-                            prevent_thread_lock=not block, theme=theme(), css=CSS, js=FORCE_DARK,
-                            allowed_paths=[str(JobStore(runs_dir).root)], enable_monitoring=False)
+    try:
+        _, url, _ = demo.launch(server_name=host, server_port=port, auth=auth, share=False, ssr_mode=False,
+                                mcp_server=False, pwa=False, footer_links=[], show_error=True, quiet=not block,
+                                prevent_thread_lock=not block, theme=theme(), css=CSS, js=FORCE_DARK,
+                                allowed_paths=[str(store.root)], enable_monitoring=False)
+    except OSError:
+        check_port(host, port)  # another program took the port while the page was built: the same one line
+        raise
     return demo, url

@@ -4,7 +4,8 @@ tab or a restarted server finds them again.
 Each job is a folder under the runs folder (`gym webui --runs_dir`, default saves/webui):
 
     <id>/job.json      what was run: kind, title, the command as a user would type it, argv, pid
-    <id>/config.yaml   the YAML it runs (training, export, evaluation), the same file a user could run
+    <id>/config.yaml   the YAML it runs (training, export, evaluation), the same file a user could run, less its
+                       credentials: a Hugging Face token reaches the job's process as HF_TOKEN, never a file here
     <id>/console.log   everything the command printed
     <id>/exit_code     written by the supervisor when the command ends (absent while it runs)
     <id>/output/       what it writes (a training run's output_dir)
@@ -13,6 +14,11 @@ Each job is a folder under the runs folder (`gym webui --runs_dir`, default save
 The command runs under `python -m gym.webui.supervise <id>` in its own process group: the supervisor
 outlives a server restart and records the exit code. Stop sends SIGINT to the group (a training run then
 saves a checkpoint and exits 130; gym.train.stopping), and SIGTERM if it has not ended after a grace period.
+
+The runs folder is served to the page (and to anyone who reaches it when the UI runs without --auth), so no
+credential is written into it: the store keeps a job's token in memory and hands it to the job's process through
+its environment. job.json names the variable, so a restarted server that no longer holds the token says so
+instead of running the job without it.
 """
 
 from __future__ import annotations
@@ -33,12 +39,17 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gym.core.errors import GymError
+from gym.core.errors import ConfigError, GymError, OutputError
 from gym.core.files import pid_alive, temp_path
 
 JOB_FILE, CONSOLE_FILE, EXIT_FILE, CONFIG_NAME = "job.json", "console.log", "exit_code", "config.yaml"
 SUPERVISOR = "gym.webui.supervise"
 STOP_GRACE_SECONDS = 60.0  # a checkpoint of a large model takes a while to write
+
+# Config keys that are credentials -> the variable that carries them to the job's process instead: the Hugging Face
+# libraries read HF_TOKEN whenever no token is passed (from_pretrained for hf_hub_token, push_to_hub for hub_token).
+SECRET_KEYS = {"hf_hub_token": "HF_TOKEN", "hub_token": "HF_TOKEN"}
+SECRET_ENV_META = "secret_env"  # job.meta: the names (never the values) of the variables a job needs
 
 # exit status -> what the page says
 STOPPED_CODES = {130, -signal.SIGINT, -signal.SIGTERM, 143}
@@ -129,8 +140,14 @@ class JobStore:
 
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root).resolve()
-        self.root.mkdir(parents=True, exist_ok=True)
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+        except (FileExistsError, NotADirectoryError):
+            blocker = next((p for p in (self.root, *self.root.parents) if p.exists() and not p.is_dir()), self.root)
+            raise OutputError(f"The runs folder {root}: {blocker} is a file, not a folder. Choose another "
+                              "--runs_dir, or move the file.") from None
         self._children: dict[str, subprocess.Popen[bytes]] = {}  # reaped here, so they never linger as zombies
+        self._secrets: dict[str, dict[str, str]] = {}  # job id -> its credentials' variables; never on disk
 
     def create(self, kind: str, title: str, args: Sequence[str], config: dict[str, Any] | None = None,
                output: str | None = None, meta: dict[str, Any] | None = None) -> Job:
@@ -150,16 +167,26 @@ class JobStore:
         return job
 
     def write_config(self, job: Job, config: dict[str, Any]) -> Path:
+        """config.yaml, less its credentials, which the job's process gets through its environment."""
         import yaml
 
+        config, secrets_env = split_secrets(config)
+        self._secrets[job.id] = secrets_env
+        job.meta[SECRET_ENV_META] = sorted(secrets_env)
+        if not secrets_env:
+            del job.meta[SECRET_ENV_META]
+        self._save(job)
         path = job.folder / CONFIG_NAME
-        path.write_text(yaml.safe_dump(config, sort_keys=False, allow_unicode=True), encoding="utf-8")
+        tmp = temp_path(path)
+        tmp.write_text(yaml.safe_dump(config, sort_keys=False, allow_unicode=True), encoding="utf-8")
+        os.replace(tmp, path)
         return path
 
     def restart(self, job: Job, extra_args: Sequence[str] = ()) -> Job:
         """Run an ended job's command again in the same folder (e.g. with resume_from_checkpoint=true)."""
         if job.running:
             raise GymError(f"{job.id} is still running.")
+        self._environment(job)  # before anything changes: a job that cannot get its token is left as it was
         (job.folder / EXIT_FILE).unlink(missing_ok=True)
         job.argv = [*[a for a in job.argv if a not in extra_args], *extra_args]
         return self.start(job)
@@ -170,9 +197,19 @@ class JobStore:
         target.write_bytes(Path(source).read_bytes())
         return target
 
+    def _environment(self, job: Job) -> dict[str, str]:
+        """The job process's environment: this server's, and the job's credentials where it was given any."""
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **self._secrets.get(job.id, {})}
+        missing = [name for name in job.meta.get(SECRET_ENV_META, []) if not env.get(name)]
+        if missing:
+            raise GymError(f"{job.id} was given a Hugging Face token, which Gym never writes into the runs folder, and "
+                           f"this server no longer holds it (it was restarted). Start gym webui with "
+                           f"{' and '.join(missing)} set to run the job again.")
+        return env
+
     def start(self, job: Job) -> Job:
+        env = self._environment(job)
         console = (job.folder / CONSOLE_FILE).open("ab")
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         try:
             proc = subprocess.Popen([sys.executable, "-m", SUPERVISOR, str(job.folder)], stdout=console,
                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
@@ -241,6 +278,20 @@ class JobStore:
         tmp = temp_path(path)
         tmp.write_text(json.dumps(data, indent=2), encoding="utf-8")
         os.replace(tmp, path)
+
+
+def split_secrets(config: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+    """(the config without its credentials, {variable: value} that carries them to the job's process)."""
+    rest = {k: v for k, v in config.items() if k not in SECRET_KEYS}
+    env: dict[str, str] = {}
+    given = {k: str(config[k]) for k in SECRET_KEYS if config.get(k)}
+    for key, value in given.items():
+        name = SECRET_KEYS[key]
+        if env.setdefault(name, value) != value:
+            others = ", ".join(k for k in given if SECRET_KEYS[k] == name)
+            raise ConfigError(f"{others} differ: the web UI passes a job one Hugging Face token (as {name}, never "
+                              "in a file). Give one of them, or run the two steps as two jobs.")
+    return rest, env
 
 
 def _signal_group(pid: int, sig: int) -> None:

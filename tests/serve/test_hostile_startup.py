@@ -1,0 +1,125 @@
+"""`gym api`'s start-up against a hostile pass (issue #39): a port another program holds, or one that cannot exist,
+is one line and exit status 2 before the model loads (it used to load the whole model, then exit 3 with uvicorn's
+line); the port checked is the port served, so nothing can take it in between."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+import gym.serve.server as server
+from gym.cli import main
+
+
+def _one_error_line(err: str, *fragments: str) -> None:
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert "Traceback" not in err
+    assert len(lines) == 1 and lines[0].startswith("gym: error: "), err
+    for fragment in fragments:
+        assert fragment in lines[0], err
+
+
+@pytest.fixture()
+def no_model_load(monkeypatch):
+    """Fail the test if `gym api` gets as far as loading a model."""
+    loaded: list[object] = []
+
+    def refuse(*args, **kwargs):
+        loaded.append(args)
+        raise AssertionError("the model was loaded before the port was checked")
+
+    monkeypatch.setattr(server, "ChatModel", refuse)
+    return loaded
+
+
+def test_a_taken_port_is_one_line_before_the_model_loads(tiny_model_dir, capsys, no_model_load):
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        assert main(["api", "--model_name_or_path", str(tiny_model_dir), "--port", str(port)]) == 2
+    _one_error_line(capsys.readouterr().err, f"port {port}", "in use", "--port")
+    assert no_model_load == []
+
+
+@pytest.mark.parametrize("port", ["70000", "-1", "0", "65536"])
+def test_an_impossible_port_is_one_line(port, tiny_model_dir, capsys, no_model_load):
+    assert main(["api", "--model_name_or_path", str(tiny_model_dir), "--port", port]) == 2
+    _one_error_line(capsys.readouterr().err, f"--port {port}", "1 to 65535")
+    assert no_model_load == []
+
+
+@pytest.mark.parametrize("host", ["256.1.1.1", "192.0.2.1"])
+def test_a_host_it_cannot_listen_on_is_one_line(host, tiny_model_dir, capsys, no_model_load):
+    assert main(["api", "--model_name_or_path", str(tiny_model_dir), "--host", host, "--port", "8123"]) == 2
+    _one_error_line(capsys.readouterr().err, f"--host {host}")
+    assert no_model_load == []
+
+
+def test_a_taken_port_as_a_process_exits_2_at_once(tiny_model_dir):
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        started = time.monotonic()
+        done = subprocess.run([sys.executable, "-m", "gym.cli", "api", "--model_name_or_path", str(tiny_model_dir),
+                               "--port", str(port)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    _one_error_line(done.stderr, f"port {port}", "in use")
+    assert time.monotonic() - started < 60
+
+
+def test_the_port_is_held_while_the_model_loads(tiny_model_dir, monkeypatch):
+    """The socket bound before loading is the one uvicorn serves on: another program that tries the port while the
+    model loads finds it taken, and the server then answers on it."""
+    import threading
+
+    from gym.infer.chat import ChatModel
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    taken_during_load: list[bool] = []
+
+    def loading(*args, **kwargs):
+        with socket.socket() as other:
+            try:
+                other.bind(("127.0.0.1", port))
+                taken_during_load.append(False)
+            except OSError:
+                taken_during_load.append(True)
+        return ChatModel(*args, **kwargs)
+
+    monkeypatch.setattr(server, "ChatModel", loading)
+    servers: list[server.DrainingServer] = []
+    real_server = server.DrainingServer
+
+    class Recorded(real_server):  # type: ignore[misc, valid-type]
+        def __init__(self, config):
+            super().__init__(config)
+            servers.append(self)
+
+    monkeypatch.setattr(server, "DrainingServer", Recorded)
+    thread = threading.Thread(target=server.serve, args=({"model_name_or_path": str(tiny_model_dir),
+                                                          "max_new_tokens": 2},),
+                              kwargs={"port": port, "graceful_seconds": 1}, daemon=True)
+    # uvicorn installs signal handlers only in the main thread; in a thread it serves without them.
+    thread.start()
+    deadline = time.time() + 120
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as response:
+                assert response.status == 200
+            break
+        except OSError:
+            assert thread.is_alive() and time.time() < deadline, "gym api did not come up"
+            time.sleep(0.1)
+    assert taken_during_load == [True]
+    servers[0].should_exit = True
+    thread.join(60)
+    assert not thread.is_alive()
