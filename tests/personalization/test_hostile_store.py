@@ -318,3 +318,21 @@ def test_a_store_under_a_file_is_one_error_line(files, tmp_path):
     assert str(blocker) in result.stderr and "is a file" in result.stderr
     assert blocker.read_text() == "not a folder"
 
+
+
+def test_a_store_written_before_versions_is_read_replaced_and_deleted(files, tmp_path):
+    """Stores made before versions hold each variant in a plain folder, and a store.json without shapes."""
+    root = tmp_path / "store"
+    (root / "alice").mkdir(parents=True)
+    (root / "alice" / "delta.safetensors").write_bytes(files["good"].read_bytes())
+    (root / "alice" / "manifest.json").write_text(json.dumps({
+        "user": "alice", "base": read_header(files["good"])["base"], "method": "bitdelta", "bytes": 1,
+        "created": "2025-01-01T00:00:00Z", "seconds": 0.0}))
+    (root / "store.json").write_text(json.dumps({"base": read_header(files["good"])["base"]}))
+    store = VariantStore(root)
+    assert store.users() == ["alice"] and StoreSource(store).version("alice") is not None
+    assert store.base_shapes()["model.norm.weight"] == [64]  # read from the base's config
+    store.add("alice", delta=files["good2"], replace=True)
+    assert (root / "alice").is_symlink() and store.get("alice").training["added_from"] == str(files["good2"])
+    store.delete("alice")
+    assert store.users() == [] and not (root / "alice").exists() and not (root / ".versions" / "alice").exists()
