@@ -22,14 +22,20 @@ from gym.personalization.store import (
     write_manifest,
 )
 
-BASE = {"fingerprint": "a" * 64, "name": "tiny-base"}
+BASE = {"fingerprint": "a" * 64, "name": "tiny-base"}  # its name is the tiny model's folder, set for each test
+NORM = "model.norm.weight"  # a parameter of the tiny base: [64]
+
+
+@pytest.fixture(autouse=True)
+def _base_is_the_tiny_model(tiny_model_dir, monkeypatch):
+    """Variants are checked against their base's shapes: BASE names the tiny model's folder."""
+    monkeypatch.setitem(BASE, "name", str(tiny_model_dir))
 
 
 def _variant(store: VariantStore, user: str, base: dict[str, str] = BASE, **options) -> VariantRecord:
     record = VariantRecord(user=user, base=base, method="dense", bytes=0, created=now(), seconds=0.0)
     with store.creating(user, **options) as folder:
-        save_delta(folder / DELTA_FILE, {"w": torch.ones(2, 2)},
-                   {"method": "dense", "base": base, "entries": {"w": {"encoding": "dense", "shape": [2, 2]}}})
+        save_delta(folder / DELTA_FILE, {NORM: torch.ones(64)}, {"method": "dense", "base": base})
         record.bytes = (folder / DELTA_FILE).stat().st_size
         write_manifest(folder, record)
     return record
@@ -99,8 +105,7 @@ def test_a_concurrent_create_of_the_same_user_is_refused(tmp_path):
         with store.creating("alice") as folder:
             inside.set()
             release.wait(10)
-            save_delta(folder / DELTA_FILE, {"w": torch.ones(2, 2)},
-                       {"method": "dense", "base": BASE, "entries": {"w": {"encoding": "dense", "shape": [2, 2]}}})
+            save_delta(folder / DELTA_FILE, {NORM: torch.ones(64)}, {"method": "dense", "base": BASE})
             write_manifest(folder, VariantRecord("alice", BASE, "dense", 1, now(), 0.0))
 
     thread = threading.Thread(target=first)
@@ -122,7 +127,7 @@ def test_a_variant_of_another_base_is_refused(tmp_path):
     store = VariantStore(tmp_path)
     _variant(store, "alice")
     other = {"fingerprint": "b" * 64, "name": "other-base"}
-    with pytest.raises(VariantError, match="other-base.*tiny-base"):
+    with pytest.raises(VariantError, match="other-base.*tiny-llama"):
         _variant(store, "bob", base=other)
     assert store.users() == ["alice"]
 
@@ -137,7 +142,7 @@ def test_an_unreadable_manifest_is_named(tmp_path):
 
 
 def _delta_file(tmp_path, base: dict[str, str] = BASE):
-    return save_delta(tmp_path / f"{base['fingerprint']}.safetensors", {"w": torch.ones(4)},
+    return save_delta(tmp_path / f"{base['fingerprint']}.safetensors", {NORM: torch.ones(64)},
                       {"method": "bitdelta", "base": base})
 
 
@@ -147,8 +152,8 @@ def _adapter(tmp_path, **config):
     (folder / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": 2, "lora_alpha": 4, **config}))
     from safetensors.torch import save_file
 
-    save_file({"base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight": torch.ones(2, 8),
-               "base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight": torch.ones(8, 2)},
+    save_file({"base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight": torch.ones(2, 64),
+               "base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight": torch.ones(64, 2)},
               str(folder / "adapter_model.safetensors"))
     return folder
 

@@ -33,8 +33,9 @@ def _bitdelta(tiny_model_dir, folder, seed: int):
     with torch.no_grad():
         for _, param in tuned.named_parameters():
             param.add_(torch.randn(param.shape, generator=g) * 0.05)
-    return BitDeltaQuantizer(BitDeltaConfig(distill_steps=0)).compress(base, tuned, progress=False).save(
-        folder / f"delta-{seed}.safetensors")
+    # Named as `gym delta compress --base` names it: a store checks a variant's shapes against that base.
+    return BitDeltaQuantizer(BitDeltaConfig(distill_steps=0)).compress(
+        base, tuned, base_name=str(tiny_model_dir), progress=False).save(folder / f"delta-{seed}.safetensors")
 
 
 def _adapter(tiny_model_dir, folder):

@@ -7,8 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from gym.config.files import CONFIG_SUFFIXES, parse_cli_args
 from gym.core.errors import ConfigError, DataError
 from gym.personalization.store import VariantStore
 
@@ -17,7 +16,11 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gym variants", description="Per-user fine-tunes of one base model, "
                                      "each stored as a 1-bit delta.")
     sub = parser.add_subparsers(dest="verb", required=True)
-    c = sub.add_parser("create", help="fine-tune a user's variant on their rows and store it")
+    c = sub.add_parser("create", help="fine-tune a user's variant on their rows and store it", allow_abbrev=False,
+                       usage="gym variants create STORE --user USER (--data FILE | --preferences FILE) [options] "
+                             "[key=value ...]",
+                       epilog="Training keys go anywhere, as `gym train` takes them: key=value or --key value "
+                              "(max_steps=30 finetuning_type=full ...).")
     c.add_argument("store")
     c.add_argument("--user", required=True)
     c.add_argument("--data", help="SFT rows: a .json (list) or .jsonl file, or a dataset name")
@@ -25,7 +28,8 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--base", help="base model (default: the store's, else smollm2-135m)")
     c.add_argument("--distill-steps", type=int, default=50, help="BitDelta scale distillation on the user's rows")
     c.add_argument("--replace", action="store_true", help="replace the user's existing variant")
-    c.add_argument("keys", nargs="*", help="training keys as key=value (max_steps=30 finetuning_type=full ...)")
+    # Training keys (max_steps=30 finetuning_type=full ..., or --max_steps 30) are taken anywhere, as `gym train`
+    # takes them: not an argparse positional, which would only take them before the first option.
     a = sub.add_parser("add", help="put an existing variant in the store: a delta file or a LoRA adapter folder")
     a.add_argument("store")
     a.add_argument("--user", required=True)
@@ -70,14 +74,12 @@ def _rows(reference: str | None) -> Any:
     return rows
 
 
-def _keys(pairs: list[str]) -> dict[str, Any]:
-    keys = {}
-    for pair in pairs:
-        if "=" not in pair:
-            raise ConfigError(f"{pair!r}: training keys are given as key=value (e.g. max_steps=30).")
-        key, value = pair.split("=", 1)
-        keys[key.strip()] = yaml.safe_load(value)
-    return keys
+def _keys(extra: list[str]) -> dict[str, Any]:
+    """The training keys of `gym variants create`, in `gym train`'s spelling (key=value or --key value)."""
+    for arg in extra:
+        if Path(arg).suffix.lower() in CONFIG_SUFFIXES and "=" not in arg:
+            raise ConfigError(f"Unexpected argument {arg!r}: give training keys as key=value (e.g. max_steps=30).")
+    return parse_cli_args(extra)
 
 
 def _base(store: VariantStore, given: str | None) -> str:
@@ -86,7 +88,10 @@ def _base(store: VariantStore, given: str | None) -> str:
 
 
 def main(argv: list[str]) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and args.verb != "create":
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     store = VariantStore(args.store)
     if args.verb == "list":
         for record in store.list():
@@ -106,11 +111,12 @@ def main(argv: list[str]) -> int:
     if args.verb == "create":
         from gym.delta.bitdelta import BitDeltaConfig
 
+        keys = _keys(extra)
         config = BitDeltaConfig(distill_steps=args.distill_steps,
                                 calibration="user-rows" if args.distill_steps else None)
         trainer = PersonalizedTrainer(_base(store, args.base), config, store=store.root)
         record = trainer.create_variant(args.user, data=_rows(args.data), preferences=_rows(args.preferences),
-                                        replace_existing=args.replace, **_keys(args.keys))
+                                        replace_existing=args.replace, **keys)
         kept = "" if record.gain_kept is None else f"; gain kept on held-out rows: {record.gain_kept:.0%}"
         print(f"Variant {record.user}: {record.bytes / 1e6:.1f} MB in {record.seconds:.0f} s{kept}.")
         return 0

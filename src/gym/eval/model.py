@@ -87,7 +87,10 @@ def load_eval_model(config: Any, *, delta: str | None = None, variant: str | Non
     if variant is not None:
         from gym.personalization.store import variant_source
 
-        delta, config["model_name_or_path"] = variant_source(variant)
+        files = variant_source(variant)
+        delta, config["model_name_or_path"] = files.delta, files.base
+        if files.adapter is not None:
+            config["adapter_name_or_path"] = files.adapter
     resolved = resolve_inference_config(config)
     resolved.setdefault("infer_dtype", "float32")
     model_args, data_args, _, generating = get_infer_args({k: v for k, v in resolved.items() if k != "output_dir"})

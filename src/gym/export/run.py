@@ -14,8 +14,11 @@ from gym.personalization.store import variant_source
 def run_export(config: dict[str, Any]) -> Path:
     """Export what `config` names (the model keys of `gym chat`, plus export_dir, export_format, ...)."""
     args, model_config = parse_export(config)
-    if args.variant is not None:
-        args.delta, model_config["model_name_or_path"] = variant_source(args.variant)
+    if args.variant is not None:  # its base, with its delta applied or its LoRA adapter merged
+        files = variant_source(args.variant)
+        model_config["model_name_or_path"], args.delta = files.base, files.delta
+        if files.adapter is not None:
+            model_config["adapter_name_or_path"] = files.adapter
     check_output(args, model_config)
     if args.export_format == "gguf":
         from gym.export.gguf import export_gguf

@@ -26,9 +26,21 @@ ADAPTER_WEIGHTS = "adapter_model.safetensors"
 
 
 def deltas_from_file(path: str | os.PathLike[str]) -> tuple[dict[str, ParamDelta], dict[str, Any]]:
-    """-> (deltas per parameter, the file's header), the file checked whole first (gym.delta.format)."""
+    """-> (deltas per parameter, the file's header), the file checked whole first (gym.delta.format), and each
+    entry in the form the engine serves it checked too: a coded entry is expanded once here, so that a file the
+    engine could not expand is refused now, by name, rather than inside a decoding step every user shares."""
     entries, header = load_delta(path)
-    return {name: _from_entry(entry) for name, entry in entries.items()}, header
+    deltas: dict[str, ParamDelta] = {}
+    for name, entry in entries.items():
+        try:
+            deltas[name] = delta = _from_entry(entry)
+            if isinstance(delta, CodedDelta):
+                expanded = delta.dense()
+                if tuple(expanded.shape) != tuple(delta.shape) or not torch.isfinite(expanded).all():
+                    raise ValueError("it expands to the wrong shape or to NaN/Inf")
+        except (RuntimeError, ValueError, KeyError, TypeError, IndexError) as exc:  # parameters that do not fit
+            raise ConfigError(f"{path}: {name} cannot be served ({exc}); the delta is damaged.") from None
+    return deltas, header
 
 
 def _from_entry(entry: Encoded | torch.Tensor) -> ParamDelta:
@@ -63,8 +75,10 @@ def deltas_from_adapter(folder: str | os.PathLike[str]) -> dict[str, ParamDelta]
         raise ConfigError(f"{folder} is not a LoRA adapter folder: it needs {ADAPTER_CONFIG} and {ADAPTER_WEIGHTS}.")
     try:
         config = json.loads(config_path.read_text())
-    except ValueError as exc:
+    except (OSError, ValueError) as exc:
         raise ConfigError(f"{config_path} is not valid JSON: {exc}") from None
+    if not isinstance(config, dict):
+        raise ConfigError(f"{config_path} holds a JSON {type(config).__name__}, not an adapter config object.")
     if str(config.get("peft_type", "LORA")).upper() != "LORA":
         raise ConfigError(f"{config_path}: peft_type {config.get('peft_type')!r}; variants can be LoRA adapters only.")
     for key in ("use_dora", "rank_pattern", "alpha_pattern", "modules_to_save"):
@@ -72,8 +86,11 @@ def deltas_from_adapter(folder: str | os.PathLike[str]) -> dict[str, ParamDelta]
             raise ConfigError(f"{config_path}: {key} is set; a served LoRA variant must be a plain LoRA (B @ A * "
                               "lora_alpha / r on each target). Merge it and compress the delta instead "
                               "(gym delta compress).")
-    rank = int(config.get("r", 8))
-    alpha = float(config.get("lora_alpha", rank))
+    rank, alpha = config.get("r", 8), config.get("lora_alpha", config.get("r", 8))
+    if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1 or not isinstance(alpha, (int, float)) \
+            or not math.isfinite(alpha):
+        raise ConfigError(f"{config_path}: r must be a positive integer and lora_alpha a finite number "
+                          f"(r={rank!r}, lora_alpha={alpha!r}).")
     scaling = alpha / math.sqrt(rank) if config.get("use_rslora") else alpha / rank
     try:
         tensors = load_file(str(weights_path))
@@ -91,14 +108,22 @@ def deltas_from_adapter(folder: str | os.PathLike[str]) -> dict[str, ParamDelta]
             raise ConfigError(f"{weights_path}: {key} is not a LoRA A/B weight.")
     deltas: dict[str, ParamDelta] = {}
     for module, parts in pairs.items():
+        for part, tensor in parts.items():
+            if tensor.dim() != 2 or not torch.isfinite(tensor).all():
+                raise ConfigError(f"{weights_path}: {module}'s {part} is not a finite matrix (shape "
+                                  f"{list(tensor.shape)}, or NaN/Inf); the adapter is damaged.")
         if "lora_A" in parts and "lora_B" in parts:
-            deltas[f"{module}.weight"] = LowRankDelta(parts["lora_A"], parts["lora_B"] * scaling)
+            delta = LowRankDelta(parts["lora_A"], parts["lora_B"] * scaling)
         elif "lora_embedding_A" in parts and "lora_embedding_B" in parts:
             # An embedding's update is (B @ A).T: [vocab, hidden] = A.T [vocab, r] @ B.T [r, hidden].
-            deltas[f"{module}.weight"] = LowRankDelta(parts["lora_embedding_B"].T.contiguous(),
-                                                      (parts["lora_embedding_A"].T * scaling).contiguous())
+            delta = LowRankDelta(parts["lora_embedding_B"].T.contiguous(),
+                                 (parts["lora_embedding_A"].T * scaling).contiguous())
         else:
             raise ConfigError(f"{weights_path}: {module} has only one of its LoRA A/B weights.")
+        if delta.up.shape[1] != delta.down.shape[0]:
+            raise ConfigError(f"{weights_path}: {module}'s LoRA A and B have different ranks "
+                              f"({delta.down.shape[0]} and {delta.up.shape[1]}); the adapter is damaged.")
+        deltas[f"{module}.weight"] = delta
     if not deltas:
         raise ConfigError(f"{weights_path} holds no LoRA weights.")
     return deltas

@@ -1,16 +1,23 @@
-"""A variant store: a folder of per-user deltas on one base model.
+"""A variant store: a folder of per-user variants of one base model.
 
     <store>/
-      store.json              the base: {"base": {"name", "fingerprint"}}, written by the first variant
-      <user>/delta.safetensors   the user's compressed delta (gym.delta.format: BitDelta or DeltaQuant)
-      <user>/adapter/            or: a LoRA adapter folder (adapter_config.json, adapter_model.safetensors)
-      <user>/manifest.json       user, base, method, bytes, created, training keys, gain kept, seconds
-      .locks/<user>             held while that user's variant is being created
+      store.json                the base: {"base": {"name", "fingerprint", "parameters"}, "shapes": {...}},
+                                made (exclusively) by the first variant
+      <user> -> .versions/<user>/<version>    a link to the user's current variant, holding:
+          delta.safetensors     the user's compressed delta (gym.delta.format: BitDelta or DeltaQuant)
+          adapter/              or: a LoRA adapter folder (adapter_config.json, adapter_model.safetensors)
+          manifest.json         user, base, method, bytes, created, training keys, gain kept, seconds
+      .<user>.gym-lock          held (pid and host) while that user's variant is written or deleted
+      .<user>.tmp-<pid>/        a variant being built by process <pid>
 
-A variant is written into a temporary folder inside the store and renamed into place, so a reader
-sees a whole variant or none; a second create of the same user while one runs is refused (the lock
-is an exclusively-created file), not interleaved. User ids are names, never paths. Every variant must
-come from the store's base: a delta whose base fingerprint differs is refused, by name.
+A variant is built in a temporary folder, read whole and checked (every tensor finite, every changed
+parameter one of the base's with its shape, the base's fingerprint) and becomes a new version; the user's link
+is switched to it by one rename, so a reader finds the old variant or the new one, never none. The version
+before stays until the next write of that user, for a reader that followed the link just before the switch.
+One writer per user: a second is refused while the first lives; a killed writer's lock is taken over and its
+temporary folder removed (gym.core.files). User ids are names, never paths. The store's base is set by its first
+variant, exclusively (of two first variants at once, one makes store.json and the other is checked against it);
+a variant of another base is refused by name.
 """
 
 from __future__ import annotations
@@ -27,15 +34,17 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gym.core.errors import ConfigError, GymError
-from gym.core.files import make_folder
-from gym.delta.format import read_header
-from gym.personalization.loading import deltas_from_adapter
+from gym.core.errors import ConfigError, GymError, OutputError
+from gym.core.files import OutputLock, remove_stale_temps, temp_path
+from gym.infer.fast.deltas import ParamDelta
+from gym.personalization.base import Shapes, adapter_base, base_shapes, check_shapes, describe_base
+from gym.personalization.loading import deltas_from_adapter, deltas_from_file
 
 DELTA_FILE = "delta.safetensors"
 ADAPTER_DIR = "adapter"
 MANIFEST = "manifest.json"
 STORE_FILE = "store.json"
+VERSIONS = ".versions"
 MAX_USER_ID = 128
 _USER_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@+-]*")
 
@@ -80,15 +89,32 @@ class VariantStore:
         self.root = Path(root).expanduser()
 
     # -- the base ----------------------------------------------------------------------------------
-    def base(self) -> dict[str, str] | None:
-        """The store's base ({"name", "fingerprint"}), or None while it holds no variant."""
+    def _description(self) -> dict[str, Any] | None:
         path = self.root / STORE_FILE
         if not path.is_file():
             return None
         try:
-            return dict(json.loads(path.read_text())["base"])
+            description = json.loads(path.read_text())
+            description["base"] = dict(description["base"])
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise VariantError(f"{path} is not a variant store's description ({exc}).") from None
+        return dict(description)
+
+    def base(self) -> dict[str, str] | None:
+        """The store's base ({"name", "fingerprint", "parameters"}), or None while it holds no variant."""
+        description = self._description()
+        return None if description is None else description["base"]
+
+    def base_shapes(self) -> Shapes | None:
+        """The shape of every parameter of the store's base (None while it has none). A store made before they
+        were kept has them read from its base model's config."""
+        description = self._description()
+        if description is None:
+            return None
+        shapes = description.get("shapes")
+        if isinstance(shapes, dict):
+            return shapes
+        return base_shapes(description["base"].get("name"), str(self.root / STORE_FILE))
 
     def check_base(self, base: dict[str, str], source: str) -> None:
         """Refuse a delta (`source`) made from another base than the store's."""
@@ -96,6 +122,32 @@ class VariantStore:
         if mine is not None and mine.get("fingerprint") != base.get("fingerprint"):
             raise VariantError(f"{source} was made from base {base.get('name')!r}, and the store {self.root} holds "
                                f"variants of {mine.get('name')!r} (their base fingerprints differ).")
+
+    def check_variant(self, deltas: dict[str, ParamDelta], base: dict[str, str], source: str) -> Shapes:
+        """A variant's deltas (`source`, made from `base`) against the store's base: its fingerprint, and every
+        changed parameter's name and shape (against `base` itself while the store has none). -> the shapes used."""
+        self.check_base(base, source)
+        shapes = self.base_shapes()
+        if shapes is None:
+            shapes = base_shapes(base.get("name"), source)
+        check_shapes({name: tuple(delta.shape) for name, delta in deltas.items()}, shapes, source)
+        return shapes
+
+    def _claim_base(self, base: dict[str, str], shapes: Shapes) -> bool:
+        """Make store.json for `base`, only if no writer has: written whole under a temporary name, then linked
+        into place (a link never replaces a file). False when another writer's store.json was there first."""
+        temporary = self.root / f".{STORE_FILE}.{uuid.uuid4().hex[:8]}.tmp-{os.getpid()}"
+        descriptor = os.open(temporary, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        try:
+            with os.fdopen(descriptor, "w") as handle:
+                json.dump({"base": base, "shapes": shapes}, handle, indent=2)
+                handle.write("\n")
+            os.link(temporary, self.root / STORE_FILE)
+            return True
+        except FileExistsError:
+            return False
+        finally:
+            os.unlink(temporary)
 
     # -- reading -----------------------------------------------------------------------------------
     def path(self, user_id: str) -> Path:
@@ -131,77 +183,117 @@ class VariantStore:
 
     # -- writing -----------------------------------------------------------------------------------
     @contextmanager
+    def _writing(self, user_id: str) -> Iterator[None]:
+        """This process is `user_id`'s one writer until the block ends (OutputLock: a lock file with pid and host;
+        a live writer's is refused, a dead one's taken over). What dead writers left half-built goes first."""
+        created = self._make_root()
+        lock = OutputLock(self.path(user_id), what="variant create", file=True)
+        try:
+            lock.acquire()
+        except OutputError as exc:
+            raise VariantError(f"A variant for user {user_id!r} is being created in {self.root} already: {exc}") \
+                from None
+        try:
+            remove_stale_temps(self.root)
+            yield
+        finally:
+            lock.release()
+            if created and not any(self.root.iterdir()):
+                self.root.rmdir()  # a first write that failed leaves no empty store behind
+
+    def _make_root(self) -> bool:
+        """Make the store's folder (True if this made it); a file in the way is an OutputError naming it."""
+        if self.root.is_dir():
+            return False
+        blocker = next((p for p in (self.root, *self.root.parents) if p.exists() and not p.is_dir()), None)
+        if blocker is not None:
+            raise OutputError(f"Cannot make the variant store {self.root}: {blocker} is a file, not a folder. "
+                              "Choose another path.")
+        self.root.mkdir(parents=True, exist_ok=True)
+        return True
+
+    @contextmanager
     def creating(self, user_id: str, *, replace: bool = False) -> Iterator[Path]:
-        """A temporary folder to build `user_id`'s variant in (delta.safetensors and manifest.json); on a
-        clean exit it is checked and renamed into place. A create of the same user already running is
+        """A temporary folder to build `user_id`'s variant in (delta.safetensors or adapter/, and manifest.json);
+        on a clean exit it is checked and becomes the user's variant. A write of the same user already running is
         refused, and so is an existing variant unless `replace`."""
         check_user_id(user_id)
-        locks = self.root / ".locks"
-        make_folder(locks)  # a store path under a file: one line naming it, not NotADirectoryError
-        lock = locks / user_id
-        try:
-            descriptor = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-        except FileExistsError:
-            raise VariantError(f"A variant for user {user_id!r} is being created in {self.root} already "
-                               f"(lock {lock}); wait for it, or remove the lock if that process died.") from None
-        os.write(descriptor, str(os.getpid()).encode())
-        os.close(descriptor)
-        temporary = self.root / f".tmp-{user_id}-{uuid.uuid4().hex[:8]}"
-        try:
+        with self._writing(user_id):
             if self.exists(user_id) and not replace:
                 raise VariantError(f"User {user_id!r} already has a variant in {self.root}; delete it first "
                                    "(or pass replace=True).")
+            temporary = temp_path(self.path(user_id))
             temporary.mkdir()
-            yield temporary
-            self._commit(user_id, temporary)
-        finally:
-            shutil.rmtree(temporary, ignore_errors=True)
-            lock.unlink(missing_ok=True)
+            try:
+                yield temporary
+                self._commit(user_id, temporary)
+            finally:
+                shutil.rmtree(temporary, ignore_errors=True)
+
+    def _read(self, folder: Path) -> tuple[dict[str, ParamDelta], dict[str, str]]:
+        """(deltas as the engine serves them, the base they were made from) of the variant in `folder`, read whole."""
+        if (folder / ADAPTER_DIR).is_dir():  # a LoRA adapter carries no fingerprint: its manifest names the base
+            manifest = json.loads((folder / MANIFEST).read_text())
+            base = dict(manifest.get("base") or {}) or self.base() or describe_base(adapter_base(folder / ADAPTER_DIR))
+            return deltas_from_adapter(folder / ADAPTER_DIR), base
+        deltas, header = deltas_from_file(folder / DELTA_FILE)
+        return deltas, dict(header.get("base", {}))
 
     def _commit(self, user_id: str, folder: Path) -> None:
         if not (folder / MANIFEST).is_file():
             raise VariantError(f"{folder} has no {MANIFEST}.")
-        if (folder / ADAPTER_DIR).is_dir():  # a LoRA adapter carries no base fingerprint; shapes are checked on load
-            pass
-        else:
-            header = read_header(folder / DELTA_FILE)  # a whole, readable delta file or an error naming it
-            base = dict(header.get("base", {}))
-            self.check_base(base, str(folder / DELTA_FILE))
-            if self.base() is None:
-                _write_json(self.root / STORE_FILE, {"base": base})
-        target = self.path(user_id)
-        if target.exists():  # replace: the old variant leaves only once the new one is complete
-            old = self.root / f".old-{user_id}-{uuid.uuid4().hex[:8]}"
-            target.rename(old)
-            folder.rename(target)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            folder.rename(target)
+        deltas, base = self._read(folder)
+        source = str(folder / (ADAPTER_DIR if (folder / ADAPTER_DIR).is_dir() else DELTA_FILE))
+        shapes = self.check_variant(deltas, base, source)  # against the store's base, or its own if none yet
+        if not self._claim_base(base, shapes):  # the store has a base, maybe made by another writer since: it decides
+            self.check_variant(deltas, base, source)
+        versions = self.root / VERSIONS / user_id
+        versions.mkdir(parents=True, exist_ok=True)
+        version = versions / uuid.uuid4().hex[:12]
+        folder.rename(version)
+        self._point(user_id, version)
+
+    def _point(self, user_id: str, version: Path) -> None:
+        """Switch `user_id`'s link to `version` in one rename, then drop every other version but the one replaced."""
+        link = self.path(user_id)
+        versions = version.parent
+        previous = os.readlink(link).rsplit("/", 1)[-1] if link.is_symlink() else None
+        if link.is_dir() and not link.is_symlink():  # a variant stored before versions: moved aside, not atomic
+            previous = f"unversioned-{uuid.uuid4().hex[:8]}"
+            link.rename(versions / previous)
+        temporary = link.with_name(f".{user_id}.link.tmp-{os.getpid()}")
+        temporary.unlink(missing_ok=True)
+        temporary.symlink_to(version.relative_to(self.root))
+        os.replace(temporary, link)
+        for old in versions.iterdir():
+            if old.name not in (version.name, previous):
+                shutil.rmtree(old, ignore_errors=True)
 
     def add(self, user_id: str, *, delta: str | os.PathLike[str] | None = None,
             adapter: str | os.PathLike[str] | None = None, replace: bool = False) -> VariantRecord:
         """Put an existing variant in the store: a Gym delta file (`gym delta compress`: BitDelta or
-        DeltaQuant) or a LoRA adapter folder, checked and copied whole."""
+        DeltaQuant) or a LoRA adapter folder, read whole, checked against the store's base, and copied."""
         if (delta is None) == (adapter is None):
             raise ConfigError("Give the variant as a delta file (delta=) or a LoRA adapter folder (adapter=): one.")
         given = delta if delta is not None else adapter
         assert given is not None
         source = Path(given).expanduser()
+        check_user_id(user_id)
+        # Checked here first, so that errors name the user's own file; the copy is checked again when committed.
+        if delta is not None:
+            deltas, header = deltas_from_file(source)
+            base, method = dict(header.get("base", {})), str(header.get("method"))
+        else:
+            deltas, method = deltas_from_adapter(source), "lora"  # a plain LoRA the engine can serve, or a clear error
+            base = self.base() or describe_base(adapter_base(source))
+        self.check_variant(deltas, base, str(source))
         with self.creating(user_id, replace=replace) as folder:
             if delta is not None:
-                header = read_header(source)
-                self.check_base(dict(header.get("base", {})), str(source))
                 shutil.copyfile(source, folder / DELTA_FILE)
-                method, base = str(header.get("method")), dict(header.get("base", {}))
             else:
-                for name in ("adapter_config.json", "adapter_model.safetensors"):
-                    if not (source / name).is_file():
-                        raise ConfigError(f"{source} is not a LoRA adapter folder: it has no {name}.")
                 (folder / ADAPTER_DIR).mkdir()
                 for name in ("adapter_config.json", "adapter_model.safetensors"):
                     shutil.copyfile(source / name, folder / ADAPTER_DIR / name)
-                deltas_from_adapter(folder / ADAPTER_DIR)  # a plain LoRA the engine can serve, or a clear error
-                method, base = "lora", self.base() or {}
             size = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
             record = VariantRecord(user=user_id, base=base, method=method, bytes=size, created=now(), seconds=0.0,
                                    training={"added_from": str(source)})
@@ -209,13 +301,19 @@ class VariantStore:
         return record
 
     def delete(self, user_id: str) -> None:
-        target = self.path(user_id)
-        if not (target / MANIFEST).is_file():
+        if not self.exists(user_id):
             raise VariantError(f"No variant for user {user_id!r} in {self.root}.")
-        # Renamed first, so a reader never sees half a variant; the files go after.
-        doomed = self.root / f".deleted-{user_id}-{uuid.uuid4().hex[:8]}"
-        target.rename(doomed)
-        shutil.rmtree(doomed, ignore_errors=True)
+        with self._writing(user_id):
+            target = self.path(user_id)
+            if not (target / MANIFEST).is_file():
+                raise VariantError(f"No variant for user {user_id!r} in {self.root}.")
+            if target.is_symlink():
+                target.unlink()  # one step: readers find the variant, then none
+            else:  # a variant stored before versions: renamed first, so a reader never sees half of it
+                doomed = temp_path(target)
+                target.rename(doomed)
+                shutil.rmtree(doomed, ignore_errors=True)
+            shutil.rmtree(self.root / VERSIONS / user_id, ignore_errors=True)
 
 
 def now() -> str:
@@ -232,10 +330,21 @@ def write_manifest(folder: Path, record: VariantRecord) -> None:
     _write_json(folder / MANIFEST, record.to_json())
 
 
-def variant_source(reference: str) -> tuple[str, str]:
-    """(the variant's delta file, its base model) for STORE:USER, as export and eval take a variant."""
+@dataclass
+class VariantFiles:
+    """What a variant is made of, as export and eval load it: the base model, and its delta file or adapter."""
+
+    base: str
+    delta: str | None = None
+    adapter: str | None = None
+
+
+def variant_source(reference: str) -> VariantFiles:
+    """The files of the variant STORE:USER (a missing user is a clear error naming the known ones)."""
     folder, _, user = reference.rpartition(":")
     store = VariantStore(folder)
-    store.get(user)  # a missing user is a clear error naming the known ones
-    base = (store.base() or {}).get("name") or "smollm2-135m"
-    return str(store.delta_path(user)), base
+    store.get(user)
+    base = (store.base() or {}).get("name")
+    if store.adapter_path(user).is_dir():
+        return VariantFiles(base or adapter_base(store.adapter_path(user)), adapter=str(store.adapter_path(user)))
+    return VariantFiles(base or "smollm2-135m", delta=str(store.delta_path(user)))

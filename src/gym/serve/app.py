@@ -6,9 +6,9 @@ prompts are rendered by the ChatModel with the template the model was trained wi
 variants (`gym api --variants STORE`) also answers `model: "<base>:<user>"` with that user's variant, in
 the same batches as the base; /v1/models lists them (with `parent`: the base, as vLLM lists adapters).
 
-Every failure answers OpenAI's error JSON with a 4xx status (400 bad value, 401 key, 404 route or
-model, 422 malformed body, 429 queue full, 503 shutting down); the engine's bounded queue is what
-keeps memory bounded under load. `usage` counts the prompt's ids and every generated token,
+Every failure answers OpenAI's error JSON with a 4xx status (400 bad value or a variant that cannot be
+loaded, 401 key, 404 route or model, 422 malformed body, 429 queue full, 503 shutting down); the engine's
+bounded queue is what keeps memory bounded under load. `usage` counts the prompt's ids and every generated token,
 end-of-turn token included.
 """
 
@@ -29,9 +29,8 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from transformers import AutoConfig
 
-from gym.core.errors import GymError
 from gym.infer.chat import ChatModel
-from gym.infer.fast.bank import VariantBank, VariantNotFound
+from gym.infer.fast.bank import VariantBank, VariantNotFound, VariantUnavailable
 from gym.infer.requests import EngineBusy, EngineStopped, Event, Finished, Piece, SamplingParams
 from gym.serve.limits import DEFAULT_MAX_BODY_BYTES, BodyLimit, check_text_length
 from gym.serve.protocol import ApiError, ChatCompletionRequest, CompletionRequest, TokenizeRequest, _Request
@@ -192,8 +191,8 @@ class _Server:
             except VariantNotFound:
                 raise ApiError(404, f"The model '{name}' does not exist (its variant was just deleted).",
                                param="model", code="model_not_found") from None
-            except GymError as exc:
-                raise ApiError(500, f"The variant '{name}' could not be loaded: {exc}", param="model") from None
+            except VariantUnavailable as exc:
+                raise _unloadable(name, exc) from None
         return user
 
     def encode_prompts(self, prompt: str | list[str] | list[int]) -> list[list[int]]:
@@ -304,6 +303,10 @@ class _Server:
             for handle in handles:
                 handle.cancel()
             raise ApiError(404, str(exc), param="model", code="model_not_found") from None
+        except VariantUnavailable as exc:  # replaced by a broken variant since load_variant found it whole
+            for handle in handles:
+                handle.cancel()
+            raise _unloadable(f"{self.model_name}:{jobs[0][1].variant}", exc) from None
         return events, handles
 
     async def _stream(self, events: asyncio.Queue[tuple[int, Event]], handles: list[Any], jobs: list[Any],
@@ -352,6 +355,12 @@ class _Server:
         finally:  # the client may have gone away: free the rows it held
             for handle in handles:
                 handle.cancel()
+
+
+def _unloadable(model: str, exc: Exception) -> ApiError:
+    """A variant the store holds but the server cannot load: the request's fault no more than a deleted one's,
+    and no server error either (the base and the other variants answer): a 400 naming it, until it is replaced."""
+    return ApiError(400, f"The model '{model}' cannot be loaded: {exc}", param="model", code="model_not_loadable")
 
 
 def _where(problem: Any) -> str:

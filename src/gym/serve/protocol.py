@@ -16,14 +16,20 @@ SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
 
 
 def valid_text(value: Any) -> Any:
-    """Text must be encodable: JSON can carry lone surrogates (\ud800) that no tokenizer can take."""
+    """Text must be encodable: JSON can carry lone surrogates (\ud800) that no tokenizer can take, and that no
+    answer can echo (an error naming the model a request asked for is encoded as UTF-8 too). Every string field
+    of every request goes through here, in lists and objects as well."""
     if isinstance(value, str):
         try:
             value.encode("utf-8")
         except UnicodeEncodeError:
             raise ValueError("contains an invalid Unicode code point (a lone surrogate)") from None
-    elif isinstance(value, list):
+    elif isinstance(value, (list, tuple)):
         for item in value:
+            valid_text(item)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            valid_text(key)
             valid_text(item)
     return value
 
@@ -59,7 +65,7 @@ class _Request(BaseModel):
     top_k: int | None = Field(default=None, ge=0)
     repetition_penalty: float | None = Field(default=None, gt=0.0)
 
-    _stop_text = field_validator("stop")(valid_text)
+    _text = field_validator("*")(valid_text)
 
     def stops(self) -> list[str]:
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -86,7 +92,7 @@ class TextPart(BaseModel):
     type: Literal["text"]
     text: str
 
-    _valid = field_validator("text")(valid_text)
+    _text = field_validator("*")(valid_text)
 
 
 class Message(BaseModel):
@@ -95,7 +101,7 @@ class Message(BaseModel):
     role: Literal["system", "developer", "user", "assistant"]
     content: str | list[TextPart] | None = None
 
-    _valid = field_validator("content")(valid_text)
+    _text = field_validator("*")(valid_text)
 
     def text(self) -> str:
         if isinstance(self.content, list):
@@ -127,7 +133,6 @@ class ChatCompletionRequest(_Request):
 
 class CompletionRequest(_Request):
     prompt: str | list[str] | list[int]
-    _valid = field_validator("prompt")(valid_text)
     max_tokens: int | None = Field(default=16, ge=1)  # OpenAI's default for completions
     echo: bool = False
     suffix: str | None = None
@@ -149,4 +154,4 @@ class TokenizeRequest(BaseModel):
     messages: list[Message] | None = None
     prompt: str | None = None
 
-    _valid = field_validator("prompt")(valid_text)
+    _text = field_validator("*")(valid_text)
