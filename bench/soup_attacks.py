@@ -19,9 +19,12 @@ the honest contributions (the usual omniscient assumption) and collude:
              from the honest contributions than they are from each other, and a tight cluster, which
              Krum scores favour. Adaptive attacks against the byzantine_robust filter look like this.
 
-Every aggregator runs with its defaults (num_byzantine=None: f = floor((n-3)/2); trimmed_mean trims 10%),
-as a user who does not configure them gets. The "candidate" columns are compositions tried for
-byzantine_robust (built from the same public pieces); the shipped byzantine_robust is the winner.
+Every aggregator runs with its defaults (num_byzantine=None: f = floor((n-3)/2); trimmed_mean trims 10%; the
+norm screen and the counting of near-copies once, gym.soup.screen), as a user who does not configure them gets.
+scaled, alie, ipm, zeros and inlier send one vector from every attacker: exact copies, which the screen now
+counts once; --jitter gives each attacker noise of its own, the cheap way around that. The "candidate"
+columns are compositions tried for byzantine_robust (built from the same public pieces); the shipped
+byzantine_robust is the winner.
 Score: cosine between the aggregate and the mean of the honest contributions (the baseline, computed in the
 same run); "resisted" = cosine >= 0.9.
 
@@ -39,7 +42,7 @@ For each: is the released aggregate finite, how many honest and attacking contri
 (accepted and not excluded), and each side's share of the round's reward pool (or the error the round
 was refused with).
 
-    python bench/soup_attacks.py [--n 20] [--d 10000] [--noise 1.7] [--seed 0]
+    python bench/soup_attacks.py [--n 20] [--d 10000] [--noise 1.7] [--seed 0] [--jitter 0.05]
     python bench/soup_attacks.py --table capture [--honest 3] [--capture-noise 1.0]
 """
 
@@ -166,7 +169,11 @@ def run_case(kind: str, frac: float, args: argparse.Namespace, methods: dict) ->
     gen = torch.Generator().manual_seed(args.seed)
     f = 0 if kind == "none" else round(frac * args.n)
     honest = honest_deltas(args.n - f, args.d, args.noise, gen)
-    rows = honest if f == 0 else torch.cat([honest, attackers(kind, honest, args.n, f, args.noise, gen)])
+    bad = attackers(kind, honest, args.n, f, args.noise, gen) if f else honest[:0]
+    if args.jitter and f:  # a generator of its own: the honest rows and the order stay those of the plain run
+        noise = torch.randn(bad.shape, generator=torch.Generator().manual_seed(args.seed + 1000), dtype=torch.float64)
+        bad = bad + args.jitter * bad.norm(dim=1, keepdim=True) * noise / noise.norm(dim=1, keepdim=True)
+    rows = torch.cat([honest, bad])
     # Attackers go first in a shuffled order: nothing may depend on their position.
     order = torch.randperm(args.n, generator=gen)
     source = InMemorySource([{"w": rows[i].float().reshape(100, -1)} for i in order.tolist()])
@@ -274,13 +281,17 @@ def main() -> None:
     parser.add_argument("--d", type=int, default=10_000, help="a multiple of 100")
     parser.add_argument("--noise", type=float, default=1.7)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--jitter", type=float, default=0.0,
+                        help="resistance table: each attacker adds noise of this share of its norm, so colluders that "
+                        "send one vector are no longer exact copies (0.05: cosine about 0.9975 between them, under "
+                        "the 0.999 at which gym.soup.screen counts copies once)")
     parser.add_argument("--table", choices=("both", "resistance", "capture"), default="both")
     parser.add_argument("--honest", type=int, default=3, help="capture table: honest users")
     parser.add_argument("--capture-noise", type=float, default=1.0, help="capture table: honest users' own noise")
     args = parser.parse_args()
     torch.set_num_threads(min(2, torch.get_num_threads()))
     print("command: python bench/soup_attacks.py " + " ".join(sys.argv[1:]) +
-          f"  (n={args.n}, d={args.d}, noise={args.noise}, seed={args.seed})\n")
+          f"  (n={args.n}, d={args.d}, noise={args.noise}, seed={args.seed}, jitter={args.jitter})\n")
     if args.table in ("both", "resistance"):
         resistance_table(args)
     if args.table in ("both", "capture"):

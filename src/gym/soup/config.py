@@ -1,7 +1,7 @@
 """DeltaSoupConfig: how a soup filters, merges, protects and rewards contributions.
 
 The documented fields come first, with their names; the fields we added (max_norm, the validation set,
-reputation_decay, noise_seed) follow. docs/soup.md explains each one with the formulas it enters.
+reputation_decay, noise_seed, norm_screen_ratio) follow. docs/soup.md explains each one with the formulas it enters.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from typing import Any
 
 from gym.core.errors import ConfigError
 from gym.soup.aggregators import AggregationMethod
+from gym.soup.screen import NORM_RATIO
 
 # Methods built on Krum scores: they take byzantine_threshold's f and need n >= 2f + 3 contributions.
 KRUM_FAMILY = (AggregationMethod.KRUM, AggregationMethod.MULTI_KRUM, AggregationMethod.BYZANTINE_ROBUST)
@@ -79,6 +80,11 @@ class DeltaSoupConfig:
     noise_seed: int | None = None
     """Seed of the privacy noise. None (use this): fresh OS randomness. A fixed seed makes the noise
     predictable, which voids the privacy guarantee: for tests and reproducible benchmarks only."""
+    norm_screen_ratio: float = NORM_RATIO
+    """Before any aggregator: a contribution whose whole-model L2 norm is more than this many times the round's
+    median norm, or less than the median over it, is excluded from the round (with the reason) and earns
+    nothing (gym.soup.screen). Under differential_privacy, mean, weighted_mean and trimmed_mean skip it:
+    clipping bounds every contribution's size there."""
 
     def __post_init__(self) -> None:
         try:
@@ -116,6 +122,9 @@ class DeltaSoupConfig:
         if self.validation_max_samples < 1 or self.validation_cutoff_len < 1:
             raise ConfigError("validation_max_samples and validation_cutoff_len must be positive.")
         _in_range("reputation_decay", self.reputation_decay, 0.0, 1.0, high_open=True)
+        if not self.norm_screen_ratio > 1:
+            raise ConfigError(f"norm_screen_ratio must be above 1 (a factor around the median norm), got "
+                              f"{self.norm_screen_ratio!r}.")
 
     def num_byzantine(self, n: int) -> int | None:
         """Krum's f for n contributors; None: the aggregator's default, floor((n - 3) / 2)."""
