@@ -4,7 +4,8 @@
   reward pool under mean and trimmed mean: every aggregator must stay finite on finite input, and a norm screen
   sets such contributions aside before any aggregator (gym.soup.screen);
 - three ids sending one delta took the pool under median, Krum and byzantine_robust and pushed the honest users
-  out: near-copies now enter as one point and share one share.
+  out: near-copies now enter as one point and share one share;
+- `gym soup contribute --samples 10**20` ended in a traceback, as did `gym soup init min_contributors=abc`.
 
 The honest users share a task: the conftest's shared direction plus their own noise of the same size (each at
 cosine about 0.7 to the task), the way fine-tunes of one task agree.
@@ -12,9 +13,13 @@ cosine about 0.7 to the task), the way fine-tunes of one task agree.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
+from gym.cli import main as gym_main
+from gym.core.errors import ConfigError
 from gym.soup import aggregators as agg
 from gym.soup.aggregators import AggregationMethod, aggregate
 from gym.soup.sources import InMemorySource
@@ -242,3 +247,53 @@ def test_under_privacy_robust_methods_still_screen_on_the_norms_before_clipping(
     paid, status, reason = _paid(soup)
     assert status["mallory"] == "excluded" and "norm screen" in str(reason["mallory"]) and paid["mallory"] == 0.0
     assert soup.store.rounds()[-1].privacy["sensitivity"] == pytest.approx(2.0)  # a convex combination: 2C
+
+
+# -- the doors: no traceback, exit 2, nothing recorded -------------------------------------------------------------
+
+def _status(soup_path, capsys) -> dict:
+    assert gym_main(["soup", "status", str(soup_path), "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("samples", [str(10**20), str(2**63), str(2**53 + 1), "0"])
+def test_samples_beyond_what_the_ledger_holds_exit_2_and_record_nothing(tiny_model_dir, make_finetune, tmp_path,
+                                                                       capsys, samples):
+    soup = tmp_path / "soup"
+    assert gym_main(["soup", "init", str(soup), "--base", str(tiny_model_dir)]) == 0
+    tuned = make_finetune(lambda name, p: p.add_(1e-3) if ".layers." in name and p.ndim == 2 else None)
+    capsys.readouterr()
+    before = _status(soup, capsys)
+    assert gym_main(["soup", "contribute", str(soup), str(tuned), "--user", "a", "--samples", samples]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("gym: error: num_samples (gym soup contribute --samples) must be a whole number")
+    assert "Traceback" not in err and err.count("\n") == 1
+    assert _status(soup, capsys) == before
+    assert gym_main(["soup", "contribute", str(soup), str(tuned), "--user", "a", "--samples", str(2**53)]) == 0
+
+
+@pytest.mark.parametrize("value", [True, 0, -3, 10**20, 2**53 + 1, 1.5, "12"])
+def test_num_samples_out_of_range_or_kind_is_a_config_error(make_soup, honest, value):
+    soup = make_soup()
+    with pytest.raises(ConfigError, match="num_samples"):
+        soup.contribute("a", honest(0), num_samples=value)
+    assert soup.contributions() == []
+
+
+@pytest.mark.parametrize("option, fragment", [
+    ("min_contributors=abc", "min_contributors must be a whole number"),
+    ("max_contributors=1e30", "max_contributors must be a whole number"),  # YAML reads 1e30 as a string
+    ("validation_max_samples=x", "validation_max_samples must be a whole number"),
+    ("differential_privacy=maybe", "differential_privacy must be true or false"),
+    ("reward_pool=.inf", "reward_pool must be a finite number"),
+    ("noise_seed=100000000000000000000", "noise_seed must be null or a whole number"),
+    ("norm_screen_ratio=1", "norm_screen_ratio must be above 1"),
+    ("max_norm=abc", "max_norm must be a finite number or null"),
+])
+def test_soup_options_of_the_wrong_kind_exit_2_and_create_nothing(tiny_model_dir, tmp_path, capsys, option,
+                                                                  fragment):
+    soup = tmp_path / "soup"
+    assert gym_main(["soup", "init", str(soup), "--base", str(tiny_model_dir), option]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("gym: error: ") and fragment in err and err.count("\n") == 1
+    assert not soup.exists()

@@ -54,6 +54,11 @@ from gym.soup.validate import Validator
 
 logger = logging.getLogger(__name__)
 
+# The most training examples a contribution may claim: the ledger stores the count as an SQLite INTEGER (up to
+# 2^63 - 1; 10**20 used to end `gym soup contribute` in a traceback) and weighted_mean multiplies it into a float
+# weight, which holds whole numbers exactly up to 2^53.
+MAX_SAMPLES = 2**53
+
 
 class DeltaSoup:
     """A soup folder: `DeltaSoup(config, path=..., base_model=...)` creates it, `DeltaSoup(path=...)` reopens it.
@@ -127,8 +132,10 @@ class DeltaSoup:
         """
         if not isinstance(user_id, str) or not user_id.strip():
             raise ConfigError(f"user_id must be a non-empty string, got {user_id!r}.")
-        if num_samples is not None and (not isinstance(num_samples, int) or num_samples < 1):
-            raise ConfigError(f"num_samples must be a positive integer or None, got {num_samples!r}.")
+        if num_samples is not None and (isinstance(num_samples, bool) or not isinstance(num_samples, int)
+                                        or not 1 <= num_samples <= MAX_SAMPLES):
+            raise ConfigError(f"num_samples (gym soup contribute --samples) must be a whole number from 1 to "
+                              f"{MAX_SAMPLES}, or None; got {num_samples!r}.")
         if self.path is None:
             base_model = base_of(model)
             if base_model is None:
