@@ -198,7 +198,7 @@ def tiny_base(folder: Path) -> Path:
 
 
 def capture_contributions(kind: str, shapes: dict[str, tuple[int, ...]], honest: int, noise: float,
-                          seed: int) -> list[tuple[str, dict[str, torch.Tensor]]]:
+                          seed: int, jitter: float = 0.0) -> list[tuple[str, dict[str, torch.Tensor]]]:
     """(user id, delta) pairs: `honest` users sharing a task, then the attackers of `kind`."""
     gen = torch.Generator().manual_seed(seed)
 
@@ -217,7 +217,9 @@ def capture_contributions(kind: str, shapes: dict[str, tuple[int, ...]], honest:
         users.append(("attacker", {n: torch.full(s, 1e20) for n, s in shapes.items()}))
     elif kind == "sybil_x3":
         agenda = unit()
-        users += [(f"sybil{j}", {n: size * v for n, v in agenda.items()}) for j in range(3)]
+        for j in range(3):  # with --jitter each copy adds noise of its own (no longer near-copies)
+            own = unit()
+            users.append((f"sybil{j}", {n: size * (v + jitter * own[n]) for n, v in agenda.items()}))
     else:
         raise ValueError(kind)
     return users
@@ -231,7 +233,7 @@ def capture_case(kind: str, method: str, base: Path, work: Path, args: argparse.
     params = {n: tuple(p.shape) for n, p in load_model(str(base)).named_parameters() if p.ndim == 2 and ".layers." in n}
     soup = DeltaSoup(DeltaSoupConfig(method=method, min_contributors=3), path=work / f"{kind}-{method}",
                      base_model=str(base))
-    users = capture_contributions(kind, params, args.honest, args.capture_noise, args.seed)
+    users = capture_contributions(kind, params, args.honest, args.capture_noise, args.seed, args.jitter)
     for user, delta in users:
         soup.contribute(user, delta)
     row = {"attack": kind, "method": method}
@@ -259,7 +261,8 @@ def capture_case(kind: str, method: str, base: Path, work: Path, args: argparse.
 
 def capture_table(args: argparse.Namespace) -> None:
     print(f"Reward capture: {args.honest} honest users sharing a task (noise {args.capture_noise}), seed "
-          f"{args.seed}, through DeltaSoup (min_contributors=3, every other field default)\n")
+          f"{args.seed}, sybil jitter {args.jitter}, through DeltaSoup (min_contributors=3, every other field "
+          "default)\n")
     start = time.perf_counter()
     methods = ("mean", "weighted_mean", "median", "trimmed_mean", "krum", "multi_krum", "geometric_median",
                "byzantine_robust")
@@ -284,7 +287,7 @@ def main() -> None:
     parser.add_argument("--jitter", type=float, default=0.0,
                         help="resistance table: each attacker adds noise of this share of its norm, so colluders that "
                         "send one vector are no longer exact copies (0.05: cosine about 0.9975 between them, under "
-                        "the 0.999 at which gym.soup.screen counts copies once)")
+                        "the 0.999 at which gym.soup.screen counts copies once); in the capture table, the sybils")
     parser.add_argument("--table", choices=("both", "resistance", "capture"), default="both")
     parser.add_argument("--honest", type=int, default=3, help="capture table: honest users")
     parser.add_argument("--capture-noise", type=float, default=1.0, help="capture table: honest users' own noise")

@@ -108,8 +108,7 @@ class AggregationMethod(str, Enum):
 def _power_of_two_scaled(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(x with row i divided by 2^e_i, 2^e_i in float64): 2^e_i is the power of two at or above the row's
     largest |value|, so every scaled row lies in [-1, 1] and its products cannot overflow or vanish."""
-    low, high = torch.aminmax(x, dim=1)
-    exponent = torch.frexp(torch.maximum(high, -low)).exponent
+    exponent = torch.frexp(torch.linalg.vector_norm(x, ord=math.inf, dim=1)).exponent  # the largest |value|
     # Two steps of half the exponent each: 2^-e alone can overflow float32 (e = -140 for a row of 1e-42s).
     half = torch.div(exponent, 2, rounding_mode="floor")
     for part in (half, exponent - half):

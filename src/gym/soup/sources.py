@@ -158,6 +158,7 @@ class GroupedSource:
 
     def __init__(self, source: DeltaSource, groups: Sequence[Sequence[int]]) -> None:
         self.source, self.names, self.groups = source, source.names, [list(g) for g in groups]
+        self._firsts = torch.tensor([g[0] for g in self.groups], dtype=torch.long)
 
     def __len__(self) -> int:
         return len(self.groups)
@@ -167,5 +168,9 @@ class GroupedSource:
 
     def stacked(self, name: str) -> torch.Tensor:
         x = self.source.stacked(name)
-        # Divided before summing: the members' sum can overflow float32 where their mean does not.
-        return torch.stack([x[g[0]] if len(g) == 1 else x[g].div_(len(g)).sum(dim=0) for g in self.groups])
+        out = x.index_select(0, self._firsts)  # one gather; groups of several are averaged over it below
+        for row, members in enumerate(self.groups):
+            if len(members) > 1:
+                # Divided before summing: the members' sum can overflow float32 where their mean does not.
+                out[row] = x[members].div_(len(members)).sum(dim=0)
+        return out
