@@ -42,7 +42,8 @@ n - f - 2 holds a majority and a far cluster of fewer than n/2 colluders cannot 
 contribution scoring above ROBUST_SCORE_RATIO (2) times the median score; (2) clip the rest to their
 median norm; (3) average them. This is FLAME's recipe (Nguyen et al., 2022: filter, clip to the median
 norm, average) with Krum scores in place of its HDBSCAN clustering. Why, measured with
-bench/soup_attacks.py (n=20, d=10,000, honest cosine to the honest mean about 0.5; 9 attacks at 10/20/30%
+bench/soup_attacks.py before the norm screen and the copy rule existed (issue #39; docs/benchmarks.md has the
+numbers with them) (n=20, d=10,000, honest cosine to the honest mean about 0.5; 9 attacks at 10/20/30%
 attackers; resisted = cosine to the honest mean >= 0.9):
 
     resisted of 27 (no-attack cosine)  n=20        n=50        seed 1      noise 0.5   noise 3
