@@ -19,13 +19,31 @@ the honest contributions (the usual omniscient assumption) and collude:
              from the honest contributions than they are from each other, and a tight cluster, which
              Krum scores favour. Adaptive attacks against the byzantine_robust filter look like this.
 
-Every aggregator runs with its defaults (num_byzantine=None: f = floor((n-3)/2); trimmed_mean trims 10%),
-as a user who does not configure them gets. The "candidate" columns are compositions tried for
-byzantine_robust (built from the same public pieces); the shipped byzantine_robust is the winner.
+Every aggregator runs with its defaults (num_byzantine=None: f = floor((n-3)/2); trimmed_mean trims 10%; the
+norm screen and the counting of near-copies once, gym.soup.screen), as a user who does not configure them gets.
+scaled, alie, ipm, zeros and inlier send one vector from every attacker: exact copies, which the screen now
+counts once; --jitter gives each attacker noise of its own, the cheap way around that. The "candidate"
+columns are compositions tried for byzantine_robust (built from the same public pieces); the shipped
+byzantine_robust is the winner.
 Score: cosine between the aggregate and the mean of the honest contributions (the baseline, computed in the
 same run); "resisted" = cosine >= 0.9.
 
-    python bench/soup_attacks.py [--n 20] [--d 10000] [--noise 1.7] [--seed 0]
+Second table (``--table capture``; both tables by default): reward capture and non-finite aggregates,
+through a real DeltaSoup (ledger, statuses, rewards) on a tiny random Llama made on the fly. --honest
+honest users share one task (a shared direction plus their own noise of relative size --capture-noise; 1.0
+gives each a cosine of about 0.7 to the task) and each attack is run against every aggregator:
+
+- size_1e20:   one contributor sends a delta of constant 1e20 (finite in float32);
+- sybil_x3:    three ids send the same delta (a direction of their own, at the honest norm);
+- gm_1e20:     the size attack against geometric_median alone, the case where the aggregate turned NaN
+               (it is also a row of size_1e20; kept apart because it was reported apart).
+
+For each: is the released aggregate finite, how many honest and attacking contributions were included
+(accepted and not excluded), and each side's share of the round's reward pool (or the error the round
+was refused with).
+
+    python bench/soup_attacks.py [--n 20] [--d 10000] [--noise 1.7] [--seed 0] [--jitter 0.05]
+    python bench/soup_attacks.py --table capture [--honest 3] [--capture-noise 1.0]
 """
 
 from __future__ import annotations
@@ -33,8 +51,10 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
@@ -149,12 +169,113 @@ def run_case(kind: str, frac: float, args: argparse.Namespace, methods: dict) ->
     gen = torch.Generator().manual_seed(args.seed)
     f = 0 if kind == "none" else round(frac * args.n)
     honest = honest_deltas(args.n - f, args.d, args.noise, gen)
-    rows = honest if f == 0 else torch.cat([honest, attackers(kind, honest, args.n, f, args.noise, gen)])
+    bad = attackers(kind, honest, args.n, f, args.noise, gen) if f else honest[:0]
+    if args.jitter and f:  # a generator of its own: the honest rows and the order stay those of the plain run
+        noise = torch.randn(bad.shape, generator=torch.Generator().manual_seed(args.seed + 1000), dtype=torch.float64)
+        bad = bad + args.jitter * bad.norm(dim=1, keepdim=True) * noise / noise.norm(dim=1, keepdim=True)
+    rows = torch.cat([honest, bad])
     # Attackers go first in a shuffled order: nothing may depend on their position.
     order = torch.randperm(args.n, generator=gen)
     source = InMemorySource([{"w": rows[i].float().reshape(100, -1)} for i in order.tolist()])
     target = honest.mean(0)
     return {name: cosine(fn(source).delta["w"].flatten(), target) for name, fn in methods.items()}
+
+
+CAPTURE_ATTACKS = ("size_1e20", "sybil_x3", "gm_1e20")
+
+
+def tiny_base(folder: Path) -> Path:
+    """A 2-layer random Llama (no tokenizer: the soup only reads its weights)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # one "Loading weights" bar per soup would bury the table
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    LlamaForCausalLM(config).save_pretrained(folder)
+    return folder
+
+
+def capture_contributions(kind: str, shapes: dict[str, tuple[int, ...]], honest: int, noise: float,
+                          seed: int, jitter: float = 0.0) -> list[tuple[str, dict[str, torch.Tensor]]]:
+    """(user id, delta) pairs: `honest` users sharing a task, then the attackers of `kind`."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def unit() -> dict[str, torch.Tensor]:
+        raw = {n: torch.randn(s, generator=gen) for n, s in shapes.items()}
+        total = sum(float(v.pow(2).sum()) for v in raw.values()) ** 0.5
+        return {n: v / total for n, v in raw.items()}
+
+    task = unit()
+    users = []
+    for i in range(honest):
+        own = unit()
+        users.append((f"honest{i}", {n: task[n] + noise * own[n] for n in shapes}))
+    size = sum(float(v.pow(2).sum()) for v in users[0][1].values()) ** 0.5
+    if kind in ("size_1e20", "gm_1e20"):
+        users.append(("attacker", {n: torch.full(s, 1e20) for n, s in shapes.items()}))
+    elif kind == "sybil_x3":
+        agenda = unit()
+        for j in range(3):  # with --jitter each copy adds noise of its own (no longer near-copies)
+            own = unit()
+            users.append((f"sybil{j}", {n: size * (v + jitter * own[n]) for n, v in agenda.items()}))
+    else:
+        raise ValueError(kind)
+    return users
+
+
+def capture_case(kind: str, method: str, base: Path, work: Path, args: argparse.Namespace) -> dict[str, str]:
+    from gym.core.errors import GymError
+    from gym.delta.weights import load_model
+    from gym.soup import DeltaSoup, DeltaSoupConfig
+
+    params = {n: tuple(p.shape) for n, p in load_model(str(base)).named_parameters() if p.ndim == 2 and ".layers." in n}
+    soup = DeltaSoup(DeltaSoupConfig(method=method, min_contributors=3), path=work / f"{kind}-{method}",
+                     base_model=str(base))
+    users = capture_contributions(kind, params, args.honest, args.capture_noise, args.seed, args.jitter)
+    for user, delta in users:
+        soup.contribute(user, delta)
+    row = {"attack": kind, "method": method}
+    try:
+        released = soup.aggregate()
+    except GymError as exc:
+        return {**row, "finite": "-", "honest in": "-", "attackers in": "-", "honest reward": "-",
+                "attacker reward": "-", "note": f"refused: {exc}"}
+    except Exception as exc:  # the "before" code: what the user got instead of an answer
+        return {**row, "finite": "-", "honest in": "-", "attackers in": "-", "honest reward": "-",
+                "attacker reward": "-", "note": f"crash: {type(exc).__name__}: {exc}"[:120]}
+    finite = all(bool(torch.isfinite(v).all()) for v in released.values())
+    status = {r.user_id: r.status for r in soup.contributions(round_id=1)}
+    paid = soup.calculate_rewards()
+    pool = sum(paid.values())
+    honest_ids = [u for u, _ in users if u.startswith("honest")]
+    attacker_ids = [u for u, _ in users if not u.startswith("honest")]
+    honest_paid = sum(paid.get(u, 0.0) for u in honest_ids)
+    return {**row, "finite": "yes" if finite else "**NO**",
+            "honest in": f"{sum(status[u] == 'accepted' for u in honest_ids)}/{len(honest_ids)}",
+            "attackers in": f"{sum(status[u] == 'accepted' for u in attacker_ids)}/{len(attacker_ids)}",
+            "honest reward": f"{honest_paid / pool:.0%}" if pool else "nothing paid",
+            "attacker reward": f"{(pool - honest_paid) / pool:.0%}" if pool else "nothing paid", "note": ""}
+
+
+def capture_table(args: argparse.Namespace) -> None:
+    print(f"Reward capture: {args.honest} honest users sharing a task (noise {args.capture_noise}), seed "
+          f"{args.seed}, sybil jitter {args.jitter}, through DeltaSoup (min_contributors=3, every other field "
+          "default)\n")
+    start = time.perf_counter()
+    methods = ("mean", "weighted_mean", "median", "trimmed_mean", "krum", "multi_krum", "geometric_median",
+               "byzantine_robust")
+    with tempfile.TemporaryDirectory() as tmp:
+        base = tiny_base(Path(tmp) / "base")
+        rows = [capture_case(kind, method, base, Path(tmp), args) for kind in CAPTURE_ATTACKS
+                for method in (("geometric_median",) if kind == "gm_1e20" else methods)]
+    columns = ["attack", "method", "finite", "honest in", "attackers in", "honest reward", "attacker reward", "note"]
+    print("| " + " | ".join(columns) + " |")
+    print("|" + "---|" * len(columns))
+    for row in rows:
+        print("| " + " | ".join(row[c] for c in columns) + " |")
+    print(f"\n{time.perf_counter() - start:.1f} s")
 
 
 def main() -> None:
@@ -163,10 +284,24 @@ def main() -> None:
     parser.add_argument("--d", type=int, default=10_000, help="a multiple of 100")
     parser.add_argument("--noise", type=float, default=1.7)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--jitter", type=float, default=0.0,
+                        help="resistance table: each attacker adds noise of this share of its norm, so colluders that "
+                        "send one vector are no longer exact copies (0.05: cosine about 0.9975 between them, under "
+                        "the 0.999 at which gym.soup.screen counts copies once); in the capture table, the sybils")
+    parser.add_argument("--table", choices=("both", "resistance", "capture"), default="both")
+    parser.add_argument("--honest", type=int, default=3, help="capture table: honest users")
+    parser.add_argument("--capture-noise", type=float, default=1.0, help="capture table: honest users' own noise")
     args = parser.parse_args()
     torch.set_num_threads(min(2, torch.get_num_threads()))
     print("command: python bench/soup_attacks.py " + " ".join(sys.argv[1:]) +
-          f"  (n={args.n}, d={args.d}, noise={args.noise}, seed={args.seed})\n")
+          f"  (n={args.n}, d={args.d}, noise={args.noise}, seed={args.seed}, jitter={args.jitter})\n")
+    if args.table in ("both", "resistance"):
+        resistance_table(args)
+    if args.table in ("both", "capture"):
+        capture_table(args)
+
+
+def resistance_table(args: argparse.Namespace) -> None:
     methods = {**AGGREGATORS, **CANDIDATES}
     start = time.perf_counter()
     cases = [("none", 0.0)] + [(kind, frac) for kind in ATTACKS for frac in FRACTIONS]
@@ -189,7 +324,7 @@ def main() -> None:
         worst = min(s[n] for s in attacked)
         print(f"| {n} | {resisted[n]}/{len(attacked)} | {resisted[n] / len(attacked):.0%} | "
               f"{results[('none', 0.0)][n]:.3f} | {worst:.3f} |")
-    print(f"\n{time.perf_counter() - start:.1f} s")
+    print(f"\n{time.perf_counter() - start:.1f} s\n")
 
 
 if __name__ == "__main__":

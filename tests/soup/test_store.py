@@ -99,10 +99,10 @@ def test_closing_a_round_moves_late_arrivals_on_and_refuses_a_second_close(tmp_p
     seen = store.add_contribution("a", ACCEPTED, None, 1.0, None, "x", {}, max_per_round=9)
     late = store.add_contribution("b", ACCEPTED, None, 1.0, None, "y", {}, max_per_round=9)  # while aggregating
     record = RoundRecord(1, "mean", 1, [seen.id], [seen.id], [1.0], None, "agg", {}, 0.0)
-    store.close_round(record, last_seen=seen.id, excluded=[], rewards=[("a", seen.id, 1.0, 1.0, 10.0)],
+    store.close_round(record, last_seen=seen.id, excluded={}, rewards=[("a", seen.id, 1.0, 1.0, 10.0)],
                       reputation={"a": 0.55})
     rounds = {r.user_id: r.round for r in store.contributions()}
     assert rounds == {"a": 1, "b": 2} and store.open_round() == 2
     assert store.rewards(1)[0]["amount"] == 10.0 and store.reputation() == {"a": 0.55}
     with pytest.raises(ConfigError, match="closed by another process"):
-        store.close_round(record, last_seen=late.id, excluded=[], rewards=[], reputation={})
+        store.close_round(record, last_seen=late.id, excluded={}, rewards=[], reputation={})

@@ -14,6 +14,12 @@ Methods (``AggregationMethod``):
 - ``geometric_median``: smoothed Weiszfeld (Pillutla et al., 2019, "RFA"), optionally weighted.
 - ``byzantine_robust``: see ``_byzantine_robust`` and the numbers below.
 
+Before any method (``aggregate``; gym.soup.screen): contributions whose norm is more than NORM_RATIO (10) times
+from the round's median norm are set aside, and near-copies (cosine > 0.999) enter as one point, the mean of the
+group, whose weight is split between its members. f and the trimmed share then count those points. Every method
+is finite on finite input: the Gram matrix scales extreme rows by powers of two (see TINY_SQUARE), the median
+and trimmed mean divide before they add, and Weiszfeld's smoothing follows the median norm.
+
 f (num_byzantine) defaults to floor((n - 3) / 2), the most attackers Krum can tolerate: an operator who
 does not say how many attackers to expect gets the most defensive setting (Multi-Krum then averages about
 half the contributions, which costs little accuracy when all are honest; see bench/soup_attacks.py).
@@ -36,7 +42,8 @@ n - f - 2 holds a majority and a far cluster of fewer than n/2 colluders cannot 
 contribution scoring above ROBUST_SCORE_RATIO (2) times the median score; (2) clip the rest to their
 median norm; (3) average them. This is FLAME's recipe (Nguyen et al., 2022: filter, clip to the median
 norm, average) with Krum scores in place of its HDBSCAN clustering. Why, measured with
-bench/soup_attacks.py (n=20, d=10,000, honest cosine to the honest mean about 0.5; 9 attacks at 10/20/30%
+bench/soup_attacks.py before the norm screen and the copy rule existed (issue #39; docs/benchmarks.md has the
+numbers with them) (n=20, d=10,000, honest cosine to the honest mean about 0.5; 9 attacks at 10/20/30%
 attackers; resisted = cosine to the honest mean >= 0.9):
 
     resisted of 27 (no-attack cosine)  n=20        n=50        seed 1      noise 0.5   noise 3
@@ -71,14 +78,20 @@ import torch
 
 from gym.core.errors import ConfigError
 from gym.core.names import enum_choice
-from gym.soup.sources import DeltaSource
+from gym.soup.screen import DUPLICATE_COSINE, NORM_RATIO, duplicate_groups, norm_screen
+from gym.soup.sources import DeltaSource, GroupedSource
 
 # On 2 cores at n=1000, d=2^18, 256-row blocks (10 products, 62.5% of the full product's flops) built the
 # Gram in 1.8-2.0 s, 500-row blocks in 2.05-2.1 s, one full product in 2.7 s. The chunk bounds how many
 # float32 products are summed before the float64 accumulation.
 GRAM_CHUNK = 65536  # columns per float32 product
 GRAM_BLOCK = 256  # rows per block of the symmetric product (only blocks on or below the diagonal)
-SMOOTHING = 1e-6  # Weiszfeld's nu, relative to the RMS contribution norm (RFA uses 1e-6 absolute)
+# A Gram matrix is trusted when it is finite and every diagonal entry is at least this: float32 products of
+# values below ~1e-15 lose digits to subnormals, and squares above ~1e19 (a contribution of constant 1e20) reach
+# inf. Otherwise it is built again with each row scaled by a power of two, which is exact, and the products
+# scaled back in float64: a second pass over the tensors, paid only by rounds holding such rows.
+TINY_SQUARE = 2.0**-100
+SMOOTHING = 1e-6  # Weiszfeld's nu, relative to the median contribution norm (RFA uses 1e-6 absolute)
 ROBUST_SCORE_RATIO = 2.0  # byzantine_robust drops Krum scores above this many times the median score
 
 
@@ -93,26 +106,45 @@ class AggregationMethod(str, Enum):
     BYZANTINE_ROBUST = "byzantine_robust"
 
 
-def _add_gram(gram: torch.Tensor, x: torch.Tensor) -> None:
+def _power_of_two_scaled(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x with row i divided by 2^e_i, 2^e_i in float64): 2^e_i is the power of two at or above the row's
+    largest |value|, so every scaled row lies in [-1, 1] and its products cannot overflow or vanish."""
+    exponent = torch.frexp(torch.linalg.vector_norm(x, ord=math.inf, dim=1)).exponent  # the largest |value|
+    # Two steps of half the exponent each: 2^-e alone can overflow float32 (e = -140 for a row of 1e-42s).
+    half = torch.div(exponent, 2, rounding_mode="floor")
+    for part in (half, exponent - half):
+        x = x * torch.pow(2.0, -part.double()).float()[:, None]
+    return x, torch.pow(2.0, exponent.double())
+
+
+def _add_gram(gram: torch.Tensor, x: torch.Tensor, scaled: bool = False) -> None:
     """gram (lower block triangle) += x x^T for x float32 [n, k], in column chunks and row blocks."""
     n = x.shape[0]
     starts = range(0, n, GRAM_BLOCK)
     for c in range(0, x.shape[1], GRAM_CHUNK):
-        xc = x[:, c:c + GRAM_CHUNK]
+        xc, scale = _power_of_two_scaled(x[:, c:c + GRAM_CHUNK]) if scaled else (x[:, c:c + GRAM_CHUNK], None)
         for i in starts:
             for j in starts:
                 if j > i:
                     break
-                gram[i:i + GRAM_BLOCK, j:j + GRAM_BLOCK] += xc[i:i + GRAM_BLOCK] @ xc[j:j + GRAM_BLOCK].T
+                block = xc[i:i + GRAM_BLOCK] @ xc[j:j + GRAM_BLOCK].T
+                if scale is not None:
+                    block = block.double() * (scale[i:i + GRAM_BLOCK, None] * scale[None, j:j + GRAM_BLOCK])
+                gram[i:i + GRAM_BLOCK, j:j + GRAM_BLOCK] += block
 
 
 @torch.no_grad()
 def gram_matrix(source: DeltaSource) -> torch.Tensor:
-    """G = X X^T over the whole model, float64 [n, n], in one pass over the names."""
+    """G = X X^T over the whole model, float64 [n, n], in one pass over the names (two for extreme values)."""
     n = len(source)
-    gram = torch.zeros(n, n, dtype=torch.float64)
-    for name in source.names:
-        _add_gram(gram, source.stacked(name).reshape(n, -1))
+    for scaled in (False, True):
+        gram = torch.zeros(n, n, dtype=torch.float64)
+        for name in source.names:
+            _add_gram(gram, source.stacked(name).reshape(n, -1), scaled)
+        # A 0 on the diagonal may be a row of zeros or one whose squares all vanished in float32: only the scaled
+        # pass tells (a soup never holds an all-zero contribution; it is rejected as identical to the base).
+        if bool(torch.isfinite(gram).all()) and bool((gram.diagonal() >= TINY_SQUARE).all()):
+            break
     lower = gram.tril()
     return lower + lower.tril(-1).T
 
@@ -140,6 +172,8 @@ class AggregateResult:
     selected: list[int]  # contributions that entered the aggregate
     weights: list[float]  # per contribution, its weight in the aggregate (0 when excluded)
     info: dict[str, Any] = field(default_factory=dict)  # method-specific: scores, objective trace, ...
+    screened: list[int] = field(default_factory=list)  # set aside by the norm screen before the method ran
+    groups: list[list[int]] = field(default_factory=list)  # near-copies that entered as one point (2+ members)
 
 
 @dataclass
@@ -216,7 +250,7 @@ def _per_coordinate(source: DeltaSource, reduce: Callable[[torch.Tensor], torch.
 
 def _median_of_sorted(s: torch.Tensor) -> torch.Tensor:
     n = s.shape[0]
-    return (s[(n - 1) // 2] + s[n // 2]) / 2
+    return s[(n - 1) // 2] / 2 + s[n // 2] / 2  # halved first: two finite values near float32's top sum to inf
 
 
 def _uniform(n: int, selected: list[int]) -> list[float]:
@@ -261,7 +295,8 @@ def _trimmed_mean(source: DeltaSource, opts: _Options) -> AggregateResult:
     _no_weights(opts, "trimmed_mean")
     n = len(source)
     k = trim_count(n, opts.num_byzantine, opts.trim_percent)
-    delta = _per_coordinate(source, lambda s: s[k:n - k].mean(dim=0))
+    # Divided before summing, like the median: the sum of finite float32 values can overflow, their mean cannot.
+    delta = _per_coordinate(source, lambda s: s[k:n - k].div_(n - 2 * k).sum(dim=0))
     return AggregateResult(delta, list(range(n)), [1.0 / n] * n, {"trimmed": k})
 
 
@@ -300,7 +335,9 @@ def weiszfeld(gram: torch.Tensor, alpha: Sequence[float] | None = None, max_iter
     n = gram.shape[0]
     a = torch.full((n,), 1.0 / n, dtype=torch.float64) if alpha is None else torch.tensor(alpha, dtype=torch.float64)
     diag = gram.diagonal()
-    nu = SMOOTHING * max(float(diag.mean().clamp_min(0).sqrt()), 1e-30)
+    # The median norm, not the RMS one: one huge contribution would otherwise make nu larger than every honest
+    # distance, and the iteration would stop telling the honest points apart.
+    nu = SMOOTHING * max(float(diag.clamp_min(0).sqrt().median()), 1e-30)
 
     def distances(w: torch.Tensor) -> torch.Tensor:
         gw = gram @ w
@@ -369,20 +406,91 @@ def method_of(method: AggregationMethod | str) -> AggregationMethod:
 
 @torch.no_grad()
 def aggregate(source: DeltaSource, method: AggregationMethod | str, *, num_byzantine: int | None = None,
-              trim_percent: float = 0.1, weights: Sequence[float] | None = None, multi_krum_m: int | None = None,
-              max_iter: int = 100, tol: float = 1e-6, gram: torch.Tensor | None = None) -> AggregateResult:
+              byzantine_share: float | None = None, trim_percent: float = 0.1, weights: Sequence[float] | None = None,
+              multi_krum_m: int | None = None, max_iter: int = 100, tol: float = 1e-6,
+              gram: torch.Tensor | None = None, screen_ratio: float | None = NORM_RATIO,
+              screen_norms: Sequence[float] | None = None,
+              duplicate_cosine: float | None = DUPLICATE_COSINE) -> AggregateResult:
     """Aggregate the contributions of `source` with `method`.
 
-    num_byzantine (f): attackers to tolerate; None = default_byzantine(n) for the Krum family, and
-    trim_percent for the trimmed mean. weights: weighted_mean and geometric_median only. gram: the
-    source's Gram matrix when the caller already has it (saves a pass over the tensors).
+    Before the method runs (gym.soup.screen): contributions whose norm is more than screen_ratio times from
+    the median norm are set aside (`screened`), and near-copies (cosine above duplicate_cosine) enter as one
+    point, the mean of the group, whose weight is split equally between its members (`groups`). None turns
+    either off. screen_norms: the norms to screen on when they are not the source's own (a soup clipping for
+    privacy screens the norms before clipping).
+
+    num_byzantine (f): attackers to tolerate among the points the method sees; byzantine_share: f as that
+    share of them instead; neither = default_byzantine for the Krum family, and trim_percent for the trimmed
+    mean. weights: weighted_mean and geometric_median only. gram: the source's Gram matrix when the caller
+    already has it (saves a pass over the tensors).
     """
     kind = method_of(method)
-    if len(source) == 0:
+    n = len(source)
+    if n == 0:
         raise ConfigError("Nothing to aggregate: no contributions.")
-    if gram is not None and tuple(gram.shape) != (len(source), len(source)):
-        raise ValueError(f"gram has shape {tuple(gram.shape)} for {len(source)} contributions")
+    if gram is not None and tuple(gram.shape) != (n, n):
+        raise ValueError(f"gram has shape {tuple(gram.shape)} for {n} contributions")
+    if screen_ratio is None and duplicate_cosine is None:
+        return _run(kind, source, gram, weights, num_byzantine, byzantine_share, trim_percent, multi_krum_m,
+                    max_iter, tol)
+    gram = gram_matrix(source) if gram is None else gram
+    sizes = norms(gram).tolist() if screen_norms is None else [float(v) for v in screen_norms]
+    screened = [] if screen_ratio is None else norm_screen(sizes, screen_ratio)
+    kept = [i for i in range(n) if i not in set(screened)]
+    if not kept:
+        raise ConfigError(f"Every one of the {n} contributions was set aside by the norm screen (norms "
+                          f"{', '.join(f'{v:.3g}' for v in sizes)}: no majority within {screen_ratio:g} times of "
+                          "each other); nothing left to aggregate.")
+    groups = [[i] for i in kept] if duplicate_cosine is None else duplicate_groups(gram, kept, duplicate_cosine)
+    if not screened and len(groups) == n:  # nothing set aside, no copies: the method sees the round as it is
+        result = _run(kind, source, gram, weights, num_byzantine, byzantine_share, trim_percent, multi_krum_m,
+                      max_iter, tol)
+        result.info.update(screened=[], groups=[])
+        return result
+    mix = torch.zeros(len(groups), n, dtype=torch.float64)
+    for g, members in enumerate(groups):
+        mix[g, members] = 1.0 / len(members)
+    view_weights = None if weights is None else [sum(float(weights[m]) for m in g) / len(g) for g in groups]
+    view = GroupedSource(source, groups)
+    if len(groups) == 1 and n >= 3 and kind in (AggregationMethod.KRUM, AggregationMethod.MULTI_KRUM,
+                                                 AggregationMethod.BYZANTINE_ROBUST):
+        # Unanimous (one point after counting copies once): nothing to vote on, and Krum cannot score one point.
+        inner = AggregateResult(combine(view, [1.0]), [0], [1.0], {"method": kind.value, "unanimous": True})
+    else:
+        try:
+            inner = _run(kind, view, mix @ gram @ mix.T, view_weights, num_byzantine, byzantine_share, trim_percent,
+                         multi_krum_m, max_iter, tol)
+        except ConfigError as exc:
+            raise ConfigError(f"{exc} (Of the {n} contributions, the norm screen set {len(screened)} aside and "
+                              f"near-copies count once: {len(groups)} distinct reached {kind.value}.)") from None
+    return _expanded(inner, groups, screened, n)
+
+
+def _run(kind: AggregationMethod, source: DeltaSource, gram: torch.Tensor | None, weights: Sequence[float] | None,
+         num_byzantine: int | None, byzantine_share: float | None, trim_percent: float, multi_krum_m: int | None,
+         max_iter: int, tol: float) -> AggregateResult:
+    if num_byzantine is None and byzantine_share is not None:
+        num_byzantine = math.floor(byzantine_share * len(source))
     opts = _Options(num_byzantine, trim_percent, weights, multi_krum_m, max_iter, tol, gram)
     result = _AGGREGATORS[kind](source, opts)
     result.info.setdefault("method", kind.value)
     return result
+
+
+def _expanded(inner: AggregateResult, groups: list[list[int]], screened: list[int], n: int) -> AggregateResult:
+    """A result over groups as one over the n contributions: each member gets an equal part of its group's weight."""
+    weights = [0.0] * n
+    for g, members in enumerate(groups):
+        for m in members:
+            weights[m] = inner.weights[g] / len(members)
+    selected = sorted(m for g in inner.selected for m in groups[g])
+    info = dict(inner.info)
+    if "scores" in info:  # Krum scores are per point: each member shows its group's, screened ones none
+        scores: list[float | None] = [None] * n
+        for g, members in enumerate(groups):
+            for m in members:
+                scores[m] = info["scores"][g]
+        info["scores"] = scores
+    copies = [members for members in groups if len(members) > 1]
+    info.update(screened=screened, groups=copies)
+    return AggregateResult(inner.delta, selected, weights, info, screened, copies)

@@ -1,7 +1,7 @@
 """DeltaSoupConfig: how a soup filters, merges, protects and rewards contributions.
 
 The documented fields come first, with their names; the fields we added (max_norm, the validation set,
-reputation_decay, noise_seed) follow. docs/soup.md explains each one with the formulas it enters.
+reputation_decay, noise_seed, norm_screen_ratio) follow. docs/soup.md explains each one with the formulas it enters.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from typing import Any
 
 from gym.core.errors import ConfigError
 from gym.soup.aggregators import AggregationMethod
+from gym.soup.screen import NORM_RATIO
 
 # Methods built on Krum scores: they take byzantine_threshold's f and need n >= 2f + 3 contributions.
 KRUM_FAMILY = (AggregationMethod.KRUM, AggregationMethod.MULTI_KRUM, AggregationMethod.BYZANTINE_ROBUST)
@@ -79,8 +80,14 @@ class DeltaSoupConfig:
     noise_seed: int | None = None
     """Seed of the privacy noise. None (use this): fresh OS randomness. A fixed seed makes the noise
     predictable, which voids the privacy guarantee: for tests and reproducible benchmarks only."""
+    norm_screen_ratio: float = NORM_RATIO
+    """Before any aggregator: a contribution whose whole-model L2 norm is more than this many times the round's
+    median norm, or less than the median over it, is excluded from the round (with the reason) and earns
+    nothing (gym.soup.screen). Under differential_privacy, mean, weighted_mean and trimmed_mean skip it:
+    clipping bounds every contribution's size there."""
 
     def __post_init__(self) -> None:
+        self._check_types()
         try:
             self.method = AggregationMethod(self.method)
         except ValueError:
@@ -116,6 +123,35 @@ class DeltaSoupConfig:
         if self.validation_max_samples < 1 or self.validation_cutoff_len < 1:
             raise ConfigError("validation_max_samples and validation_cutoff_len must be positive.")
         _in_range("reputation_decay", self.reputation_decay, 0.0, 1.0, high_open=True)
+        if not self.norm_screen_ratio > 1:
+            raise ConfigError(f"norm_screen_ratio must be above 1 (a factor around the median norm), got "
+                              f"{self.norm_screen_ratio!r}.")
+
+    def _check_types(self) -> None:
+        """Each field's kind, before any comparison: `min_contributors=abc` from the command line used to end in a
+        TypeError traceback, and `differential_privacy=maybe` was taken as true."""
+        for name in _BOOLS:
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name} must be true or false, got {getattr(self, name)!r}.")
+        for name in _WHOLE:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ConfigError(f"{name} must be a whole number, got {value!r}.")
+        for name in _NUMBERS:
+            value = getattr(self, name)
+            if value is None and name in _OPTIONAL:
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise ConfigError(f"{name} must be a finite number{' or null' if name in _OPTIONAL else ''}, "
+                                  f"got {value!r}.")
+        seed = self.noise_seed
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63):
+            # torch seeds take up to 2^64 - 1, and the round id is added to this one.
+            raise ConfigError(f"noise_seed must be null or a whole number from 0 to 2^63 - 1, got {seed!r}.")
+        for name in ("validation_dataset", "validation_dataset_dir"):
+            value = getattr(self, name)
+            if not (isinstance(value, str) or (value is None and name == "validation_dataset")):
+                raise ConfigError(f"{name} must be a string, got {value!r}.")
 
     def num_byzantine(self, n: int) -> int | None:
         """Krum's f for n contributors; None: the aggregator's default, floor((n - 3) / 2)."""
@@ -134,6 +170,14 @@ class DeltaSoupConfig:
             raise ConfigError(f"Unknown DeltaSoupConfig field(s): {', '.join(unknown)}; known: "
                               f"{', '.join(sorted(known))}.")
         return cls(**values)
+
+
+_BOOLS = ("differential_privacy", "validate_contributions", "enable_rewards", "use_bitdelta")
+_WHOLE = ("min_contributors", "max_contributors", "validation_max_samples", "validation_cutoff_len")
+_NUMBERS = ("trim_percent", "byzantine_threshold", "privacy_epsilon", "privacy_delta", "clip_norm",
+            "quality_threshold", "reward_pool", "quality_weight", "participation_weight", "max_norm",
+            "reputation_decay", "norm_screen_ratio")
+_OPTIONAL = ("byzantine_threshold", "max_norm")
 
 
 def _positive(name: str, value: float) -> None:

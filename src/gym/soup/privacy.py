@@ -53,6 +53,11 @@ import torch
 from gym.core.errors import ConfigError
 from gym.soup.aggregators import AggregationMethod, method_of, trim_count
 
+# The methods whose sensitivity above counts every contribution as in, once (2C/n, 2C max w_i, the trimmed
+# bound with n): under DP a soup neither screens norms nor merges near-copies for them (gym.soup.screen would
+# make membership depend on the data). The other bounds hold for any subset or mean of clipped inputs.
+MEMBERSHIP_FIXED = (AggregationMethod.MEAN, AggregationMethod.WEIGHTED_MEAN, AggregationMethod.TRIMMED_MEAN)
+
 
 def clip_scales(norms: Sequence[float] | torch.Tensor, clip_norm: float) -> list[float]:
     """min(1, C / |x_i|) per contribution: the factor that brings each norm to at most C."""

@@ -38,6 +38,7 @@ from gym.soup import payouts as pay
 from gym.soup.config import KRUM_FAMILY, DeltaSoupConfig
 from gym.soup.contributions import Base, Rejected, base_of, default_soup_path, l2_norm, to_delta
 from gym.soup.privacy import (
+    MEMBERSHIP_FIXED,
     PrivacyReport,
     add_gaussian_noise,
     clip_scales,
@@ -46,11 +47,17 @@ from gym.soup.privacy import (
     total_privacy,
     zcdp_rho,
 )
+from gym.soup.screen import DUPLICATE_COSINE, duplicate_groups, median_norm
 from gym.soup.sources import ScaledSource
 from gym.soup.store import ACCEPTED, LEDGER, REJECTED, ContributionRecord, RoundRecord, Store, source_for
 from gym.soup.validate import Validator
 
 logger = logging.getLogger(__name__)
+
+# The most training examples a contribution may claim: the ledger stores the count as an SQLite INTEGER (up to
+# 2^63 - 1; 10**20 used to end `gym soup contribute` in a traceback) and weighted_mean multiplies it into a float
+# weight, which holds whole numbers exactly up to 2^53.
+MAX_SAMPLES = 2**53
 
 
 class DeltaSoup:
@@ -125,8 +132,10 @@ class DeltaSoup:
         """
         if not isinstance(user_id, str) or not user_id.strip():
             raise ConfigError(f"user_id must be a non-empty string, got {user_id!r}.")
-        if num_samples is not None and (not isinstance(num_samples, int) or num_samples < 1):
-            raise ConfigError(f"num_samples must be a positive integer or None, got {num_samples!r}.")
+        if num_samples is not None and (isinstance(num_samples, bool) or not isinstance(num_samples, int)
+                                        or not 1 <= num_samples <= MAX_SAMPLES):
+            raise ConfigError(f"num_samples (gym soup contribute --samples) must be a whole number from 1 to "
+                              f"{MAX_SAMPLES}, or None; got {num_samples!r}.")
         if self.path is None:
             base_model = base_of(model)
             if base_model is None:
@@ -202,18 +211,23 @@ class DeltaSoup:
         if config.differential_privacy:
             released, privacy = self._add_noise(result.delta, n, merged.weights, merged.num_byzantine, round_id,
                                                 weights_fixed=all(r.num_samples is None for r in rows))
-        quality = pay.qualities(merged.source, result.delta, result.weights, result.selected, merged.gram)
+        quality = pay.qualities(merged.source, result.delta, result.weights, result.selected, merged.gram,
+                                merged.groups)
         blob = self.store.write_tensors(released, {"what": "aggregate", "round": round_id,
                                                    "method": method})
         record = RoundRecord(
             round_id, method, n, [r.id for r in rows], [rows[i].id for i in result.selected],
             [float(w) for w in result.weights], privacy, blob,
-            _jsonable({"num_byzantine": merged.num_byzantine, "norms": merged.norms,
+            _jsonable({"num_byzantine": merged.num_byzantine, "norms": merged.norms, "groups": merged.groups,
                        "clip_scales": merged.clip_scales, "quality": quality, "aggregator": result.info}),
             time.time())
-        chosen = set(result.selected)
-        excluded = [r.id for i, r in enumerate(rows) if i not in chosen]
-        rewards, reputation = self._settle(everyone, rows, quality, chosen)
+        chosen, screened = set(result.selected), set(result.screened)
+        centre = median_norm(merged.norms)
+        excluded = {r.id: (f"norm {merged.norms[i]:.3g} is more than {config.norm_screen_ratio:g} times from the "
+                           f"round's median norm {centre:.3g} (norm screen, round {round_id})") if i in screened
+                    else f"not selected by {method} in round {round_id}"
+                    for i, r in enumerate(rows) if i not in chosen}
+        rewards, reputation = self._settle(everyone, rows, quality, chosen, merged.groups)
         self.store.close_round(record, max(r.id for r in everyone), excluded, rewards, reputation)
         logger.info("%s: round %d aggregated %d contributions with %s (%d selected).", self.path, round_id, n,
                     method, len(result.selected))
@@ -248,12 +262,20 @@ class DeltaSoup:
             reputation = self.store.reputation()
             weights = pay.mean_weights([reputation.get(r.user_id) for r in rows], [r.num_samples for r in rows],
                                        pay.newcomer_reputation(list(reputation.values())))
-        # byzantine_threshold sets the f of the Krum scores (krum, multi_krum, byzantine_robust); trimmed_mean
-        # trims by trim_percent, which the aggregator would ignore if it were given an f.
-        num_byzantine = config.num_byzantine(n) if config.method in KRUM_FAMILY else None
-        result = agg.aggregate(source, config.method, num_byzantine=num_byzantine,
-                               trim_percent=config.trim_percent, weights=weights, gram=gram)
-        return _Merged(result, source, gram, norms, scales, weights, num_byzantine)
+        # byzantine_threshold sets the f of the Krum scores (krum, multi_krum, byzantine_robust) as a share of the
+        # points they score (near-copies count once); trimmed_mean trims by trim_percent, which the aggregator
+        # would ignore if it were given an f.
+        share = config.byzantine_threshold if config.method in KRUM_FAMILY else None
+        # Under DP, the mean's, weighted mean's and trimmed mean's noise is calibrated to every contribution being
+        # in, once (gym.soup.privacy): no screen or merging of copies there; clipping already bounds each one's
+        # size. Rewards still pay a group of copies one share.
+        fixed = config.differential_privacy and config.method in MEMBERSHIP_FIXED
+        result = agg.aggregate(source, config.method, byzantine_share=share, trim_percent=config.trim_percent,
+                               weights=weights, gram=gram, screen_ratio=None if fixed else config.norm_screen_ratio,
+                               screen_norms=norms, duplicate_cosine=None if fixed else DUPLICATE_COSINE)
+        groups = duplicate_groups(gram, range(n), DUPLICATE_COSINE) if fixed else result.groups
+        groups = [g for g in groups if len(g) > 1]
+        return _Merged(result, source, gram, norms, scales, weights, result.info.get("num_byzantine"), groups)
 
     def _add_noise(self, delta: dict[str, torch.Tensor], n: int, weights: list[float] | None,
                    num_byzantine: int | None, round_id: int,
@@ -274,12 +296,13 @@ class DeltaSoup:
         return noised, asdict(report)
 
     def _settle(self, everyone: list[ContributionRecord], rows: list[ContributionRecord], quality: list[float],
-                selected: set[int]) -> tuple[list[tuple[str, int, float, float, float]], dict[str, float]]:
-        """Rewards rows and new reputations for everyone who contributed in the round."""
+                selected: set[int], groups: list[list[int]],
+                ) -> tuple[list[tuple[str, int, float, float, float]], dict[str, float]]:
+        """Rewards rows and new reputations for everyone who contributed in the round (near-copies: one share)."""
         config = self.config
-        participation = pay.participation(quality, sorted(selected))
+        participation = pay.participation(quality, sorted(selected), groups)
         amounts = pay.split(quality, participation, config.reward_pool, config.quality_weight,
-                            config.participation_weight) if config.enable_rewards else [0.0] * len(rows)
+                            config.participation_weight, groups) if config.enable_rewards else [0.0] * len(rows)
         rewards = [(r.user_id, r.id, q, p, a) for r, q, p, a in zip(rows, quality, participation, amounts)]
         paid = {r.user_id for r in rows}
         for r in everyone:  # rejected in this round, with no accepted contribution: on the books with 0
@@ -369,6 +392,7 @@ class _Merged:
     clip_scales: list[float]
     weights: list[float] | None  # weighted_mean's weights
     num_byzantine: int | None
+    groups: list[list[int]]  # near-copies, paid one share per group (gym.soup.screen)
 
 
 def _normalised(ref: str | os.PathLike[str]) -> str:

@@ -3,7 +3,8 @@
 Aggregators never hold a whole model per contribution: they ask a source for one parameter stacked over
 the n contributions, so memory is O(n x largest tensor). Contributions live in memory (InMemorySource)
 or on disk as plain safetensors files (SafetensorsSource, read with safe_open: nothing is unpickled);
-ScaledSource (norm clipping) and SubsetSource (a selection) wrap another source without copying it.
+ScaledSource (norm clipping), SubsetSource (a selection) and GroupedSource (near-copies as one, gym.soup.screen)
+wrap another source without copying it.
 """
 
 from __future__ import annotations
@@ -147,3 +148,29 @@ class SubsetSource:
 
     def stacked(self, name: str) -> torch.Tensor:
         return self.source.stacked(name)[self.indices]
+
+
+class GroupedSource:
+    """One contribution per group of another source's contributions: the mean of the group's members.
+
+    A group of one is that contribution as it is (a selection: SubsetSource's job, done here too).
+    """
+
+    def __init__(self, source: DeltaSource, groups: Sequence[Sequence[int]]) -> None:
+        self.source, self.names, self.groups = source, source.names, [list(g) for g in groups]
+        self._firsts = torch.tensor([g[0] for g in self.groups], dtype=torch.long)
+
+    def __len__(self) -> int:
+        return len(self.groups)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return self.source.shape(name)
+
+    def stacked(self, name: str) -> torch.Tensor:
+        x = self.source.stacked(name)
+        out = x.index_select(0, self._firsts)  # one gather; groups of several are averaged over it below
+        for row, members in enumerate(self.groups):
+            if len(members) > 1:
+                # Divided before summing: the members' sum can overflow float32 where their mean does not.
+                out[row] = x[members].div_(len(members)).sum(dim=0)
+        return out

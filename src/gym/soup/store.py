@@ -218,11 +218,11 @@ class Store:
         return _open_round(self._db)
 
     # rounds
-    def close_round(self, record: RoundRecord, last_seen: int, excluded: list[int],
+    def close_round(self, record: RoundRecord, last_seen: int, excluded: dict[int, str],
                     rewards: list[tuple[str, int, float, float, float]], reputation: dict[str, float]) -> None:
-        """Record a finished round in one transaction: the round, excluded contributions, rewards, reputation.
-        Contributions recorded in this round after the aggregation read it (ids above last_seen) move to the
-        next round."""
+        """Record a finished round in one transaction: the round, excluded contributions (id -> the reason),
+        rewards, reputation. Contributions recorded in this round after the aggregation read it (ids above
+        last_seen) move to the next round."""
         with self.transaction() as db:
             if _open_round(db) != record.id:
                 raise ConfigError(f"Round {record.id} was closed by another process while this one aggregated it; "
@@ -234,7 +234,7 @@ class Store:
                         None if record.privacy is None else json.dumps(record.privacy), record.aggregate_blob,
                         json.dumps(record.info), record.created_at))
             db.executemany("UPDATE contributions SET status = ?, reason = ? WHERE id = ?",
-                           [(EXCLUDED, f"not selected by {record.method} in round {record.id}", i) for i in excluded])
+                           [(EXCLUDED, reason, i) for i, reason in excluded.items()])
             db.execute("UPDATE contributions SET round = ? WHERE round = ? AND id > ?",
                        (record.id + 1, record.id, last_seen))
             db.executemany("INSERT INTO rewards (round, user_id, contribution_id, quality, participation, amount) "
