@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from gym.core.errors import ConfigError, GymError, OutputError
-from gym.core.files import OutputLock, remove_stale_temps, temp_path
+from gym.core.files import OutputLock, refuse_file_in_path, remove_stale_temps, temp_path
 from gym.infer.fast.deltas import ParamDelta
 from gym.personalization.base import Shapes, adapter_base, base_shapes, check_shapes, describe_base
 from gym.personalization.loading import deltas_from_adapter, deltas_from_file
@@ -279,6 +279,7 @@ class VariantStore:
         assert given is not None
         source = Path(given).expanduser()
         check_user_id(user_id)
+        refuse_file_in_path(self.root)  # where it goes, before minutes of reading what goes there
         # Checked here first, so that errors name the user's own file; the copy is checked again when committed.
         if delta is not None:
             deltas, header = deltas_from_file(source)
