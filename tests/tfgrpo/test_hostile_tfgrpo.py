@@ -157,6 +157,33 @@ def test_the_deadline_is_per_call_and_a_retry_gets_a_fresh_one(raw_server):
     assert 2.0 <= elapsed < 2.0 + 1.0
 
 
+def test_close_abandons_the_calls_in_flight_and_the_retry_waits(raw_server):
+    server = raw_server(trickling("head"))
+    endpoint = OpenAIEndpoint(server.base_url, "m", timeout=60, max_retries=3, retry_delay=30)
+    threading.Timer(0.5, endpoint.close).start()
+    outcome, elapsed = _in_thread(lambda: endpoint.complete(HELLO, temperature=0.0, max_tokens=8), limit=10)
+    assert "the call was abandoned, the endpoint was closed" in str(outcome.get("error")) and elapsed < 2
+    with pytest.raises(LLMUnavailable, match="the endpoint was closed"):
+        endpoint.complete(HELLO, temperature=0.0, max_tokens=8)
+
+
+def test_an_endpoint_dropped_without_close_stops_its_thread():
+    import gc
+
+    def endpoint_threads():
+        return [t for t in threading.enumerate() if t.name == "endpoint http://127.0.0.1:9/v1"]
+
+    before = len(endpoint_threads())
+    endpoint = OpenAIEndpoint("http://127.0.0.1:9/v1", "m")
+    assert len(endpoint_threads()) == before + 1
+    del endpoint
+    gc.collect()
+    deadline = time.monotonic() + 5
+    while len(endpoint_threads()) > before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(endpoint_threads()) == before
+
+
 def test_after_a_call_fails_the_queued_calls_are_dropped():
     calls = []
 

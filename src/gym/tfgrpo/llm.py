@@ -21,6 +21,7 @@ import logging
 import math
 import os
 import threading
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -122,6 +123,8 @@ class OpenAIEndpoint:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name=f"endpoint {base_url}", daemon=True)
         self._thread.start()
+        # An endpoint dropped without close() (the Python API) still stops its thread when it is collected.
+        self._finalizer = weakref.finalize(self, self._loop.call_soon_threadsafe, self._loop.stop)
         self._closed = threading.Event()
         self._submit_lock = threading.Lock()  # nothing is put on the loop once close() has begun
 
@@ -194,6 +197,7 @@ class OpenAIEndpoint:
             if self._closed.is_set():
                 return
             self._closed.set()  # also ends a retry's wait
+            self._finalizer.detach()
 
         async def shutdown() -> None:
             calls = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
