@@ -20,6 +20,7 @@ import yaml
 from gym.config.files import parse_cli_args
 from gym.core.errors import ConfigError
 from gym.core.files import CONFIG_FILE, OutputLock, make_folder, temp_path
+from gym.core.names import did_you_mean
 from gym.tfgrpo.config import GRPOConfig, TFGRPOJob, parse_job
 from gym.tfgrpo.library import ExperienceLibrary
 from gym.tfgrpo.tasks import Task, split_held_out, tasks_from
@@ -36,10 +37,16 @@ Example: gym tfgrpo train examples/tfgrpo_arithmetic.yaml"""
 _SECRETS = ("api_key", "updater_api_key")
 
 
+VERBS = ("train", "eval")
+
+
 def main(argv: list[str]) -> int:
-    if not argv or argv[0] in ("-h", "--help") or argv[0] not in ("train", "eval"):
+    if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
-        return 0 if not argv or argv[0] in ("-h", "--help") else 2
+        return 0
+    if argv[0] not in VERBS:
+        raise ConfigError(f"unknown tfgrpo command '{argv[0]}'."
+                          f"{did_you_mean(argv[0], VERBS, ' Choose train or eval.')} (gym tfgrpo --help)")
     verb, rest = argv[0], argv[1:]
     config, job, local = parse_job(parse_cli_args(rest))
     return train(config, job, local) if verb == "train" else evaluate(config, job, local)

@@ -41,7 +41,13 @@ def _files(path: Path) -> list[Path]:
 
 def read_rows(path: str | Path) -> Iterator[tuple[RowSource, Any]]:
     for file in _files(Path(path)):
-        yield from _READERS[file.suffix](file)
+        try:
+            yield from _READERS[file.suffix](file)
+        except UnicodeDecodeError:  # the name says .json/.jsonl/.csv, the bytes say otherwise
+            raise DataError(f"{file}: not UTF-8 text, so not a {file.suffix} dataset (a binary file, or text in "
+                            "another encoding: save it as UTF-8).") from None
+        except csv.Error as exc:  # a NUL byte, a field over the size limit
+            raise DataError(f"{file}: not a readable CSV file ({exc}).") from None
 
 
 def first_row(path: str | Path) -> dict[str, Any] | None:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from gym.core.errors import GymError
-from gym.eval.config import EvalArguments
+from gym.eval.config import EvalArguments, parse_task
 from gym.eval.model import EvalModel, load_eval_model
 from gym.eval.results import format_table, read_report, write_report
 from gym.eval.runner import evaluate_tasks, make_report
@@ -39,6 +39,28 @@ def primary_metric(result: dict[str, Any]) -> str:
         if name in metrics:
             return name
     return next(k for k in metrics if not k.endswith("_stderr"))
+
+
+# The metric primary_metric picks from each kind of task's result: multiple choice and generation report acc,
+# perplexity loss. An lm-eval task reports what its own config names, known once it has run.
+PRIMARY_BY_KIND = {"mc": "acc", "gen": "acc", "ppl": "loss"}
+
+
+def _metric_key(task: str, metric: str) -> str:
+    return f"{task.replace(':', '_')}_{metric}"
+
+
+def reported_metrics(tasks: list[str]) -> tuple[list[str], list[str]]:
+    """What evaluate_after_training will return for `tasks`, known before anything runs: (the metric names, the
+    prefixes of the names of lm-eval tasks' metrics, a group's subtasks included). For `gym tune --metric`."""
+    names: list[str] = []
+    prefixes: list[str] = []
+    for task in map(parse_task, tasks):
+        if task.kind == "lm_eval":
+            prefixes += [f"eval_{_metric_key(f'lm_eval:{n.strip()}', '')}" for n in task.target.split(",") if n.strip()]
+        else:
+            names.append(f"eval_{_metric_key(task.name, PRIMARY_BY_KIND[task.kind])}")
+    return names, prefixes
 
 
 def _evaluate(model: EvalModel, args: EvalArguments) -> dict[str, Any]:
@@ -86,7 +108,7 @@ def evaluate_after_training(tasks: list[str], output_dir: str, base: dict[str, A
     metrics = {}
     for task, result in trained["results"].items():
         metric = primary_metric(result)
-        name = f"{task.replace(':', '_')}_{metric}"
+        name = _metric_key(task, metric)
         metrics[f"eval_{name}"] = result["metrics"][metric]
         base_value = reference["results"].get(task, {}).get("metrics", {}).get(metric)
         if base_value is not None:

@@ -15,6 +15,7 @@ chat format with the shots as earlier turns (`eval_template`); the result says w
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 from collections import defaultdict
@@ -28,7 +29,8 @@ from gym.data.registry import get_dataset_attrs, read_dataset_info
 from gym.eval.loglik import LoglikScorer, split_encode
 from gym.eval.model import EvalModel
 
-LETTERS = "ABCDEFGHIJ"
+# A choice is named by its letter in the prompt, so a question has at most 26 (MMLU has 4, MMLU-Pro 10).
+LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 
 
 @dataclass(frozen=True)
@@ -46,15 +48,15 @@ def _subject_from_file(file: str) -> str:
 
 
 def _answer_index(value: Any, n: int, where: str) -> int:
-    if isinstance(value, bool):
-        value = None
-    if isinstance(value, int) or (isinstance(value, str) and value.strip().isdigit()):
+    if isinstance(value, int) and not isinstance(value, bool):  # true is not choice 1
+        index = value
+    elif isinstance(value, str) and value.strip().isdigit():
         index = int(value)
     elif isinstance(value, str) and len(value.strip()) == 1 and value.strip().upper() in LETTERS:
         index = LETTERS.index(value.strip().upper())
     else:
-        raise DataError(f"{where}, field 'answer': expected a letter ({LETTERS[:n]}) or a 0-based index, "
-                        f"got {value!r}.")
+        raise DataError(f"{where}, field 'answer': expected a letter ({LETTERS[0]}-{LETTERS[n - 1]}) or a 0-based "
+                        f"index (0-{n - 1}), got {value!r} ({type(value).__name__}).")
     if not 0 <= index < n:
         raise DataError(f"{where}, field 'answer': {value!r} names no choice; the row has {n} choices.")
     return index
@@ -73,10 +75,12 @@ def _item(row: Any, source: Any, columns: dict[str, str | None]) -> MCItem:
         choices = row[choices_key]
         if not isinstance(choices, (list, tuple)) or len(choices) < 2:
             raise DataError(f"{where}, field '{choices_key}': expected a list of at least 2 choices.")
-    else:
-        choices = [row[letter] for letter in LETTERS if letter in row]
+        _check_choices(choices, f"{where}, field '{choices_key}'")
+    else:  # columns A, B, C, ... as far as they go without a gap
+        choices = [row[letter] for letter in itertools.takewhile(lambda letter: letter in row, LETTERS)]
         if len(choices) < 2:
             raise DataError(f"{where}: no choices; give a '{choices_key}' list or columns A, B, C, D.")
+        _check_choices(choices, f"{where}, columns A-{LETTERS[len(choices) - 1]}")
     answer_key = columns.get("answer") or "answer"
     if answer_key not in row:
         raise DataError(f"{where}: no field '{answer_key}' (the right choice: a letter or a 0-based index).")
@@ -84,6 +88,17 @@ def _item(row: Any, source: Any, columns: dict[str, str | None]) -> MCItem:
     subject = str(row.get(subject_key) or _subject_from_file(source.file))
     return MCItem(subject, question.strip(), tuple(str(c).strip() for c in choices),
                   _answer_index(row[answer_key], len(choices), where), where)
+
+
+def _check_choices(choices: list[Any] | tuple[Any, ...], where: str) -> None:
+    """Each choice is text with something in it (its likelihood is what is scored), and each has a letter."""
+    if len(choices) > len(LETTERS):
+        raise DataError(f"{where}: {len(choices)} choices; at most {len(LETTERS)} ({LETTERS[0]}-{LETTERS[-1]}), "
+                        "one letter each.")
+    for i, choice in enumerate(choices):
+        if isinstance(choice, (dict, list, tuple)) or choice is None or not str(choice).strip():
+            raise DataError(f"{where}: choice {LETTERS[i]} is {'empty' if choice in ('', None) else repr(choice)}; "
+                            "each choice is a non-empty text.")
 
 
 def read_items(dataset: str, dataset_dir: str) -> list[MCItem]:

@@ -10,6 +10,7 @@ default), evaluation at 0.3 with 32 samples per query (their math evaluation, Me
 from __future__ import annotations
 
 import dataclasses
+import math
 import typing
 from dataclasses import dataclass, field
 from typing import Any
@@ -67,6 +68,7 @@ class GRPOConfig:
     retry_delay: float = 1.0
     """Seconds before the first retry; doubled each time, at most 60."""
     timeout: float = 600.0
+    """Seconds one endpoint call may take in all, from the request to the last byte of the answer (then retried)."""
     prices: dict[str, list[float]] | None = None
     """Dollars per million [prompt, completion] tokens by role or by "rollout"/"updater", for the usage report."""
     cache_calls: bool = True
@@ -83,8 +85,14 @@ class GRPOConfig:
         for name in ("temperature_train", "temperature_update", "temperature_eval"):
             if not 0 <= getattr(self, name) <= 2:
                 raise ConfigError(f"'{name}' must be in [0, 2], got {getattr(self, name)}.")
-        if self.max_parse_retries < 0 or self.max_retries < 0 or self.retry_delay < 0:
-            raise ConfigError("'max_parse_retries', 'max_retries' and 'retry_delay' must be >= 0.")
+        if self.max_parse_retries < 0 or self.max_retries < 0:
+            raise ConfigError("'max_parse_retries' and 'max_retries' must be >= 0.")
+        # `not x >= 0` rather than `x < 0`: NaN compares false either way, and would reach time.sleep as a delay
+        if not (self.retry_delay >= 0 and math.isfinite(self.retry_delay)):
+            raise ConfigError(f"'retry_delay' must be a number >= 0, got {self.retry_delay:g}.")
+        if not (self.timeout > 0 and math.isfinite(self.timeout)):
+            raise ConfigError(f"'timeout' must be a number of seconds above 0, got {self.timeout:g}: it is the most a "
+                              "call to the endpoint may take, from the request to the last byte of the answer.")
         for role, price in (self.prices or {}).items():
             if not (isinstance(price, (list, tuple)) and len(price) == 2):
                 raise ConfigError(f"prices.{role}: give [dollars per 1M prompt tokens, per 1M completion tokens].")

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import re
 from collections.abc import Iterable, Iterator, Mapping
@@ -153,7 +154,7 @@ class ExperienceLibrary:
         """From {"step", "experiences": {id: text}} (ours), a bare {id: text} or a list of texts."""
         step = 0
         if isinstance(data, Mapping) and "experiences" in data:
-            step = int(data.get("step") or 0)
+            step = _step(data.get("step"), where)
             data = data["experiences"]
         if isinstance(data, Mapping):
             try:
@@ -175,7 +176,34 @@ class ExperienceLibrary:
                 from None
         except json.JSONDecodeError as exc:
             raise DataError(f"{path}: not valid JSON (line {exc.lineno}: {exc.msg}).") from None
+        except ValueError as exc:  # not UTF-8 text, or a number of more digits than Python reads
+            raise DataError(f"{path}: not a JSON text file ({exc}).") from None
+        except IsADirectoryError:
+            raise DataError(f"{path}: a folder; give the experiences.json file a TF-GRPO run wrote.") from None
         return cls.from_json(data, str(path))
+
+
+def _step(value: Any, where: str) -> int:
+    """The training step a library came from: a whole number >= 0 (missing or null: 0), as JSON or as text."""
+    if value is None:
+        return 0
+    number: float | None = None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        number = value
+    elif isinstance(value, str):
+        try:
+            number = float(value)
+        except ValueError:
+            number = None
+    # 1e400 reads as inf and "abc" as nothing: int() of either raises, and gym api would stop with a traceback
+    if number is None or not math.isfinite(number) or number < 0 or number != int(number):
+        raise DataError(f"{where}: 'step' must be a whole number >= 0, got {_shown(value, number)} (the training "
+                        "step the library comes from; leave it out for 0).")
+    return int(number)
+
+
+def _shown(value: Any, number: float | None) -> str:
+    return repr(value) if number is None or isinstance(value, str) else f"{number:g}"
 
 
 def with_experiences(system: str | None, library: ExperienceLibrary | None) -> str | None:

@@ -13,12 +13,15 @@ library is identical even when the endpoint samples differently each time.
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import hashlib
 import json
 import logging
+import math
 import os
 import threading
-import time
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -90,7 +93,12 @@ class LocalLLM:
 # ---------------------------------------------------------------- an OpenAI-compatible endpoint
 
 class OpenAIEndpoint:
-    """`base_url` + `model` (+ `api_key`, else $OPENAI_API_KEY): OpenAI, vLLM, llama-server, `gym api`, ..."""
+    """`base_url` + `model` (+ `api_key`, else $OPENAI_API_KEY): OpenAI, vLLM, llama-server, `gym api`, ...
+
+    `timeout` is a deadline for each call, from sending the request to the last byte of the answer. The HTTP
+    client's own timeout only bounds each read, so a server that sends a byte a second would never trip it
+    (issue #39); here the calls run on an event loop of the endpoint's own (a thread) under asyncio's wait_for,
+    which cancels a call at its deadline and so closes its connection, whatever the HTTP library underneath."""
 
     def __init__(self, base_url: str, model: str, api_key: str | None = None, *, timeout: float = 600.0,
                  max_retries: int = 6, retry_delay: float = 1.0, max_retry_delay: float = 60.0) -> None:
@@ -99,38 +107,72 @@ class OpenAIEndpoint:
         except ImportError:
             raise ConfigError("An OpenAI-compatible endpoint needs the openai client: pip install 'zoo-gym[serve]'.") \
                 from None
+        if not timeout > 0 or not math.isfinite(timeout):
+            raise ConfigError(f"An endpoint's timeout must be a number of seconds above 0, got {timeout}.")
+        if not all(0 <= d < math.inf for d in (retry_delay, max_retry_delay)):
+            raise ConfigError(f"An endpoint's retry delays must be numbers of seconds >= 0, got {retry_delay} and "
+                              f"{max_retry_delay}.")
         self.name = model
         self.base_url = base_url
+        self.timeout = timeout
         self.max_retries, self.retry_delay, self.max_retry_delay = max_retries, retry_delay, max_retry_delay
         # Our own retry loop (below) instead of the client's, so that the backoff is set here and logged.
-        self.client = openai.OpenAI(base_url=base_url, api_key=api_key or os.environ.get("OPENAI_API_KEY") or "none",
-                                    timeout=timeout, max_retries=0)
+        self.client = openai.AsyncOpenAI(base_url=base_url, timeout=timeout, max_retries=0,
+                                         api_key=api_key or os.environ.get("OPENAI_API_KEY") or "none")
         self._openai = openai
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name=f"endpoint {base_url}", daemon=True)
+        self._thread.start()
+        # An endpoint dropped without close() (the Python API) still stops its thread when it is collected.
+        self._finalizer = weakref.finalize(self, self._loop.call_soon_threadsafe, self._loop.stop)
+        self._closed = threading.Event()
+        self._submit_lock = threading.Lock()  # nothing is put on the loop once close() has begun
 
     def complete(self, messages: list[Message], *, temperature: float, max_tokens: int,
                  seed: int | None = None) -> Completion:
         openai = self._openai
         for attempt in range(self.max_retries + 1):
             try:
-                response = self.client.chat.completions.create(
-                    model=self.name, messages=messages,  # type: ignore[arg-type]
-                    temperature=temperature, max_tokens=max_tokens, seed=seed)
+                body = self._call(model=self.name, messages=messages, temperature=temperature,
+                                  max_tokens=max_tokens, seed=seed)
                 break
             except (openai.RateLimitError, openai.InternalServerError, openai.APITimeoutError,
-                    openai.APIConnectionError) as exc:
+                    openai.APIConnectionError, TimeoutError) as exc:
                 if attempt == self.max_retries:
                     raise LLMUnavailable(f"{self.base_url} ({self.name}) failed {attempt + 1} times; last: "
-                                         f"{_describe(exc)}") from None
+                                         f"{self._describe(exc)}") from None
                 delay = self._delay(attempt, exc)
-                logger.warning("%s: %s; retrying in %.2f s (%d/%d)", self.base_url, _describe(exc), delay,
+                logger.warning("%s: %s; retrying in %.2f s (%d/%d)", self.base_url, self._describe(exc), delay,
                                attempt + 1, self.max_retries)
-                time.sleep(delay)
+                if self._closed.wait(delay):
+                    raise LLMUnavailable(f"{self.base_url} ({self.name}): closed while waiting to retry.") from None
             except openai.APIStatusError as exc:  # 400/401/404...: retrying cannot help
-                raise LLMUnavailable(f"{self.base_url} refused the request ({self.name}): {_describe(exc)}") from None
-        choice = response.choices[0] if response.choices else None
-        text = (choice.message.content if choice is not None else None) or ""
-        usage = response.usage
-        return Completion(text, usage.prompt_tokens if usage else 0, usage.completion_tokens if usage else 0)
+                raise LLMUnavailable(f"{self.base_url} refused the request ({self.name}): "
+                                     f"{self._describe(exc)}") from None
+        try:
+            return completion_from(body)
+        except ValueError as exc:  # the same server would answer the same way: not retried
+            raise LLMUnavailable(f"{self.base_url} ({self.name}) answered with something that is not a chat "
+                                 f"completion: {exc}.") from None
+
+    def _call(self, **request: Any) -> bytes:
+        """One request, over by `timeout` (TimeoutError), on the endpoint's event loop; the answer's body."""
+        async def call() -> bytes:
+            raw = await self.client.chat.completions.with_raw_response.create(**request)
+            return raw.http_response.content
+
+        async def within_deadline() -> bytes:
+            return await asyncio.wait_for(call(), self.timeout)
+
+        with self._submit_lock:
+            if self._closed.is_set():
+                raise LLMUnavailable(f"{self.base_url} ({self.name}): the endpoint was closed.")
+            future = asyncio.run_coroutine_threadsafe(within_deadline(), self._loop)
+        try:
+            return future.result()
+        except concurrent.futures.CancelledError:
+            raise LLMUnavailable(f"{self.base_url} ({self.name}): the call was abandoned, the endpoint was "
+                                 "closed.") from None
 
     def _delay(self, attempt: int, exc: Exception) -> float:
         delay = min(self.retry_delay * 2 ** attempt, self.max_retry_delay)
@@ -139,12 +181,71 @@ class OpenAIEndpoint:
             asked = float(headers.get("retry-after", ""))
         except ValueError:
             return delay
+        if not math.isfinite(asked):  # "nan", "inf": not a number of seconds to wait
+            return delay
         return min(max(asked, 0.0), self.max_retry_delay)
 
+    def _describe(self, exc: Exception) -> str:
+        if isinstance(exc, (TimeoutError, self._openai.APITimeoutError)):
+            return f"no complete answer within the {self.timeout:g} s timeout"
+        status = getattr(exc, "status_code", None)
+        return f"HTTP {status}" if status else type(exc).__name__
 
-def _describe(exc: Exception) -> str:
-    status = getattr(exc, "status_code", None)
-    return f"HTTP {status}" if status else type(exc).__name__
+    def close(self) -> None:
+        """Abandon the calls in flight (after one failed, the others are not waited for) and stop the loop."""
+        with self._submit_lock:
+            if self._closed.is_set():
+                return
+            self._closed.set()  # also ends a retry's wait
+            self._finalizer.detach()
+
+        async def shutdown() -> None:
+            calls = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+            for task in calls:
+                task.cancel()
+            await asyncio.gather(*calls, return_exceptions=True)
+            await self.client.close()
+
+        asyncio.run_coroutine_threadsafe(shutdown(), self._loop).result()
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._loop.close()
+
+
+def completion_from(body: bytes) -> Completion:
+    """A chat completion's text and token counts from its JSON body; ValueError saying what is wrong with it.
+    (The openai client builds its objects without checking them: `choices: "x"` would fail far from here.)"""
+    try:
+        data = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise ValueError(f"the body is not JSON ({body[:60]!r})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"the body is a JSON {type(data).__name__}, not an object")
+    choices = data.get("choices")
+    if not isinstance(choices, list):
+        raise ValueError(f"'choices' is not a list ({choices!r})")
+    if not choices:
+        return Completion("", *_usage(data))
+    if not isinstance(choices[0], dict):
+        raise ValueError(f"'choices[0]' is not an object ({choices[0]!r})")
+    message = choices[0].get("message")
+    if not isinstance(message, dict):
+        raise ValueError(f"'choices[0].message' is not an object ({message!r})")
+    content = message.get("content")
+    if content is not None and not isinstance(content, str):
+        raise ValueError(f"'choices[0].message.content' is {content!r}, not text")
+    return Completion(content or "", *_usage(data))
+
+
+def _usage(data: dict[str, Any]) -> tuple[int, int]:
+    """(prompt, completion) tokens as the server counted them; 0 for what it did not count (or not as a number)."""
+    given = data.get("usage")
+    usage: dict[str, Any] = given if isinstance(given, dict) else {}
+
+    def count(n: Any) -> int:
+        return n if isinstance(n, int) and not isinstance(n, bool) and n >= 0 else 0
+
+    return count(usage.get("prompt_tokens")), count(usage.get("completion_tokens"))
 
 
 # ---------------------------------------------------------------- recorded answers

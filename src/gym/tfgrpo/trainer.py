@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from gym.core.errors import ConfigError, OutputError
+from gym.core.errors import ConfigError, DataError, OutputError
 from gym.core.files import temp_path
 from gym.tfgrpo import prompts
 from gym.tfgrpo.config import GRPOConfig
@@ -133,8 +133,17 @@ class TrainingFreeGRPO:
         """fn over items, up to max_concurrency at once; results in the items' order."""
         if len(items) <= 1:
             return [fn(item) for item in items]
-        with ThreadPoolExecutor(min(self.config.max_concurrency, len(items))) as pool:
-            return list(pool.map(fn, items))
+        pool = ThreadPoolExecutor(min(self.config.max_concurrency, len(items)))
+        try:
+            results = list(pool.map(fn, items))
+        except BaseException:
+            # After a failure (an endpoint that stopped answering) the error is shown now: the calls still queued
+            # are dropped, and those in flight are not waited for (close() abandons them), rather than each
+            # waiting out its own timeout and retries first.
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
+        pool.shutdown()
+        return results
 
     def _ask(self, role: str, llm: LLM, messages: list[dict[str, str]], temperature: float, max_tokens: int,
              seed: int | None = None) -> Completion:
@@ -323,18 +332,41 @@ class _RunFolder:
     def resume(self) -> tuple[ExperienceLibrary, tuple[int, int]]:
         if not self.state_path.is_file():
             return ExperienceLibrary(), (0, 0)
-        state = json.loads(self.state_path.read_text(encoding="utf-8"))
-        saved = state.get("config")
-        if saved != self.config.fingerprint() or state.get("queries") != self.queries:
+        state = self._read_state()
+        if state["config"] != self.config.fingerprint() or state.get("queries") != self.queries:
             raise OutputError(f"{self.root} holds a TF-GRPO run with other settings or data; resume it with the "
                               "same config, or set overwrite_output_dir: true to start again.")
         self.history = list(state.get("history", []))
         epoch, batch = state["next"]
-        library = ExperienceLibrary.from_json(state["library"], str(self.state_path))
+        try:
+            library = ExperienceLibrary.from_json(state["library"], str(self.state_path))
+        except DataError as exc:
+            raise OutputError(f"{exc} {self._start_again}") from None
         if epoch < self.config.max_epochs:
             logger.info("Resuming %s at epoch %d, batch %d (library of %d, step %d).", self.root, epoch + 1,
                         batch + 1, len(library), library.step)
         return library, (epoch, batch)
+
+    @property
+    def _start_again(self) -> str:
+        return ("Set overwrite_output_dir: true to start the run again (the file is left as it is), or put back "
+                "the file the run wrote.")
+
+    def _read_state(self) -> dict[str, Any]:
+        """The state file as this module writes it, or an OutputError naming it (it is never changed here: it is
+        written whole under a temporary name, so a broken one was edited or damaged, and the user decides)."""
+        try:
+            state = json.loads(self.state_path.read_text(encoding="utf-8"))
+        except ValueError as exc:  # not JSON, not UTF-8, or a number of more digits than Python reads
+            raise OutputError(f"{self.state_path} is not valid JSON ({exc}). {self._start_again}") from None
+        next_ = state.get("next") if isinstance(state, dict) else None
+        if not (isinstance(state, dict) and isinstance(state.get("config"), dict)
+                and isinstance(state.get("history", []), list) and isinstance(state.get("library"), dict)
+                and isinstance(next_, list) and len(next_) == 2
+                and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in next_)):
+            raise OutputError(f"{self.state_path} is not a TF-GRPO state this version wrote (config, next: "
+                              f"[epoch, batch], library, history). {self._start_again}")
+        return state
 
     def save(self, library: ExperienceLibrary, next_position: tuple[int, int], report: StepReport) -> None:
         self.history.append(vars(report).copy())

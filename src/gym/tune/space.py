@@ -5,11 +5,13 @@
       lora_rank: [8, 16, 32]                                  # a choice
       warmup_steps: {low: 0, high: 20, step: 5}
 
-Every key must be one `gym train` accepts; a range needs low < high.
+Every key must be one `gym train` accepts; a range needs finite numbers low < high, a step above 0 (whole for a
+range of whole numbers, none with log: true), and a choice is a number, a string, true/false or null.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,9 +57,7 @@ def parse_space(section: Any) -> list[Dimension]:
         if key not in keys:
             raise ConfigError(f"tune: unknown config key '{key}'.{did_you_mean(key, list(keys))}")
         if isinstance(spec, list):
-            if not spec:
-                raise ConfigError(f"tune: '{key}' lists no choices.")
-            dimensions.append(Dimension(key, choices=tuple(spec)))
+            dimensions.append(Dimension(key, choices=_choices(key, spec)))
             continue
         if not isinstance(spec, dict) or not {"low", "high"} <= set(spec):
             raise ConfigError(f"tune: '{key}' needs a list of choices or {{low: ..., high: ...}} "
@@ -67,13 +67,48 @@ def parse_space(section: Any) -> list[Dimension]:
             raise ConfigError(f"tune: '{key}' has unknown field(s) {', '.join(sorted(unknown))}; "
                               "use low, high, log, step.")
         low, high = _number(spec["low"]), _number(spec["high"])
-        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (low, high)) or low >= high:
+        if not all(_is_finite(v) for v in (low, high)) or low >= high:
             raise ConfigError(f"tune: '{key}' needs numbers low < high, got low={low!r}, high={high!r}.")
-        if spec.get("log") and low <= 0:
+        log = False if spec.get("log") is None else spec["log"]
+        if not isinstance(log, bool):
+            raise ConfigError(f"tune: '{key}': log is true or false, got {log!r}.")
+        if log and low <= 0:
             raise ConfigError(f"tune: '{key}' has log: true, which needs low > 0 (got {low}).")
-        step = _number(spec["step"]) if spec.get("step") is not None else None
-        dimensions.append(Dimension(key, low=low, high=high, log=bool(spec.get("log", False)), step=step))
+        step = _step(key, spec.get("step"), low, high, log)
+        dimensions.append(Dimension(key, low=low, high=high, log=log, step=step))
     return dimensions
+
+
+def _choices(key: str, spec: list[Any]) -> tuple[Any, ...]:
+    """Optuna stores each choice in its database: a number, a string, true/false or null, nothing else."""
+    if not spec:
+        raise ConfigError(f"tune: '{key}' lists no choices.")
+    for choice in spec:
+        if not (choice is None or isinstance(choice, (bool, str)) or _is_finite(choice)):
+            raise ConfigError(f"tune: '{key}': each choice is a number, a string, true/false or null, got "
+                              f"{choice!r}. For a list-valued key, give each list as one comma-separated string.")
+    return tuple(spec)
+
+
+def _step(key: str, value: Any, low: float, high: float, log: bool) -> float | None:
+    """The grid a range is searched on: a number above 0 (NaN and "abc" are not), whole for a whole-number range."""
+    if value is None:
+        return None
+    step = _number(value)
+    if not _is_finite(step) or step <= 0:
+        raise ConfigError(f"tune: '{key}': step must be a number above 0, got {value!r}.")
+    if log:
+        raise ConfigError(f"tune: '{key}': step and log: true do not go together (Optuna samples a log range "
+                          "continuously); drop one of them.")
+    if isinstance(low, int) and isinstance(high, int) and step != int(step):
+        raise ConfigError(f"tune: '{key}' is a range of whole numbers ({low} to {high}), so step must be whole too, "
+                          f"got {value!r}.")
+    return step
+
+
+def _is_finite(value: Any) -> bool:
+    """A real number, not NaN or infinite (YAML's .nan and .inf read as floats, and NaN fails every comparison)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _number(value: Any) -> Any:

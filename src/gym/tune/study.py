@@ -23,7 +23,9 @@ from gym.config.files import Config
 from gym.config.parser import default_output_dir, get_train_args
 from gym.core.errors import ConfigError
 from gym.core.files import temp_path
+from gym.core.names import did_you_mean
 from gym.train import harness
+from gym.tune.metrics import trial_metrics
 from gym.tune.space import Dimension, parse_space
 from gym.workflows.training import run_exp
 
@@ -46,14 +48,19 @@ class TuneResult:
 class _ReportEvalLoss(TrainerCallback):
     """Hands each evaluation's metric to the trial, and stops the trial when Optuna prunes it."""
 
-    def __init__(self, trial: Any, metric: str) -> None:
+    def __init__(self, trial: Any, metric: str, confirm: bool = False) -> None:
         self.trial = trial
         self.metric = metric
+        self.confirm = confirm  # a stage's own eval_ metric, not known from the config: the first evaluation tells
 
     def on_evaluate(self, args: Any, state: Any, control: Any, metrics: dict[str, float] | None = None,
                     **kwargs: Any) -> None:
         import optuna
 
+        if metrics and self.confirm and self.metric not in metrics:
+            raise ConfigError(f"--metric {self.metric}: the trial's evaluation reports "
+                              f"{', '.join(sorted(metrics))}, not it.{did_you_mean(self.metric, metrics)}")
+        self.confirm = False
         if metrics and self.metric in metrics:
             self.trial.report(float(metrics[self.metric]), state.global_step)
             if self.trial.should_prune():
@@ -83,9 +90,7 @@ def tune(config: Config, trials: int, metric: str = "eval_loss", direction: str 
     if direction not in ("minimize", "maximize"):
         raise ConfigError(f"--direction is minimize or maximize, got {direction!r}.")
     base = get_train_args(_with_values(config, space, _middle))  # a bad base config fails before any trial
-    if metric.startswith("eval_") and not (base.data.eval_dataset or base.data.val_size):
-        raise ConfigError(f"--metric {metric} needs evaluation data: set val_size (e.g. 0.1) or eval_dataset, "
-                          "or tune on --metric loss.")
+    confirm = trial_metrics(base).check(metric)  # so does a metric no trial reports
     out = Path(config.get("output_dir") or default_output_dir(base.model, base.finetuning) + "-tune")
     out.mkdir(parents=True, exist_ok=True)
 
@@ -104,7 +109,7 @@ def tune(config: Config, trials: int, metric: str = "eval_loss", direction: str 
         trial_config = {**config, **values, "output_dir": str(out / f"trial-{trial.number}")}
         logger.info("Trial %d: %s", trial.number, ", ".join(f"{k}={v}" for k, v in values.items()))
         try:
-            with harness.extra_callbacks(_ReportEvalLoss(trial, metric)):
+            with harness.extra_callbacks(_ReportEvalLoss(trial, metric, confirm)):
                 result = run_exp(trial_config)
         except optuna.TrialPruned as pruned:
             logger.info("Trial %d pruned: %s", trial.number, pruned)

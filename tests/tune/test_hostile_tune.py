@@ -1,0 +1,131 @@
+"""Issue #39, `gym tune`: a search space or a --metric that cannot work is one `gym: error:` line and exit status 2
+before the first trial trains (not a traceback from Optuna, nor an error after a whole trial)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import yaml
+
+from gym.cli import main
+from gym.config.parser import get_train_args
+from gym.core.errors import ConfigError
+from gym.tune import study
+from gym.tune.metrics import TrialMetrics, trial_metrics
+from gym.tune.space import parse_space
+
+pytest.importorskip("optuna", reason="gym tune needs Optuna: pip install 'zoo-gym[tune]' (part of the dev install)")
+
+NAN, INF = float("nan"), float("inf")
+
+
+@pytest.fixture()
+def no_trials(monkeypatch):
+    """A trial that starts fails the test: these mistakes must be caught before one trains."""
+    def refuse(config):
+        raise AssertionError("a trial started")
+
+    monkeypatch.setattr(study, "run_exp", refuse)
+
+
+def _run_tune(tmp_path, config, *flags):
+    path = tmp_path / "search.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return main(["tune", str(path), "--trials", "2", *flags])
+
+
+# ---------------------------------------------------------------- the search space
+
+BAD_SPACES = [
+    ({"learning_rate": {"low": 1e-5, "high": 1e-3, "step": -1e-5}}, "'learning_rate': step must be a number above 0"),
+    ({"learning_rate": {"low": 1e-5, "high": 1e-3, "step": 0}}, "step must be a number above 0, got 0"),
+    ({"learning_rate": {"low": 1e-5, "high": 1e-3, "step": "abc"}}, "step must be a number above 0, got 'abc'"),
+    ({"learning_rate": {"low": 1e-5, "high": 1e-3, "step": NAN}}, "step must be a number above 0, got nan"),
+    ({"learning_rate": {"low": NAN, "high": 1e-3}}, "'learning_rate' needs numbers low < high, got low=nan"),
+    ({"learning_rate": {"low": 1e-5, "high": NAN}}, "needs numbers low < high, got low=1e-05, high=nan"),
+    ({"learning_rate": {"low": 1e-5, "high": INF}}, "needs numbers low < high, got low=1e-05, high=inf"),
+    ({"learning_rate": {"low": "abc", "high": 1e-3}}, "needs numbers low < high, got low='abc'"),
+    ({"learning_rate": {"low": 1e-5, "high": 1e-3, "log": True, "step": 1e-5}}, "step and log: true do not go"),
+    ({"learning_rate": {"low": 1e-5, "high": 1e-3, "log": "yes"}}, "log is true or false, got 'yes'"),
+    ({"lora_rank": {"low": 4, "high": 32, "step": 2.5}}, "range of whole numbers (4 to 32), so step must be whole"),
+    ({"lora_target": [["q_proj"], ["v_proj"]]}, "each choice is a number, a string, true/false or null, got ['q_"),
+    ({"lora_rank": [8, NAN]}, "each choice is a number, a string, true/false or null, got nan"),
+]
+
+
+@pytest.mark.parametrize(("section", "fragment"), BAD_SPACES)
+def test_bad_search_spaces_are_config_errors(section, fragment):
+    with pytest.raises(ConfigError, match=re.escape(fragment)):
+        parse_space(section)
+
+
+@pytest.mark.parametrize(("section", "fragment"), BAD_SPACES[:6])
+def test_bad_search_spaces_exit_2_before_a_trial(train_config, tmp_path, capsys, no_trials, section, fragment):
+    assert _run_tune(tmp_path, train_config(val_size=0.25, tune=section)) == 2
+    err = capsys.readouterr().err
+    assert err.count("gym: error:") == 1 and fragment in err and "Traceback" not in err
+
+
+def test_good_spaces_still_parse():
+    rate, rank, dropout, target = parse_space({
+        "learning_rate": {"low": "1e-5", "high": 1e-3, "log": True}, "lora_rank": {"low": 4, "high": 32, "step": 4.0},
+        "lora_dropout": {"low": 0.0, "high": 0.2, "step": 0.05, "log": None}, "lora_target": ["q_proj,v_proj", "all"]})
+    assert rate.log and rank.is_int and rank.step == 4 and dropout.step == 0.05 and not dropout.log
+    assert target.choices == ("q_proj,v_proj", "all")
+
+
+# ---------------------------------------------------------------- the metric
+
+def test_an_unknown_metric_exits_2_before_a_trial(train_config, tmp_path, capsys, no_trials):
+    config = train_config(val_size=0.25, tune={"learning_rate": [1e-3, 1e-2]})
+    assert _run_tune(tmp_path, config, "--metric", "eval_los") == 2
+    err = capsys.readouterr().err
+    assert err.count("gym: error:") == 1 and "Traceback" not in err
+    assert "--metric eval_los: no trial of this config reports it. Did you mean 'eval_loss'?" in err
+    assert _run_tune(tmp_path, config, "--metric", "accuracy") == 2
+    err = capsys.readouterr().err
+    assert "--metric accuracy: no trial of this config reports it." in err and "It reports: loss, train_loss" in err
+
+
+def test_an_eval_metric_without_eval_data_exits_2_before_a_trial(train_config, tmp_path, capsys, no_trials):
+    assert _run_tune(tmp_path, train_config(tune={"learning_rate": [1e-3, 1e-2]})) == 2  # --metric eval_loss
+    assert "--metric eval_loss needs evaluation data" in capsys.readouterr().err
+
+
+def test_the_metrics_a_trial_reports_follow_the_config(train_config):
+    plain = trial_metrics(get_train_args(train_config()))
+    assert "train_loss" in plain.names and "eval_loss" not in plain.names and not plain.evaluates
+    evaluated = trial_metrics(get_train_args(train_config(val_size=0.25)))
+    assert "eval_loss" in evaluated.names and evaluated.evaluates
+    tasks = trial_metrics(get_train_args(train_config(eval_tasks=["mc_demo", "ppl:identity", "lm_eval:hellaswag"])))
+    assert {"eval_mc_demo_acc", "eval_ppl_identity_loss"} <= set(tasks.names)
+    assert tasks.prefixes == ("eval_lm_eval_hellaswag_",)
+    # an eval task's score needs no evaluation data of the trainer's
+    assert tasks.check("eval_mc_demo_acc") is False and tasks.check("eval_lm_eval_hellaswag_acc_norm") is False
+    with pytest.raises(ConfigError, match="Did you mean 'eval_mc_demo_acc'"):
+        tasks.check("eval_mc_demo_ac")
+
+
+def test_a_stages_own_eval_metric_is_checked_at_the_first_evaluation():
+    metrics = TrialMetrics(("loss", "eval_loss"), evaluates=True)
+    assert metrics.check("eval_rewards/accuracies") is True  # DPO's: not known from the config
+    with pytest.raises(ConfigError, match="Did you mean 'eval_loss'"):
+        metrics.check("eval_lss")  # a near miss is a typo, refused now
+
+    class Trial:
+        reported: list = []
+
+        def report(self, value, step):
+            self.reported.append((value, step))
+
+        def should_prune(self):
+            return False
+
+    state = type("State", (), {"global_step": 3})()
+    callback = study._ReportEvalLoss(Trial(), "eval_rewards/accuracies", confirm=True)
+    with pytest.raises(ConfigError, match="the trial's evaluation reports eval_loss, eval_runtime, not it"):
+        callback.on_evaluate(None, state, None, metrics={"eval_loss": 1.0, "eval_runtime": 0.1})
+    present = study._ReportEvalLoss(Trial(), "eval_rewards/accuracies", confirm=True)
+    present.on_evaluate(None, state, None, metrics={"eval_loss": 1.0, "eval_rewards/accuracies": 0.75})
+    assert Trial.reported == [(0.75, 3)]
