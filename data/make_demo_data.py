@@ -1,7 +1,8 @@
 """Writes Gym's demo datasets. Every row is generated here from facts and arithmetic we can check,
 so the data is ours, deterministic (fixed seed) and correct.
 
-SFT / pretraining: alpaca_en_demo, identity, chat_en_demo, pt_demo.
+SFT / pretraining: alpaca_en_demo, identity, chat_en_demo, pt_demo, wiki_demo (the same texts as pt_demo in
+LLaMA-Factory's plain-text layout, one document per line, so its `dataset: wiki_demo` configs run).
 Alignment: dpo_en_demo (sharegpt pairs) and dpo_alpaca_demo (alpaca pairs) for dpo/orpo/simpo and reward
 models, kto_en_demo (unpaired answers labelled good/bad) for kto, arithmetic_demo (prompts with a checkable
 integer answer) for grpo/ppo with the format and accuracy rewards.
@@ -202,6 +203,10 @@ def pt_rows() -> list[dict]:
         docs.append({"text": f"{planet} is planet number {i + 1} counting outward from the Sun in our solar "
                              f"system, which has {len(PLANETS)} planets."})
     return docs
+
+
+def write_lines(name: str, lines: list[str]) -> None:
+    (HERE / name).write_text("".join(line + "\n" for line in lines), encoding="utf-8")
 
 
 def write(name: str, rows: list[dict], jsonl: bool = False) -> None:
@@ -502,6 +507,7 @@ if __name__ == "__main__":
     write("identity.json", identity_rows())
     write("chat_en_demo.json", chat_rows(150))
     write("pt_demo.jsonl", pt_rows(), jsonl=True)
+    write_lines("wiki_demo.txt", [row["text"] for row in pt_rows()])
     write("dpo_en_demo.json", dpo_sharegpt_rows(300))
     write("dpo_alpaca_demo.json", dpo_alpaca_rows(60))
     write("kto_en_demo.json", kto_rows(300))

@@ -33,7 +33,6 @@ REFUSED = {
     "train_full/qwen3vl_full_sft.yaml": "image and video inputs",
     "train_lora/mossvl_lora_sft.yaml": "image and video inputs",
     "train_full/qwen3_full_sft.yaml": "'deepspeed' runs in processes started by a launcher",
-    "train_lora/qwen3_lora_kto.yaml": "stage: kto needs per_device_train_batch_size of at least 2",
     "train_lora/qwen3_lora_sft_ds3.yaml": "'deepspeed' runs in processes started by a launcher",
     "train_lora/qwen3_lora_sft_ray.yaml": "'ray_num_workers' is read when Ray runs the training: `USE_RAY=1 gym train",
     "train_lora/qwen3_preprocess.yaml": "'tokenized_path' .* keeps no tokenized copy",

@@ -93,6 +93,45 @@ def test_parquet_and_csv_read(tmp_path):
         assert load_examples(attr, "supervised")[0].messages[-1]["role"] == "assistant"
 
 
+def test_a_text_file_reads_like_llamafactorys_wiki_demo(tmp_path, tokenizer):
+    """LLaMA-Factory's `"wiki_demo": {"file_name": "wiki_demo.txt", "columns": {"prompt": "text"}}`: one pt example
+    per line (split as datasets' text builder splits: \\n, \\r\\n and \\r), blank lines skipped, the rest kept."""
+    (tmp_path / "wiki.txt").write_bytes(b"First doc.\n\nSecond doc.\r\n   \n  Third, indented.\rFourth\n")
+    (tmp_path / "dataset_info.json").write_text(json.dumps(
+        {"wiki_demo": {"file_name": "wiki.txt", "columns": {"prompt": "text"}}}))
+    (attr,) = get_dataset_attrs("wiki_demo", tmp_path)
+    texts = [ex.messages[0]["content"] for ex in load_examples(attr, "unsupervised")]
+    assert texts == ["First doc.", "Second doc.", "  Third, indented.", "Fourth"]
+    data = get_dataset(DataArguments(dataset="wiki_demo", dataset_dir=str(tmp_path), cutoff_len=64),
+                       get_chat_format(tokenizer), "unsupervised")
+    assert data.stats["rows"] == 4 and len(data.train) == 4
+    assert tokenizer.decode(data.train[1]["input_ids"], skip_special_tokens=True).strip() == "Second doc."
+
+
+def test_text_files_as_paths_and_folders(tmp_path):
+    (tmp_path / "corpus").mkdir()
+    (tmp_path / "corpus" / "a.txt").write_text("alpha\n")
+    (tmp_path / "corpus" / "b.txt").write_text("beta\ngamma\n")
+    (attr,) = get_dataset_attrs(str(tmp_path / "corpus" / "b.txt"), tmp_path)  # a bare file: sniffed as text
+    assert [ex.messages[0]["content"] for ex in load_examples(attr, "unsupervised")] == ["beta", "gamma"]
+    (attr,) = get_dataset_attrs(str(tmp_path / "corpus"), tmp_path)  # a folder of text files is a corpus
+    assert [ex.messages[0]["content"] for ex in load_examples(attr, "unsupervised")] == ["alpha", "beta", "gamma"]
+    # Notes beside structured rows are not data, as before .txt was read at all.
+    (tmp_path / "rows").mkdir()
+    (tmp_path / "rows" / "d.jsonl").write_text(json.dumps({"instruction": "p", "output": "q"}) + "\n")
+    (tmp_path / "rows" / "README.txt").write_text("how this data was made\n")
+    (attr,) = get_dataset_attrs(str(tmp_path / "rows"), tmp_path)
+    assert len(load_examples(attr, "supervised")) == 1
+
+
+def test_a_text_file_for_sft_names_the_missing_field(tmp_path):
+    (tmp_path / "notes.txt").write_text("just text\n")
+    (tmp_path / "dataset_info.json").write_text(json.dumps({"notes": {"file_name": "notes.txt"}}))
+    (attr,) = get_dataset_attrs("notes", tmp_path)
+    with pytest.raises(DataError, match=r"notes.txt, line 1: field 'instruction' is missing"):
+        load_examples(attr, "supervised")
+
+
 def test_everything_truncated_away_is_an_error_that_says_why(data_dir, tokenizer):
     chat = get_chat_format(tokenizer)
     args = DataArguments(dataset="tiny_alpaca", dataset_dir=str(data_dir), cutoff_len=8)
@@ -113,6 +152,6 @@ def test_shipped_demo_datasets_load(tokenizer):
     repo_data = Path(__file__).resolve().parents[2] / "data"
     chat = get_chat_format(tokenizer)
     for name, kind in [("alpaca_en_demo", "supervised"), ("identity", "supervised"), ("chat_en_demo", "supervised"),
-                       ("pt_demo", "unsupervised")]:
+                       ("pt_demo", "unsupervised"), ("wiki_demo", "unsupervised")]:
         data = get_dataset(DataArguments(dataset=name, dataset_dir=str(repo_data), cutoff_len=512), chat, kind)
         assert len(data.train) >= 30, name

@@ -1,5 +1,6 @@
-"""stage: kto on the tiny model: two steps train only the LoRA adapter against the adapter-disabled base,
-and the first loss is the closed form of the KTO objective when policy == reference."""
+"""stage: kto on the tiny model: two steps train only the LoRA adapter against the adapter-disabled base (also at
+per_device_train_batch_size 1, as LLaMA-Factory's example runs it), the first loss is the closed form of the KTO
+objective when policy == reference, and every KL pair holds another row's answer."""
 
 from __future__ import annotations
 
@@ -33,9 +34,46 @@ def test_first_loss_is_the_weighted_closed_form(feedback_config):
     assert first["kl"] == pytest.approx(0.0, abs=1e-6)
 
 
-def test_rotated_completions_pair_each_prompt_with_another_answer():
-    batch = {"prompt_ids": [[1], [2], [3]], "completion_ids": [[10], [20], [30]]}
-    assert kto._rotate_completions(batch)["KL_completion_ids"] == [[30], [10], [20]]
+def test_kl_pairs_take_another_rows_answer_at_batch_size_one():
+    """Each prompt's KL answer is the previous row's (the first row's, the last row's): what TRL's collator builds for
+    a batch of one row is that row's prompt with another row's answer, never its own. Answers are cut to fit
+    cutoff_len after the prompt, as the rows themselves are."""
+    from trl.trainer.kto_trainer import DataCollatorForUnpairedPreference
+
+    rows = [{"prompt_ids": [1, 1], "completion_ids": [10, 11, 12], "label": True},
+            {"prompt_ids": [2], "completion_ids": [20], "label": False},
+            {"prompt_ids": [3, 3, 3], "completion_ids": [30, 31], "label": True}]
+    paired = kto.with_kl_answers(rows, cutoff_len=5)
+    assert [r["KL_completion_ids"] for r in paired] == [[30, 31], [10, 11, 12], [20]]
+    collate = DataCollatorForUnpairedPreference(pad_token_id=0)
+    for i, row in enumerate(paired):
+        batch = collate([row])  # per_device_train_batch_size: 1
+        assert batch["input_ids"].tolist() == [rows[i]["prompt_ids"] + rows[i]["completion_ids"]]
+        assert batch["KL_input_ids"].tolist() == [rows[i]["prompt_ids"] + rows[i - 1]["completion_ids"]]
+    assert kto.with_kl_answers(rows, cutoff_len=4)[0]["KL_completion_ids"] == [30, 31]
+    assert kto.with_kl_answers(rows, cutoff_len=4)[1]["KL_completion_ids"] == [10, 11, 12]
+    assert kto.with_kl_answers(rows, cutoff_len=4)[2]["KL_completion_ids"] == [20]
+    assert kto.with_kl_answers(rows, cutoff_len=3)[1]["KL_completion_ids"] == [10, 11]
+
+
+def test_batch_size_one_with_accumulation_trains(feedback_config, capture_trainer, assert_only_adapter_trained):
+    """LLaMA-Factory's KTO example: per_device_train_batch_size 1, gradient_accumulation_steps 8 (4 here). It trains
+    the adapter with finite losses and KL estimates, on batches of one row whose KL pair is another row's answer."""
+    import math
+
+    captured = capture_trainer(kto)
+    result = run_exp(feedback_config(per_device_train_batch_size=1, gradient_accumulation_steps=4, max_steps=2))
+    assert result.global_step == 2
+    assert_only_adapter_trained(Path(result.output_dir))
+    logged = [e for e in read_log(result.output_dir) if "loss" in e]
+    assert len(logged) == 2 and all(math.isfinite(e["loss"]) and math.isfinite(e["kl"]) for e in logged)
+    trainer = captured["trainer"]
+    assert trainer.args.per_device_train_batch_size == 1 and trainer.calculate_KL
+    order = trainer.train_dataset
+    for i, batch in zip(range(8), trainer.get_train_dataloader(), strict=False):
+        prompt, own, previous = order[i]["prompt_ids"], order[i]["completion_ids"], order[i - 1]["completion_ids"]
+        assert batch["input_ids"].tolist() == [prompt + own]
+        assert batch["KL_input_ids"].tolist() == [prompt + previous]
 
 
 @pytest.mark.parametrize(("overrides", "match"), [

@@ -138,6 +138,22 @@ def test_pt_stage_on_text(train_config, tiny_model_dir, data_dir, tokenizer):
     assert after < before - 0.3, (before, after)  # measured: 10.82 (about ln of the vocabulary) -> 10.16
 
 
+def test_pt_stage_on_a_text_file(train_config, data_dir):
+    """LLaMA-Factory's wiki_demo layout (a .txt named in dataset_info.json, one document per line) trains pt:
+    every line is one example (20 short lines, batch 4, packing off so rows stay lines: 5 steps make an epoch),
+    and the adapter moves."""
+    lines = [f"Document {i}: the number {i} squared is {i * i}." for i in range(20)]
+    (data_dir / "wiki_demo.txt").write_text("\n".join(lines[:10]) + "\n\n" + "\n".join(lines[10:]) + "\n")
+    info = json.loads((data_dir / "dataset_info.json").read_text())
+    info["wiki_demo"] = {"file_name": "wiki_demo.txt", "columns": {"prompt": "text"}}
+    (data_dir / "dataset_info.json").write_text(json.dumps(info))
+    result = run_exp(train_config(stage="pt", dataset="wiki_demo", cutoff_len=32, max_steps=-1, num_train_epochs=1,
+                                    packing=False))
+    assert result.global_step == 5 and result.final_loss is not None
+    adapter = load_file(str(Path(result.output_dir) / "adapter_model.safetensors"))
+    assert any(v.abs().sum() > 0 for k, v in adapter.items() if "lora_B" in k)
+
+
 def test_gradient_checkpointing_with_lora_still_trains(train_config):
     result = run_exp(train_config(gradient_checkpointing=True))
     adapter = load_file(str(Path(result.output_dir) / "adapter_model.safetensors"))

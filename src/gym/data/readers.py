@@ -1,4 +1,8 @@
-"""Read rows from json / jsonl / csv / parquet files, keeping each row's position for error messages."""
+"""Read rows from json / jsonl / csv / parquet / txt files, keeping each row's position for error messages.
+
+A .txt file is read as LLaMA-Factory reads it (its `wiki_demo.txt`, through datasets' "text" builder):
+one row per line, the line in a column named `text`.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +15,7 @@ from typing import Any
 
 from gym.core.errors import DataError
 
-EXTENSIONS = (".json", ".jsonl", ".csv", ".parquet")
+EXTENSIONS = (".json", ".jsonl", ".csv", ".parquet", ".txt")
 
 
 @dataclass(frozen=True)
@@ -31,7 +35,10 @@ def _files(path: Path) -> list[Path]:
         files = sorted(p for p in path.iterdir() if p.suffix in EXTENSIONS)
         if not files:
             raise DataError(f"{path} is a folder with no {'/'.join(EXTENSIONS)} files.")
-        return files
+        # A folder of .txt files is a text corpus; a README.txt or notes.txt beside json/csv/parquet rows is
+        # not data (and was never read before .txt was supported), so it stays unread there.
+        structured = [p for p in files if p.suffix != ".txt"]
+        return structured or files
     if not path.is_file():
         raise DataError(f"Dataset file not found: {path}")
     if path.suffix not in EXTENSIONS:
@@ -43,7 +50,7 @@ def read_rows(path: str | Path) -> Iterator[tuple[RowSource, Any]]:
     for file in _files(Path(path)):
         try:
             yield from _READERS[file.suffix](file)
-        except UnicodeDecodeError:  # the name says .json/.jsonl/.csv, the bytes say otherwise
+        except UnicodeDecodeError:  # the name says .json/.jsonl/.csv/.txt, the bytes say otherwise
             raise DataError(f"{file}: not UTF-8 text, so not a {file.suffix} dataset (a binary file, or text in "
                             "another encoding: save it as UTF-8).") from None
         except csv.Error as exc:  # a NUL byte, a field over the size limit
@@ -103,4 +110,18 @@ def _read_parquet(file: Path) -> Iterator[tuple[RowSource, Any]]:
         yield RowSource(str(file), i), row
 
 
-_READERS = {".json": _read_json, ".jsonl": _read_jsonl, ".csv": _read_csv, ".parquet": _read_parquet}
+def _read_text(file: Path) -> Iterator[tuple[RowSource, Any]]:
+    # Lines are split as datasets' "text" builder splits them: universal newlines (\n, \r\n, \r), the line
+    # break dropped, the rest of the line kept as it is. That builder also keeps blank lines, which
+    # LLaMA-Factory then trains on as a lone EOS; Gym skips them, as its .jsonl reader does, since a pt row
+    # must hold text (gym.data.formats refuses an empty one) and a blank line between paragraphs is not a
+    # document.
+    with file.open(encoding="utf-8") as handle:
+        for lineno, line in enumerate(handle, start=1):
+            text = line.rstrip("\n")
+            if text.strip():
+                yield RowSource(str(file), lineno, "line"), {"text": text}
+
+
+_READERS = {".json": _read_json, ".jsonl": _read_jsonl, ".csv": _read_csv, ".parquet": _read_parquet,
+            ".txt": _read_text}

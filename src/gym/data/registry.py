@@ -18,9 +18,7 @@ from typing import Any, Literal
 
 from gym.core.errors import DataError
 from gym.core.names import did_you_mean, split_names
-from gym.data.readers import first_row
-
-DATA_EXTENSIONS = (".json", ".jsonl", ".csv", ".parquet")
+from gym.data.readers import EXTENSIONS, first_row
 
 ALPACA_COLUMNS = {
     "prompt": "instruction", "query": "input", "response": "output", "history": None, "system": None,
@@ -146,12 +144,12 @@ def get_dataset_attrs(names: str | list[str] | None, dataset_dir: str | Path) ->
             continue
         path = Path(name).expanduser()
         for candidate in (path, dataset_dir / path):
-            if candidate.exists() and (candidate.is_dir() or candidate.suffix in DATA_EXTENSIONS):
+            if candidate.exists() and (candidate.is_dir() or candidate.suffix in EXTENSIONS):
                 attrs.append(_attr_from_file(name, candidate))
                 break
         else:
             looks_like_hub_id = name.count("/") == 1 and not name.startswith((".", "/", "~"))
-            if looks_like_hub_id and Path(name).suffix not in DATA_EXTENSIONS:
+            if looks_like_hub_id and Path(name).suffix not in EXTENSIONS:
                 attrs.append(_attr_from_info(name, {"hf_hub_url": name}, dataset_dir))
                 continue
             close = difflib.get_close_matches(name, list(info), n=1)

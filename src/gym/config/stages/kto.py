@@ -28,10 +28,6 @@ class KTOOptions:
             raise ConfigError("'pref_ftx' is not supported by kto; remove it.")
         if self.pref_beta <= 0:
             raise ConfigError(f"'pref_beta' must be positive, got {self.pref_beta}.")
-        if args.training.per_device_train_batch_size < 2:
-            # TRL estimates KTO's KL reference point from mismatched prompt/answer pairs within a batch.
-            raise ConfigError("stage: kto needs per_device_train_batch_size of at least 2: its KL term is estimated "
-                              "from other rows of the same batch.")
 
 
 register(Stage(name="kto", data_kind=DataKind.FEEDBACK, trainer="gym.train.methods.kto", options=KTOOptions,
