@@ -172,7 +172,7 @@ def chat_rows(n: int) -> list[dict]:
             country, capital, continent = rng.choice(CAPITALS)
             turns = [(f"What is the capital of {country}?", f"The capital of {country} is {capital}."),
                      ("Which continent is it on?", f"{country} is in {continent}, so {capital} is too."),
-                     (f"Spell the name of the capital backwards.", f"{capital} backwards is \"{capital[::-1]}\".")]
+                     ("Spell the name of the capital backwards.", f"{capital} backwards is \"{capital[::-1]}\".")]
         elif kind == 1:
             a, b, c = rng.randint(2, 40), rng.randint(2, 40), rng.randint(2, 9)
             turns = [(f"What is {a} + {b}?", f"{a} + {b} = {a + b}."),
