@@ -16,7 +16,14 @@ from typing import Any, TypedDict, cast
 
 from gym.core.errors import ConfigError, DataError, GymError
 from gym.data.messages import FUNCTION, OBSERVATION, tool_calls, tool_results
-from gym.data.tools import TOOL_FORMAT_ALIASES, TOOL_FORMATS, ToolCall, ToolError, ToolFormat, get_tool_format
+from gym.data.tools import (
+    TOOL_FORMAT_ALIASES,
+    TOOL_FORMATS,
+    ToolCall,
+    ToolError,
+    ToolFormat,
+    get_tool_format,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -425,58 +432,6 @@ def _warn_if_disagrees(chat: ChatFormat) -> None:
             "Serve the result with the same template (Gym does so when it reads the saved gym_config.yaml).",
             chat.name,
         )
-
-
-# -- the same format as a Jinja chat template (for exports: transformers, vLLM, llama.cpp read it) -----------
-
-def _jinja_text(text: str) -> str:
-    """`text` as a Jinja string literal expression."""
-    return "'" + text.replace("\\", "\\\\").replace("'", "\\'").replace("\n", "\\n") + "'"
-
-
-def _jinja_turn(fmt: str, eos: str, content: str) -> str:
-    """A turn format as a Jinja expression around the variable `content`."""
-    before, _, after = _fill(fmt, "\0", eos).partition("\0")
-    return f"{_jinja_text(before)} ~ {content} ~ {_jinja_text(after)}"
-
-
-def jinja_chat_template(template: Template, eos: str, default_system: str | None = None,
-                        enable_thinking: bool = True) -> str:
-    """A Jinja chat template that renders what ChatFormat renders with `template`: the same text for a conversation
-    ending with an assistant turn, and the same prompt with `add_generation_prompt` after a user turn. Since Gym's
-    user turn ends with the assistant header, a conversation ending with a user turn gets the header either way."""
-    t = template
-    system = default_system or t.default_system
-    user = _jinja_turn(t.user, eos, "content")
-    observation = _jinja_turn(t.observation, eos, "content") if t.observation else user
-    empty_thought = _jinja_text(EMPTY_THOUGHT)
-    parts = [
-        "{%- set thinking = enable_thinking if enable_thinking is defined else "
-        f"{'true' if enable_thinking else 'false'} -%}}",
-        "{%- if messages and messages[0]['role'] == 'system' -%}"
-        "{%- set system = messages[0]['content'] -%}{%- set turns = messages[1:] -%}"
-        f"{{%- else -%}}{{%- set system = {_jinja_text(system) if system else 'none'} -%}}"
-        "{%- set turns = messages -%}{%- endif -%}",
-        f"{{{{- {_jinja_text(t.prefix)} -}}}}",
-    ]
-    if t.system:
-        parts.append(f"{{%- if system -%}}{{{{- {_jinja_turn(t.system, eos, 'system')} -}}}}{{%- endif -%}}")
-    parts.append("{%- for message in turns -%}{%- set content = message['content'] -%}")
-    if not t.system:
-        parts.append("{%- if loop.first and system -%}{%- set content = system ~ '\\n\\n' ~ content -%}{%- endif -%}")
-    parts.append("{%- if message['role'] != 'assistant' -%}"
-                 f"{{%- if message['role'] in ['tool', 'observation'] -%}}{{{{- {observation} -}}}}"
-                 f"{{%- else -%}}{{{{- {user} -}}}}{{%- endif -%}}")
-    if t.thinking:
-        # Thinking off: every answer without a thought gets the empty one in its prompt, as in _render_named.
-        parts.append("{%- if not thinking and (loop.last or '<think>' not in turns[loop.index0 + 1]['content']) -%}"
-                     f"{{{{- {empty_thought} -}}}}{{%- endif -%}}")
-    parts.append("{%- else -%}")
-    if t.thinking:
-        parts.append("{%- if '<think>' not in content -%}{%- if thinking -%}"
-                     f"{{%- set content = {empty_thought} ~ content -%}}{{%- endif -%}}{{%- endif -%}}")
-    parts.append(f"{{{{- {_jinja_turn(t.assistant, eos, 'content')} -}}}}{{%- endif -%}}{{%- endfor -%}}")
-    return "".join(parts)
 
 
 def named_equivalent(tokenizer: Any) -> tuple[Template, str | None] | None:

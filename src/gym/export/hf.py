@@ -21,7 +21,8 @@ from transformers import AutoConfig
 
 from gym.config.parser import get_infer_args
 from gym.core.names import split_names
-from gym.data.templates import get_chat_format, jinja_chat_template
+from gym.data.chat_jinja import jinja_chat_template
+from gym.data.templates import get_chat_format
 from gym.delta.apply import apply_delta, save_model_folder
 from gym.delta.bitdelta import BitDeltaConfig, BitDeltaQuantizer
 from gym.delta.format import load_delta
@@ -86,7 +87,7 @@ def export_hf(args: ExportArguments, config: dict[str, Any]) -> Path:
     model = model.to(_dtype(args.export_dtype, model_path))
     if chat.template is not None:
         tokenizer.chat_template = jinja_chat_template(chat.template, tokenizer.eos_token or "", chat.default_system,
-                                                      chat.enable_thinking)
+                                                      chat.enable_thinking, chat.tool_format)
     generation = model.generation_config
     for key in _GENERATION_KEYS:
         if key in decoding:
