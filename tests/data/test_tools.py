@@ -201,3 +201,15 @@ def test_tool_format_key_is_checked_with_a_suggestion(tokenizer):
         DataArguments(tool_format="hermez").validate(None)  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="Did you mean 'llama3'"):
         get_chat_format(tokenizer, "qwen", tool_format="lama3")
+
+
+@pytest.mark.parametrize("name", ["toolcall_demo", "toolcall_eval_demo"])
+def test_shipped_toolcall_demos_load_and_train_on_calls(tokenizer, name):
+    data_dir = Path(__file__).resolve().parent.parent.parent / "data"
+    examples = _load(data_dir, name)
+    assert all(ex.tools for ex in examples)
+    assert any(len(m.get("tool_calls") or ()) > 1 for ex in examples for m in ex.messages)  # parallel rows
+    assert any(len(ex.messages) == 2 for ex in examples)  # rows that need no tool
+    chat = get_chat_format(tokenizer, "qwen")
+    data = get_dataset(DataArguments(dataset=name, dataset_dir=str(data_dir), template="qwen"), chat, "supervised")
+    assert data.stats["dropped"] == 0 and len(data.train) == len(examples)
