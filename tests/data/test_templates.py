@@ -94,7 +94,8 @@ CONVERSATIONS = [
 @pytest.mark.parametrize("default_system", [None, "Default system."])
 def test_jinja_export_renders_exactly_what_the_named_template_renders(tokenizer, name, thinking, default_system):
     """Exports carry the trained format as a Jinja chat template; transformers' renderer must give the same text."""
-    from gym.data.templates import ChatFormat, jinja_chat_template
+    from gym.data.chat_jinja import jinja_chat_template
+    from gym.data.templates import ChatFormat
 
     chat = ChatFormat(tokenizer, TEMPLATES[name], default_system, thinking)
     jinja = jinja_chat_template(TEMPLATES[name], tokenizer.eos_token, default_system, thinking)

@@ -105,7 +105,8 @@ def _attr_from_info(name: str, info: dict[str, Any], dataset_dir: Path) -> Datas
                         "(ms_hub_url, om_hub_url and script_url are not supported).")
     columns = dict(ALPACA_COLUMNS if formatting == "alpaca" else SHAREGPT_COLUMNS)
     if formatting == "openai":
-        columns["messages"] = "messages"
+        # OpenAI/TRL rows keep their functions in `tools`; a row without the column simply offers none
+        columns["messages"], columns["tools"] = "messages", "tools"
     columns.update(info.get("columns", {}))
     tags = dict(OPENAI_TAGS if formatting == "openai" else SHAREGPT_TAGS)
     tags.update(info.get("tags", {}))
@@ -170,6 +171,8 @@ def _attr_from_file(name: str, path: Path) -> DatasetAttr:
         info["formatting"] = "openai"
     elif "conversations" in row:
         info["formatting"] = "sharegpt"
+        if "tools" in row:  # LLaMA-Factory's tool-calling rows (glaive_toolcall)
+            columns["tools"] = "tools"
     elif "text" in row and "instruction" not in row:
         columns["prompt"] = "text"
     elif "prompt" in row and "instruction" not in row:  # TRL's layout: prompt (+ chosen/rejected, answer...)

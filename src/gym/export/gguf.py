@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from gym.core.files import check_free_space, make_folder, refuse_overwrite, remove_stale_temps, temp_path
-from gym.data.templates import jinja_chat_template
+from gym.data.chat_jinja import jinja_chat_template
 from gym.export.config import ExportArguments
 from gym.export.gguf_file import write_gguf
 from gym.export.hf import load_merged
@@ -43,7 +43,7 @@ def write_model_gguf(args: ExportArguments, config: dict[str, Any]) -> tuple[Pat
     check_free_space(out, sum(p.numel() for p in model.parameters()) * (4 if gguf_type == "f32" else 2))
     if chat.template is not None:
         tokenizer.chat_template = jinja_chat_template(chat.template, tokenizer.eos_token or "", chat.default_system,
-                                                      chat.enable_thinking)
+                                                      chat.enable_thinking, chat.tool_format)
     tmp = temp_path(out)
     try:
         with tempfile.TemporaryDirectory() as tokenizer_dir:

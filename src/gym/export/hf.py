@@ -21,7 +21,8 @@ from transformers import AutoConfig
 
 from gym.config.parser import get_infer_args
 from gym.core.names import split_names
-from gym.data.templates import get_chat_format, jinja_chat_template
+from gym.data.chat_jinja import jinja_chat_template
+from gym.data.templates import get_chat_format
 from gym.delta.apply import apply_delta, save_model_folder
 from gym.delta.bitdelta import BitDeltaConfig, BitDeltaQuantizer
 from gym.delta.format import load_delta
@@ -65,7 +66,8 @@ def load_merged(config: dict[str, Any], delta: str | None = None, bitdelta: bool
         apply_delta(model, entries, header, delta)
     if bitdelta:
         model = _as_bitdelta(model, model_path, model_args)
-    chat = get_chat_format(tokenizer, data_args.template, data_args.default_system, data_args.enable_thinking)
+    chat = get_chat_format(tokenizer, data_args.template, data_args.default_system, data_args.enable_thinking,
+                           tool_format=data_args.tool_format)
     decoding = generating.resolve(generation_defaults(model_path))
     return model.eval(), tokenizer, chat, decoding, model_path
 
@@ -85,7 +87,7 @@ def export_hf(args: ExportArguments, config: dict[str, Any]) -> Path:
     model = model.to(_dtype(args.export_dtype, model_path))
     if chat.template is not None:
         tokenizer.chat_template = jinja_chat_template(chat.template, tokenizer.eos_token or "", chat.default_system,
-                                                      chat.enable_thinking)
+                                                      chat.enable_thinking, chat.tool_format)
     generation = model.generation_config
     for key in _GENERATION_KEYS:
         if key in decoding:

@@ -32,7 +32,7 @@ from gym.core.files import (
     temp_path,
     write_manifest,
 )
-from gym.data.templates import jinja_chat_template
+from gym.data.chat_jinja import jinja_chat_template
 from gym.export.config import ExportArguments
 from gym.export.hf import load_merged
 
@@ -122,7 +122,7 @@ def export_onnx(args: ExportArguments, config: dict[str, Any]) -> Path:
     check_free_space(out, sum(p.numel() * 4 for p in model.parameters()))
     if chat.template is not None:
         tokenizer.chat_template = jinja_chat_template(chat.template, tokenizer.eos_token or "", chat.default_system,
-                                                      chat.enable_thinking)
+                                                      chat.enable_thinking, chat.tool_format)
     tmp = temp_path(out)
     shutil.rmtree(tmp, ignore_errors=True)
     try:

@@ -28,7 +28,8 @@ from transformers import AutoConfig
 from gym.config.files import ConfigSource, as_config_dict
 from gym.core.errors import ConfigError
 from gym.core.files import CONFIG_FILE, refuse_output_over_input, refuse_overwrite
-from gym.data.templates import get_chat_format, jinja_chat_template
+from gym.data.chat_jinja import jinja_chat_template
+from gym.data.templates import get_chat_format
 from gym.delta.apply import save_model_folder
 from gym.merge.config import MergeConfig, MergeMethod, parse_merge_config
 from gym.merge.methods import merge_parameter
@@ -75,7 +76,7 @@ def merge_models(config: ConfigSource) -> Path:
         chat = get_chat_format(tokenizer, *template)
         assert chat.template is not None  # a named template was given
         tokenizer.chat_template = jinja_chat_template(chat.template, tokenizer.eos_token or "", chat.default_system,
-                                                      chat.enable_thinking)
+                                                      chat.enable_thinking, chat.tool_format)
     check_finite(model, args, "float32")  # the merge itself
     model = model.to(saved_dtype(args.dtype, skeleton_path))
     check_finite(model, args, str(model.dtype).removeprefix("torch."))  # and what would be saved
