@@ -1,5 +1,6 @@
 """What a new token adds to a request's answer: its text (decoded incrementally), stop tokens and stop
-strings, the length limit. Shared by every engine that samples tokens itself (hf, fast).
+strings, the grammar of a constrained request (gym.infer.grammar), the length limit. Shared by every
+engine that samples tokens itself (hf, fast, llama.cpp).
 
 Decoding the whole answer after every token costs O(n^2) over an answer; here only a short window is
 decoded: the text of tokens [prefix, read) is known, so decoding [prefix, end) and dropping that
@@ -9,9 +10,12 @@ known part gives exactly what the new tokens add, with the tokenizer's word-boun
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from gym.infer.requests import Finished, Piece, Request
+
+logger = logging.getLogger(__name__)
 
 
 def report_token(request: Request, token: int, tokenizer: Any, stop_token_ids: set[int]) -> str | None:
@@ -23,18 +27,23 @@ def report_token(request: Request, token: int, tokenizer: Any, stop_token_ids: s
         request.text += tail
         request.emit(Piece(tail, [token]))
         return "stop"
+    # A grammar that can produce nothing more ends the answer now, with the token that completed it: the
+    # model need not be asked for an end-of-turn token the grammar would force anyway.
+    complete = request.matcher is not None and request.matcher.advance(token)
+    if complete and request.matcher is not None and request.matcher.error:
+        logger.error("Request %d left its grammar (%s); ending it", request.id, request.matcher.error)
     new = _new_text(request, tokenizer)
     out = request.stop_filter.push(new) if new else ""
     request.text += out
     request.emit(Piece(out, [token]))
     if request.stop_filter.stopped:
         return "stop"
-    if len(request.generated) >= request.params.max_new_tokens:
+    if complete or len(request.generated) >= request.params.max_new_tokens:
         tail = request.stop_filter.flush()
         if tail:
             request.text += tail
             request.emit(Piece(tail, []))
-        return "length"
+        return "stop" if complete else "length"
     return None
 
 

@@ -17,7 +17,8 @@ from typing import Any, Protocol
 import torch
 
 from gym.config.generating import DECODING_DEFAULTS
-from gym.core.errors import GymError
+from gym.core.errors import ConfigError, GymError
+from gym.infer.grammar import Constraint, Matcher
 from gym.infer.stops import StopFilter
 
 
@@ -44,6 +45,9 @@ class SamplingParams:
     seed: int | None = None
     variant: str | None = None
     """The per-user variant of the base that answers (an engine serving variants; None: the base)."""
+    constraint: Constraint | None = None
+    """What the answer must match (gym.infer.grammar: a JSON schema, any JSON object, a lark grammar); None: any
+    text."""
 
     @property
     def greedy(self) -> bool:
@@ -82,6 +86,7 @@ class Request:
         self.text = ""  # emitted so far
         self.cancelled = False
         self.variant: Any = None  # the engine's compiled form of params.variant, fixed for the request's life
+        self.matcher: Matcher | None = None  # where the answer stands in params.constraint's grammar
         self.arrived = time.perf_counter()
         seed = params.seed if params.seed is not None else random.getrandbits(63)
         self.generator = torch.Generator().manual_seed(seed)
@@ -112,20 +117,26 @@ class Request:
 
 
 def admit(prompt_ids: list[int], params: SamplingParams, sink: Callable[[Event], None] | None, *, running: bool,
-          queued: int, limit: int, queued_as: str, variant: Any = None) -> Request:
+          queued: int, limit: int, queued_as: str, variant: Any = None, matcher: Matcher | None = None) -> Request:
     """A new Request, if the engine takes it: not after shutdown (EngineStopped), not past `limit` requests
-    already `queued_as` (EngineBusy, HTTP 429). Call it under the engine's lock."""
+    already `queued_as` (EngineBusy, HTTP 429). `matcher`: the engine's matcher for params.constraint (an
+    engine that gives none does not constrain decoding, and a constrained request is refused rather than
+    answered unconstrained). Call it under the engine's lock."""
     if not prompt_ids:
         raise ValueError("the prompt is empty")
     if params.variant is not None and variant is None:
         raise ValueError(f"This engine serves the base model only; variant {params.variant!r} needs the fast engine "
                          "with variants (gym api --variants STORE).")
+    if params.constraint is not None and matcher is None:
+        raise ConfigError(f"This engine cannot constrain decoding ({params.constraint.kind.value}); structured "
+                          "outputs run on the fast, transformers (hf) and llama.cpp engines (infer_backend).")
     if not running:
         raise EngineStopped("the engine is shutting down")
     if queued >= limit:
         raise EngineBusy(f"{queued} requests are {queued_as}; retry later")
     request = Request(prompt_ids, params, sink)
     request.variant = variant
+    request.matcher = matcher
     return request
 
 

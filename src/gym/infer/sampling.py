@@ -35,11 +35,28 @@ MAX_CANDIDATES = 4096
 
 
 def sample_rows(requests: list[Request], logits: torch.Tensor) -> list[int]:
-    """The next token of each request; `logits` is [rows, vocab] float32 on any device (modified in place)."""
+    """The next token of each request; `logits` is [rows, vocab] float32 on any device (modified in place).
+    A constrained request's row first loses every token its grammar does not allow (gym.infer.grammar);
+    the other rows are untouched, so their tokens do not depend on who shares the batch."""
+    constrained = False
     for row, request in enumerate(requests):
         if request.params.repetition_penalty != 1.0:
             apply_repetition_penalty(logits[row], request.prompt_ids + request.generated,
                                      request.params.repetition_penalty)
+        if request.matcher is not None:
+            request.matcher.mask(logits[row])
+            constrained = True
+    tokens = _pick(requests, logits)
+    if constrained:
+        for row, request in enumerate(requests):
+            # Inverse-CDF sampling lands on a zero-probability token only for a draw of exactly 0 (the first
+            # index, whatever it is); a constrained row takes its likeliest allowed token instead.
+            if request.matcher is not None and not request.matcher.allows(tokens[row]):
+                tokens[row] = int(logits[row].argmax())
+    return tokens
+
+
+def _pick(requests: list[Request], logits: torch.Tensor) -> list[int]:
     tokens = [0] * len(requests)
     greedy = [row for row, request in enumerate(requests) if request.params.greedy]
     if greedy:
