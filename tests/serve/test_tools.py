@@ -102,7 +102,7 @@ def test_a_streamed_call_is_assembled_by_the_openai_client(scripted):
     engine.text = CALL_TEXT
     chunks = list(client.chat.completions.create(model="tiny", messages=ASK, tools=TOOLS, stream=True))
     content = "".join(c.choices[0].delta.content or "" for c in chunks)
-    assert "<tool" not in content and content.strip() == "Let me check."
+    assert content == "Let me check."  # what the whole answer's content is; the call never shows as text
     with client.chat.completions.stream(model="tiny", messages=ASK, tools=TOOLS) as stream:
         final = stream.get_final_completion()
     [call] = final.choices[0].message.tool_calls

@@ -174,7 +174,10 @@ class CallStream:
     def feed(self, piece: str) -> str:
         """The content that can be shown now (possibly empty)."""
         self.text += piece
-        safe = len(self.text) if self.tool_format is None else self.tool_format.hold_from(self.text)
+        if self.tool_format is None:
+            safe = len(self.text)
+        else:  # trailing whitespace too: a call's text drops the whitespace before it, so the stream must not send it
+            safe = len(self.text[:self.tool_format.hold_from(self.text)].rstrip())
         safe = max(self.sent, safe)
         out, self.sent = self.text[self.sent:safe], safe
         return out
