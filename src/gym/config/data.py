@@ -6,9 +6,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from gym.core.errors import ConfigError
+from gym.core.names import did_you_mean
 
 if TYPE_CHECKING:
     from gym.config.args import TrainArgs
+
+
+# gym.data.tools' formats and aliases, spelled out here because config sits below data (a test keeps them equal)
+TOOL_FORMAT_NAMES = ("chatml", "default", "glm4", "hermes", "llama3", "mistral", "qwen")
 
 
 @dataclass
@@ -19,6 +24,12 @@ class DataArguments:
         default=None,
         metadata={"help": "Chat template: the tokenizer's own when unset, or a named one "
                   "(chatml, qwen3, llama3, mistral, gemma, default, ...)."},
+    )
+    tool_format: str | None = field(
+        default=None,
+        metadata={"help": "How tools and tool calls are written (default, qwen/hermes, llama3, mistral, glm4): "
+                  "overrides the named template's family format, or, with the tokenizer's own template, is used "
+                  "when its format cannot be detected or when it cannot render tools itself."},
     )
     dataset: str | None = field(
         default=None,
@@ -66,6 +77,9 @@ class DataArguments:
     )
 
     def validate(self, args: TrainArgs[Any]) -> None:
+        if self.tool_format is not None and self.tool_format not in TOOL_FORMAT_NAMES:
+            hint = did_you_mean(self.tool_format, TOOL_FORMAT_NAMES)
+            raise ConfigError(f"Unknown tool_format '{self.tool_format}'.{hint} Known: {', '.join(TOOL_FORMAT_NAMES)}.")
         if self.cutoff_len <= 0:
             raise ConfigError(f"'cutoff_len' must be positive, got {self.cutoff_len}.")
         if self.max_samples is not None and self.max_samples <= 0:

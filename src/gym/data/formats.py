@@ -10,25 +10,38 @@ optionally a reference answer for verifiable rewards.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any, Literal, overload
 
 from gym.core.errors import DataError
+from gym.data.messages import (
+    ASSISTANT,
+    FUNCTION,
+    OBSERVATION,
+    SYSTEM,
+    USER,
+    Message,
+    MessageProblem,
+    Tags,
+    read_conversation,
+)
 from gym.data.readers import RowSource
 from gym.data.registry import DatasetAttr
+from gym.data.tools import ToolError, parse_tools
 
-USER, ASSISTANT, OBSERVATION, FUNCTION = "user", "assistant", "observation", "function"
+__all__ = ["ASSISTANT", "FUNCTION", "OBSERVATION", "USER", "Example", "convert_row"]
 
 
 @dataclass
 class Example:
-    """One conversation: alternating user/assistant messages, plus what some methods add."""
+    """One conversation: alternating prompt (user/observation) and answer (assistant) messages in the shape
+    gym.data.messages describes, plus what some methods add. `tools` is the OpenAI-shaped list of functions the
+    conversation offers (checked when the row is read)."""
 
     source: str
-    messages: list[dict[str, str]] = field(default_factory=list)
+    messages: list[Message] = field(default_factory=list)
     system: str | None = None
-    tools: str | None = None
+    tools: list[dict[str, Any]] | None = None
     chosen: str | None = None  # pairwise: the preferred and the dispreferred next answer
     rejected: str | None = None
     kto_tag: bool | None = None  # feedback: is the last answer desirable?
@@ -138,7 +151,7 @@ def _convert_alpaca(attr: DatasetAttr, source: RowSource, row: dict[str, Any], k
     prompt = _string(source, row, prompt_col, required=True) if prompt_col else None
     query = _string(source, row, query_col, required=False) if query_col else None
     user_text = "\n".join(part for part in (prompt, query) if part)
-    messages: list[dict[str, str]] = []
+    messages: list[Message] = []
     history_col = attr.column("history")
     if history_col and row.get(history_col):
         history = row[history_col]
@@ -166,51 +179,38 @@ def _convert_sharegpt(attr: DatasetAttr, source: RowSource, row: dict[str, Any],
     column = _required_column(attr, source, "messages")
     if column not in row:
         raise _fail(source, column, "is missing.")
-    raw = row[column]
-    if not isinstance(raw, list) or not raw:
-        raise _fail(source, column, "must be a non-empty list of messages.")
-    role_tag, content_tag = attr.tag("role_tag"), attr.tag("content_tag")
     roles = {
-        attr.tag("user_tag"): USER, attr.tag("assistant_tag"): ASSISTANT,
+        attr.tag("system_tag"): SYSTEM, attr.tag("user_tag"): USER, attr.tag("assistant_tag"): ASSISTANT,
         attr.tag("observation_tag"): OBSERVATION, attr.tag("function_tag"): FUNCTION,
     }
     if (attr.tag("user_tag"), attr.tag("assistant_tag")) == ("human", "gpt"):
         # ShareGPT files in the wild (the Gym documents' own example among them) write "from": "user"/"assistant" too
         roles.setdefault("user", USER)
         roles.setdefault("assistant", ASSISTANT)
+    try:
+        system, messages = read_conversation(row[column], Tags(attr.tag("role_tag"), attr.tag("content_tag"), roles),
+                                             column)
+    except MessageProblem as e:
+        raise _fail(source, e.field, e.problem) from None
     system_col = attr.column("system")
-    system = _string(source, row, system_col, required=False) if system_col else None
-    messages: list[dict[str, str]] = []
-    for i, message in enumerate(raw):
-        where = f"{column}[{i}]"
-        if not isinstance(message, dict):
-            raise _fail(source, where, "must be an object with role and content.")
-        role = message.get(role_tag)
-        content = message.get(content_tag)
-        if role == attr.tag("system_tag") and i == 0:
-            if not isinstance(content, str):
-                raise _fail(source, f"{where}.{content_tag}", "must be a string.")
-            system = content
-            continue
-        if role not in roles:
-            expected = ", ".join(repr(r) for r in roles)
-            raise _fail(source, f"{where}.{role_tag}", f"has unknown role {role!r}; expected one of {expected}.")
-        if not isinstance(content, str):
-            raise _fail(source, f"{where}.{content_tag}", f"must be a string, got {type(content).__name__}.")
-        expect_prompt = len(messages) % 2 == 0
-        if expect_prompt != (roles[role] in (USER, OBSERVATION)):
-            want = "user/observation" if expect_prompt else "assistant/function"
-            raise _fail(source, f"{where}.{role_tag}", f"is {role!r} but turns must alternate; expected {want} here.")
-        messages.append({"role": roles[role], "content": content})
-    ends_with_answer = bool(messages) and messages[-1]["role"] in (ASSISTANT, FUNCTION)
+    if system is None and system_col:
+        system = _string(source, row, system_col, required=False)
+    ends_with_answer = bool(messages) and messages[-1]["role"] == ASSISTANT
     if kind in ("supervised", "feedback") and not ends_with_answer:
         raise _fail(source, column, f"must end with an assistant message for {kind} data.")
     if kind == "prompt" and ends_with_answer:
         messages = messages[:-1]  # an answer in the row is not part of the prompt
     if kind in ("pairwise", "prompt") and (not messages or messages[-1]["role"] not in (USER, OBSERVATION)):
         raise _fail(source, column, f"must end with a user message for {kind} data (the answers come separately).")
-    tools_col = attr.column("tools")
-    tools = row.get(tools_col) if tools_col else None
-    if tools is not None and not isinstance(tools, str):
-        tools = json.dumps(tools, ensure_ascii=False)
-    return Example(source=str(source), messages=messages, system=system, tools=tools)
+    return Example(source=str(source), messages=messages, system=system, tools=_tools(attr, source, row))
+
+
+def _tools(attr: DatasetAttr, source: RowSource, row: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """The row's tools column, checked now (a broken one would otherwise surface mid-training, or never)."""
+    column = attr.column("tools")
+    if not column or row.get(column) is None:
+        return None
+    try:
+        return parse_tools(row[column]) or None
+    except ToolError as e:
+        raise _fail(source, column, f"is not a valid tool list: {e}.") from None

@@ -114,6 +114,19 @@ def _token_stats(rows: list[dict[str, Any]]) -> dict[str, int]:
     return {"tokens": sum(sum(len(v) for k, v in e.items() if k.endswith("_ids")) for e in rows)}
 
 
+def _require_tools(examples: list[Example], chat: ChatFormat) -> None:
+    """Rows with tools or calls need a format that renders them: fail before tokenizing anything, naming a row."""
+    fmt, checked = None, False
+    for example in examples:
+        if not checked and (example.tools or any(m.get("tool_calls") for m in example.messages)):
+            fmt, checked = chat.require_tools(example.source), True
+        if fmt is not None and not fmt.layout.parallel and any(len(m.get("tool_calls") or ()) > 1
+                                                                for m in example.messages):
+            raise DataError(f"{example.source}: an answer makes several calls at once, and the {fmt.name} tool "
+                            "format has no parallel calls. Split them into one call per answer, or set "
+                            "`tool_format:` to one with parallel calls.")
+
+
 def get_dataset(data_args: DataArguments, chat: ChatFormat, kind: str, seed: int = 42,
                 packing: bool = False) -> TokenizedData:
     """Load, validate, tokenize, split and (optionally) pack.
@@ -122,6 +135,7 @@ def get_dataset(data_args: DataArguments, chat: ChatFormat, kind: str, seed: int
     if not data_args.dataset:
         raise DataError("No training data: set `dataset:` to a name from dataset_info.json or a file path.")
     train_examples = _collect(data_args.dataset, data_args, kind, seed)
+    _require_tools(train_examples, chat)
     train, dropped = _encode_all(train_examples, chat, data_args, kind)
     if not train:
         raise DataError(

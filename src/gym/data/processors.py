@@ -3,7 +3,7 @@
 Prompt and answer pieces are rendered by the chat format and tokenized separately, exactly as in
 sft, so every stage sees a conversation the way it is served.
 
-Labels are -100 wherever no loss is wanted: prompts (unless `train_on_prompt`), earlier answers
+Labels are -100 wherever no loss is wanted: prompts (tool results included, unless `train_on_prompt`), earlier answers
 with `mask_history`, and the first token of every example, so that packed examples never learn to
 predict across their boundary.
 """
@@ -14,6 +14,7 @@ from typing import Any
 
 from gym.core.errors import DataError
 from gym.data.formats import Example
+from gym.data.messages import Message
 from gym.data.templates import ChatFormat
 
 IGNORE_INDEX = -100
@@ -29,7 +30,7 @@ def encode_supervised(example: Example, chat: ChatFormat, cutoff_len: int, train
     """A conversation -> {"input_ids", "labels"}, or None when truncation leaves nothing to learn."""
     tokenizer = chat.tokenizer
     special_ids = set(tokenizer.all_special_ids)
-    pairs = chat.render_pairs(example.messages, example.system)
+    pairs = chat.render_pairs(example.messages, example.system, example.tools)
     input_ids: list[int] = []
     labels: list[int] = []
     for turn, (prompt, response) in enumerate(pairs):
@@ -72,9 +73,13 @@ def _answer_ids(chat: ChatFormat, response: str) -> list[int]:
     return ids
 
 
-def _prompt_and_answer(example: Example, chat: ChatFormat, answer: str) -> tuple[list[int], list[int]]:
-    """The conversation so far (ending with the assistant header) and `answer` as its next turn."""
-    pairs = chat.render_pairs(example.messages + [{"role": "assistant", "content": answer}], example.system)
+def _prompt_and_answer(example: Example, chat: ChatFormat, answer: str | Message) -> tuple[list[int], list[int]]:
+    """The conversation so far (ending with the assistant header) and `answer` (text, or an assistant message that
+    may call tools) as its next turn."""
+    if isinstance(answer, str):
+        answer = {"role": "assistant", "content": answer}
+    pairs = chat.render_pairs([*example.messages, answer], example.system,
+                              example.tools)
     prompt = "".join(p + r for p, r in pairs[:-1]) + pairs[-1][0]
     return chat.tokenizer.encode(prompt, add_special_tokens=False), _answer_ids(chat, pairs[-1][1])
 
@@ -97,7 +102,7 @@ def encode_pairwise(example: Example, chat: ChatFormat, cutoff_len: int, **_: An
 def encode_feedback(example: Example, chat: ChatFormat, cutoff_len: int, **_: Any) -> dict[str, Any] | None:
     """A conversation whose last answer is tagged desirable or not -> {"prompt_ids", "completion_ids", "label"}."""
     history = Example(example.source, example.messages[:-1], example.system, example.tools)
-    prompt_ids, completion_ids = _prompt_and_answer(history, chat, example.messages[-1]["content"])
+    prompt_ids, completion_ids = _prompt_and_answer(history, chat, example.messages[-1])
     room = cutoff_len - len(prompt_ids)
     if room < 1:
         return None
@@ -110,7 +115,7 @@ def encode_prompt(example: Example, chat: ChatFormat, cutoff_len: int, **_: Any)
     Online methods generate the answer themselves, so a prompt that fills cutoff_len leaves no room
     and the example is dropped.
     """
-    prompt = chat.render_prompt(example.messages, example.system)
+    prompt = chat.render_prompt(example.messages, example.system, example.tools)
     prompt_ids = chat.tokenizer.encode(prompt, add_special_tokens=False)
     if len(prompt_ids) >= cutoff_len:
         return None

@@ -121,7 +121,8 @@ def load_eval_model(config: Any, *, delta: str | None = None, variant: str | Non
         model = model.to("cuda")
     try:
         chat: ChatFormat | None = get_chat_format(tokenizer, data_args.template, data_args.default_system,
-                                                  data_args.enable_thinking)
+                                                  data_args.enable_thinking,
+                                                  tool_format=data_args.tool_format)
     except ConfigError:
         chat = None
         logger.info("%s has no chat template: every task is prompted as plain text.", model_path)

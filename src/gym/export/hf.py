@@ -65,7 +65,8 @@ def load_merged(config: dict[str, Any], delta: str | None = None, bitdelta: bool
         apply_delta(model, entries, header, delta)
     if bitdelta:
         model = _as_bitdelta(model, model_path, model_args)
-    chat = get_chat_format(tokenizer, data_args.template, data_args.default_system, data_args.enable_thinking)
+    chat = get_chat_format(tokenizer, data_args.template, data_args.default_system, data_args.enable_thinking,
+                           tool_format=data_args.tool_format)
     decoding = generating.resolve(generation_defaults(model_path))
     return model.eval(), tokenizer, chat, decoding, model_path
 

@@ -123,7 +123,8 @@ class ChatModel:
             else:
                 require_vllm()  # before anything slow, so a missing backend is the first thing the user hears
         self.chat_format = get_chat_format(self.tokenizer, self.data_args.template, self.data_args.default_system,
-                                           self.data_args.enable_thinking)
+                                           self.data_args.enable_thinking,
+                                           tool_format=self.data_args.tool_format)
         self.decoding: dict[str, Any] = generating.resolve(generation_defaults(self.model_path))
         self._engine_options: dict[str, Any] = {"max_batch_size": max_batch_size, "max_waiting": max_waiting,
                                                 "variants": variants}

@@ -71,7 +71,8 @@ def prepare(args: TrainArgs[Any], data_kind: DataKind, *, packing_by_default: bo
         sharding.connect_deepspeed(hf_args)
         model_path = resolve_model_path(model_args.model_name_or_path)
         tokenizer = load_tokenizer(model_path, model_args)
-        chat = get_chat_format(tokenizer, data_args.template, data_args.default_system, data_args.enable_thinking)
+        chat = get_chat_format(tokenizer, data_args.template, data_args.default_system, data_args.enable_thinking,
+                               tool_format=data_args.tool_format)
         packing = data_args.neat_packing or (packing_by_default if data_args.packing is None else data_args.packing)
         data = get_dataset(data_args, chat, data_kind, seed=training_args.seed, packing=packing)
     logger.info("Data: %s", data.stats)
