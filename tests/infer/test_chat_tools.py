@@ -127,3 +127,12 @@ def test_forced_calls_follow_the_schema_and_stream_like_the_whole(tool_chat):
     named = tool_chat.reply(ask, tools=TOOLS, tool_choice={"type": "function", "function": {"name": "add"}}, seed=1,
                             temperature=1.0, do_sample=True)
     assert [c.name for c in named.calls] == ["add"]
+
+
+def test_a_template_that_cannot_render_tools_says_how_to_fix_it(tiny_model_dir):
+    from gym.infer.chat import ChatModel
+
+    model = ChatModel({"model_name_or_path": str(tiny_model_dir)})  # SmolLM2's own template ignores tools
+    with pytest.raises(RequestFieldError, match="tool_format") as error:
+        model.prepare([{"role": "user", "content": "Hi"}], tools=TOOLS)
+    assert error.value.field == "tools"

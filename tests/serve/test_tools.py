@@ -50,7 +50,11 @@ class ScriptedEngine:
     text = ""
     load: dict[str, int] = {}
 
+    def __init__(self) -> None:
+        self.prompts: list[list[int]] = []
+
     def submit(self, prompt_ids, params, sink=None):
+        self.prompts.append(list(prompt_ids))
         request = Request(prompt_ids, params, sink)
         for i in range(0, len(self.text), 3):
             request.emit(Piece(self.text[i:i + 3], []))
@@ -73,7 +77,7 @@ def scripted(tiny_model_dir, serve_app):
     model = chatml_model(tiny_model_dir)
     engine = model._engine = ScriptedEngine()
     client = openai.OpenAI(base_url=f"{serve_app(model, 'tiny')}/v1", api_key="none", max_retries=0, timeout=60)
-    yield client, engine
+    yield client, engine, model
     model.close()
 
 
@@ -86,7 +90,7 @@ def real(tiny_model_dir, serve_app):
 
 
 def test_a_written_call_comes_back_as_tool_calls(scripted):
-    client, engine = scripted
+    client, engine, _ = scripted
     engine.text = CALL_TEXT
     response = client.chat.completions.create(model="tiny", messages=ASK, tools=TOOLS)
     choice = response.choices[0]
@@ -98,7 +102,7 @@ def test_a_written_call_comes_back_as_tool_calls(scripted):
 
 
 def test_a_streamed_call_is_assembled_by_the_openai_client(scripted):
-    client, engine = scripted
+    client, engine, _ = scripted
     engine.text = CALL_TEXT
     chunks = list(client.chat.completions.create(model="tiny", messages=ASK, tools=TOOLS, stream=True))
     content = "".join(c.choices[0].delta.content or "" for c in chunks)
@@ -113,7 +117,7 @@ def test_a_streamed_call_is_assembled_by_the_openai_client(scripted):
 @pytest.mark.parametrize("text", ['<tool_call>\n{"name": "get_weather", "arguments": {"city": }\n</tool_call>',
                                   "Sure <tool_call> is how I would call, but I will not."])
 def test_text_that_is_not_a_valid_call_stays_content(scripted, text):
-    client, engine = scripted
+    client, engine, _ = scripted
     engine.text = text
     whole = client.chat.completions.create(model="tiny", messages=ASK, tools=TOOLS)
     assert whole.choices[0].message.content == text and not whole.choices[0].message.tool_calls
@@ -123,7 +127,7 @@ def test_text_that_is_not_a_valid_call_stays_content(scripted, text):
 
 
 def test_tool_choice_none_leaves_a_call_as_content(scripted):
-    client, engine = scripted
+    client, engine, _ = scripted
     engine.text = CALL_TEXT
     response = client.chat.completions.create(model="tiny", messages=ASK, tools=TOOLS, tool_choice="none")
     assert response.choices[0].message.content == CALL_TEXT and response.choices[0].finish_reason == "stop"
@@ -204,3 +208,17 @@ def test_unusable_tool_and_format_fields_are_400_naming_the_param(real, extra, p
     status, body = raw(base_url, "/v1/chat/completions", {"model": "tiny", "messages": ASK, **extra})
     assert status == 400, body
     assert body["error"]["param"] == param and body["error"]["message"]
+
+
+def test_gym_chat_shows_calls_and_sends_the_next_line_as_their_result(scripted, capsys, monkeypatch):
+    from gym.cli import _interactive
+
+    _, engine, model = scripted
+    engine.text = CALL_TEXT
+    lines = iter(["Weather in Paris?", "Sunny, 21 C", "/exit"])
+    monkeypatch.setattr("builtins.input", lambda prompt: (print(prompt, end=""), next(lines))[1])
+    assert _interactive(model, TOOLS) == 0
+    out = capsys.readouterr().out
+    assert 'Let me check.\n-> get_weather({"city": "Paris", "days": 2})' in out and "Tool result: " in out
+    last_prompt = model.tokenizer.decode(engine.prompts[-1])
+    assert last_prompt.index('"name": "get_weather"') < last_prompt.index("Sunny, 21 C")  # the call, then its result

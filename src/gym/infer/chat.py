@@ -21,7 +21,7 @@ from peft import PeftModel
 
 from gym.config.files import ConfigSource
 from gym.config.parser import get_infer_args
-from gym.core.errors import ConfigError, ModelError
+from gym.core.errors import ConfigError, GymError, ModelError
 from gym.core.names import split_names
 from gym.data.templates import get_chat_format
 from gym.data.tools import ToolError, ToolFormat, parse_tools
@@ -205,18 +205,13 @@ class ChatModel:
         text = self.chat_format.render_prompt(messages, system, tools=tools)
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
-    @property
-    def tool_format(self) -> ToolFormat:
-        """How this model's template writes tools and calls; RequestFieldError when it has none."""
+    def tool_format(self) -> ToolFormat | None:
+        """How this model's template writes tools and calls (None: its own template writes them in a family Gym does
+        not know, so calls are not read back); RequestFieldError, naming the fix, when it cannot render tools."""
         try:
-            tool_format = self.chat_format.tool_format
-        except (ConfigError, ToolError) as e:
+            return self.chat_format.require_tools("This request")
+        except GymError as e:
             raise RequestFieldError("tools", str(e)) from None
-        if tool_format is None:
-            raise RequestFieldError("tools", f"this model's chat template ({self.chat_format.name}) cannot describe "
-                                             "tools; serve it with a template that can (template: qwen, llama3, "
-                                             "mistral, ...) or name the format (tool_format: hermes, llama3, ...).")
-        return tool_format
 
     def prepare(self, messages: list[Message], system: str | None = None, *, tools: Any = None,
                 tool_choice: Any = None, parallel_tool_calls: bool = True, response_format: Any = None) -> ChatTurn:
@@ -228,9 +223,15 @@ class ChatModel:
             raise RequestFieldError("tools", str(e)) from None
         choice = ToolChoice.parse(tool_choice, listed)
         schema = answer_schema(response_format)
-        tool_format = self.tool_format if listed else None
-        turn = ChatTurn(self.render(messages, system, listed or None),
-                        tool_format=tool_format if choice.mode != "none" else None)
+        tool_format = self.tool_format() if listed else None
+        if choice.forced and tool_format is None:
+            raise RequestFieldError("tool_choice", "this model's chat template writes calls in a format Gym does not "
+                                                   "know, so they cannot be forced; name it (tool_format: ...).")
+        try:
+            prompt = self.render(messages, system, listed or None)
+        except GymError as e:  # calls in the history of a template that cannot render them
+            raise RequestFieldError("messages", str(e)) from None
+        turn = ChatTurn(prompt, tool_format=tool_format if choice.mode != "none" else None)
         if schema is not None and not choice.forced:
             try:  # alone first, so that a bad schema is blamed on response_format and not on the tools beside it
                 turn.constraint = grammar.json_schema(schema)
