@@ -15,7 +15,7 @@ import jsonschema
 import openai
 import pytest
 
-from gym.infer.requests import Finished, Piece, Request
+from gym.infer.requests import Finished, Piece, admit
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city.",
                                             "parameters": {"type": "object", "properties": {
@@ -45,7 +45,8 @@ def raw(base_url: str, path: str, body: dict) -> tuple[int, dict]:
 
 
 class ScriptedEngine:
-    """Answers every request with `text`, three characters a piece (as a model's tokens would come)."""
+    """Answers every request with `text`, three characters a piece (as a model's tokens would come). It cannot
+    constrain decoding (it gives `admit` no matcher), as vLLM's engine cannot."""
 
     text = ""
     load: dict[str, int] = {}
@@ -55,7 +56,7 @@ class ScriptedEngine:
 
     def submit(self, prompt_ids, params, sink=None):
         self.prompts.append(list(prompt_ids))
-        request = Request(prompt_ids, params, sink)
+        request = admit(prompt_ids, params, sink, running=True, queued=0, limit=1, queued_as="waiting")
         for i in range(0, len(self.text), 3):
             request.emit(Piece(self.text[i:i + 3], []))
         request.emit(Finished("stop", len(prompt_ids), 7, self.text))
@@ -131,6 +132,17 @@ def test_tool_choice_none_leaves_a_call_as_content(scripted):
     engine.text = CALL_TEXT
     response = client.chat.completions.create(model="tiny", messages=ASK, tools=TOOLS, tool_choice="none")
     assert response.choices[0].message.content == CALL_TEXT and response.choices[0].finish_reason == "stop"
+
+
+def test_an_engine_without_constrained_decoding_says_so_naming_the_field(scripted):
+    client, engine, _ = scripted
+    engine.text = "{}"
+    for extra, param in [({"response_format": {"type": "json_object"}}, "response_format"),
+                         ({"tools": TOOLS, "tool_choice": "required"}, "tool_choice")]:
+        with pytest.raises(openai.BadRequestError, match="cannot constrain decoding") as error:
+            client.chat.completions.create(model="tiny", messages=ASK, **extra)
+        assert error.value.body["param"] == param
+    assert client.chat.completions.create(model="tiny", messages=ASK, tools=TOOLS).choices[0].message.content == "{}"
 
 
 def test_the_tools_and_a_history_of_calls_are_rendered_in_the_prompt(real):

@@ -37,6 +37,7 @@ from transformers import AutoConfig
 from gym.core.errors import ConfigError
 from gym.infer.chat import ChatModel, ChatTurn
 from gym.infer.fast.bank import VariantBank, VariantNotFound, VariantUnavailable
+from gym.infer.grammar import Constraint
 from gym.infer.requests import EngineBusy, EngineStopped, Event, Finished, Piece, SamplingParams
 from gym.infer.tool_choice import CallStream, RequestFieldError
 from gym.serve.limits import DEFAULT_MAX_BODY_BYTES, BodyLimit, check_text_length
@@ -227,7 +228,7 @@ class _Server:
         return encoded
 
     def params(self, body: _Request, prompt_len: int, max_tokens: int | None,
-               variant: str | None = None, constraint: Any = None) -> list[SamplingParams]:
+               variant: str | None = None, constraint: Constraint | None = None) -> list[SamplingParams]:
         """One SamplingParams per choice; with a seed, choice i samples with seed + i (distinct, reproducible)."""
         room = self.context_length - prompt_len
         if room < 1:
