@@ -18,7 +18,7 @@ import os
 import sys
 import warnings
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from gym.config.files import take_option
 from gym.core.errors import ConfigError, GymError, RunStopped, as_gym_error
@@ -131,13 +131,14 @@ def cmd_tune(argv: list[str]) -> int:
     return 0
 
 
-CHAT_USAGE = """usage: gym chat [CONFIG] [key=value ...] [--prompt TEXT]
+CHAT_USAGE = """usage: gym chat [CONFIG] [key=value ...] [--prompt TEXT] [--tools FILE]
 
 Talk to a model: a short name (smollm2-135m), a hub id or folder (model_name_or_path=...), a training config (its
 finished output_dir: the adapter on its base, with the trained chat template and system prompt), or an adapter
 (adapter_name_or_path=...). Without --prompt, a conversation on the terminal (/clear, /exit). Decoding keys:
 temperature, top_p, top_k, max_new_tokens, repetition_penalty, do_sample; engine keys: infer_backend, infer_dtype.
-See docs/inference.md."""
+--tools FILE: a JSON list of functions (OpenAI's `tools`) the model may call; its calls are shown as
+`-> name({...})`, and the next line you type is sent back as their result. See docs/inference.md, docs/tools.md."""
 
 
 def cmd_chat(argv: list[str]) -> int:
@@ -145,23 +146,54 @@ def cmd_chat(argv: list[str]) -> int:
         print(CHAT_USAGE)
         return 0
     prompt, argv = take_option(argv, "--prompt")
+    tools_file, argv = take_option(argv, "--tools")
     from gym.config.files import parse_cli_args
     from gym.infer.chat import ChatModel
 
+    tools = _read_tools(tools_file) if tools_file else None
     model = ChatModel(parse_cli_args(argv))
     try:
+        if tools:
+            model.prepare([{"role": "user", "content": ""}], tools=tools)  # a template without tools says so now
         # Status goes to stderr (logging) and the answer to stdout; starting the engine first also keeps a
         # terminal, which shows both, from printing the engine's start-up lines inside the answer line.
         model.start()
         if prompt is not None:
             print(f"User: {prompt}\nAssistant: ", end="", flush=True)
-            for piece in model.stream_chat([{"role": "user", "content": prompt}]):
-                print(piece, end="", flush=True)
-            print()
+            _answer(model, [{"role": "user", "content": prompt}], None, tools)
             return 0
-        return _interactive(model)
+        return _interactive(model, tools)
     finally:
         model.close()
+
+
+def _read_tools(path: str) -> list[dict[str, Any]]:
+    import json
+
+    from gym.data.tools import ToolError, parse_tools
+
+    try:
+        return parse_tools(json.loads(open(path, encoding="utf-8").read()))
+    except OSError as e:
+        raise GymError(f"--tools {path}: cannot be read ({e.strerror}).") from None
+    except (json.JSONDecodeError, ToolError) as e:
+        raise GymError(f"--tools {path}: {e}; give a JSON list of functions, as OpenAI's `tools`.") from None
+
+
+def _answer(model: ChatModel, history: list[dict[str, Any]], system: str | None,
+            tools: list[dict[str, Any]] | None) -> dict[str, Any]:
+    """Print the answer as it comes, then its calls; the assistant turn to keep in the history."""
+    from gym.infer.tool_choice import describe_calls
+
+    stream = model.stream_reply(history, system, tools=tools)
+    for piece in stream:
+        print(piece, end="", flush=True)
+    reply = stream.reply
+    assert reply is not None
+    if reply.calls:
+        print(("\n" if reply.content else "") + describe_calls(reply.calls), end="")
+    print()
+    return {"role": "assistant", "content": reply.content, "tool_calls": reply.calls}
 
 
 def cmd_api(argv: list[str]) -> int:
@@ -176,13 +208,14 @@ def cmd_merge(argv: list[str]) -> int:
     return merge_main(argv)
 
 
-def _interactive(model: ChatModel) -> int:
+def _interactive(model: ChatModel, tools: list[dict[str, Any]] | None = None) -> int:
     print("Chat with the model. /clear resets the history, /system <text> sets the system prompt, /exit quits.")
-    history: list[dict[str, str]] = []
+    history: list[dict[str, Any]] = []
     system = None
     while True:
+        calling = bool(history and history[-1].get("tool_calls"))
         try:
-            line = input("\nUser: ").strip()
+            line = input("\nTool result: " if calling else "\nUser: ").strip()
         except (EOFError, KeyboardInterrupt):
             print()
             return 0
@@ -199,14 +232,10 @@ def _interactive(model: ChatModel) -> int:
             history = []
             print(f"System prompt {'set' if system else 'cleared'}; history cleared.")
             continue
-        history.append({"role": "user", "content": line})
+        # After calls, the line is their result (a tool message), as an application would send it.
+        history.append({"role": "observation" if calling else "user", "content": line})
         print("Assistant: ", end="", flush=True)
-        answer = ""
-        for piece in model.stream_chat(history, system):
-            print(piece, end="", flush=True)
-            answer += piece
-        print()
-        history.append({"role": "assistant", "content": answer})
+        history.append(_answer(model, history, system, tools))
 
 
 def cmd_infer(argv: list[str]) -> int:

@@ -12,7 +12,7 @@ import logging
 import threading
 import weakref
 from collections.abc import Iterator
-from dataclasses import fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -21,13 +21,27 @@ from peft import PeftModel
 
 from gym.config.files import ConfigSource
 from gym.config.parser import get_infer_args
-from gym.core.errors import ConfigError, ModelError
+from gym.core.errors import ConfigError, GymError, ModelError
 from gym.core.names import split_names
 from gym.data.templates import get_chat_format
+from gym.data.tools import ToolError, ToolFormat, parse_tools
+from gym.infer import grammar
 from gym.infer.config import resolve_inference_config
 from gym.infer.engines import build_engine, require_llamacpp, require_vllm
 from gym.infer.fast.bank import VariantSource
-from gym.infer.requests import Engine, Piece, SamplingParams
+from gym.infer.grammar import Constraint
+from gym.infer.requests import Engine, Finished, SamplingParams
+from gym.infer.tool_choice import (
+    CallStream,
+    Reply,
+    RequestFieldError,
+    ToolChoice,
+    answer_or_calls,
+    answer_schema,
+    calls_grammar,
+    offered,
+    parse_reply,
+)
 from gym.models.base_quantization import is_quantized
 from gym.models.loader import (
     generation_defaults,
@@ -40,7 +54,48 @@ from gym.models.loader import (
 
 logger = logging.getLogger(__name__)
 
-Message = dict[str, str]
+Message = dict[str, Any]
+"""gym.data.messages' shape: role user, assistant (with `tool_calls`: ToolCall list) or observation, and content."""
+
+
+@dataclass
+class ChatTurn:
+    """A chat request made ready for the engine: the prompt ids, what the answer must match (None: free text), and
+    the tool format that reads calls back out of the answer (None: the answer is all content)."""
+
+    prompt: list[int]
+    constraint: Constraint | None = None
+    tool_format: ToolFormat | None = None
+
+    def calls(self) -> CallStream:
+        """A splitter for one streamed answer: content to show now, calls at the end."""
+        return CallStream(self.tool_format)
+
+    def reply(self, finished: Finished) -> Reply:
+        return parse_reply(self.tool_format, finished.text, finished.reason, finished.completion_tokens)
+
+
+class ReplyStream:
+    """An answer's content piece by piece (iterate), then, once it is over, `reply`: the calls it made and why it
+    ended. Text that is or may become a call is held back, so it never shows up as content."""
+
+    def __init__(self, pieces: Iterator[str | Finished], turn: ChatTurn) -> None:
+        self._pieces, self._turn = pieces, turn
+        self.reply: Reply | None = None
+
+    def __iter__(self) -> Iterator[str]:
+        calls = self._turn.calls()
+        for item in self._pieces:
+            if isinstance(item, Finished):
+                rest, found = calls.finish()
+                if rest:
+                    yield rest
+                content = calls.text[:calls.sent] + rest if found else calls.text
+                self.reply = Reply(content, found, "tool_calls" if found else item.reason, item.completion_tokens)
+                return
+            shown = calls.feed(item)
+            if shown:
+                yield shown
 
 
 class ChatModel:
@@ -143,10 +198,86 @@ class ChatModel:
         # On CPU, bf16 matmuls can be fast but the many small ops of decoding are not: keep float32.
         return torch.float32
 
-    def render(self, messages: list[Message], system: str | None = None) -> list[int]:
-        """Token ids of the prompt exactly as the model sees it."""
-        text = self.chat_format.render_prompt(messages, system)
+    def render(self, messages: list[Message], system: str | None = None,
+               tools: list[dict[str, Any]] | None = None) -> list[int]:
+        """Token ids of the prompt exactly as the model sees it; `tools` (OpenAI-shaped) are described in it in the
+        template family's words."""
+        text = self.chat_format.render_prompt(messages, system, tools=tools)
         return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def tool_format(self) -> ToolFormat | None:
+        """How this model's template writes tools and calls (None: its own template writes them in a family Gym does
+        not know, so calls are not read back); RequestFieldError, naming the fix, when it cannot render tools."""
+        try:
+            return self.chat_format.require_tools("This request")
+        except GymError as e:
+            raise RequestFieldError("tools", str(e)) from None
+
+    def prepare(self, messages: list[Message], system: str | None = None, *, tools: Any = None,
+                tool_choice: Any = None, parallel_tool_calls: bool = True, response_format: Any = None) -> ChatTurn:
+        """A chat turn with OpenAI's tool and output options (gym.infer.tool_choice says what each means). Raises
+        RequestFieldError naming the option that cannot be used."""
+        try:
+            listed = parse_tools(tools) if tools else []
+        except ToolError as e:
+            raise RequestFieldError("tools", str(e)) from None
+        choice = ToolChoice.parse(tool_choice, listed)
+        schema = answer_schema(response_format)
+        tool_format = self.tool_format() if listed else None
+        if choice.forced and tool_format is None:
+            raise RequestFieldError("tool_choice", "this model's chat template writes calls in a format Gym does not "
+                                                   "know, so they cannot be forced; name it (tool_format: ...).")
+        try:
+            prompt = self.render(messages, system, listed or None)
+        except GymError as e:  # calls in the history of a template that cannot render them
+            raise RequestFieldError("messages", str(e)) from None
+        turn = ChatTurn(prompt, tool_format=tool_format if choice.mode != "none" else None)
+        if schema is not None and not choice.forced:
+            try:  # alone first, so that a bad schema is blamed on response_format and not on the tools beside it
+                turn.constraint = grammar.json_schema(schema)
+            except ConfigError as e:
+                raise RequestFieldError("response_format", str(e)) from None
+        if tool_format is not None and (choice.forced or (turn.constraint is not None and choice.mode == "auto"
+                                                          and answer_or_calls(tool_format.layout))):
+            text = calls_grammar(tool_format.layout, offered(listed, choice), parallel=parallel_tool_calls,
+                                 answer=None if choice.forced else schema)
+            try:
+                turn.constraint = grammar.lark(text)
+            except ConfigError as e:
+                raise RequestFieldError("tools", f"a function's parameters are not a usable JSON schema: {e}") from None
+        return turn
+
+    def reply(self, messages: list[Message], system: str | None = None, *, tools: Any = None,
+              tool_choice: Any = None, parallel_tool_calls: bool = True, response_format: Any = None,
+              stop: str | list[str] | None = None, seed: int | None = None, **overrides: Any) -> Reply:
+        """The whole answer with its calls parsed (`tools`, `tool_choice`, ... as in OpenAI's API)."""
+        stream = self.stream_reply(messages, system, tools=tools, tool_choice=tool_choice,
+                                   parallel_tool_calls=parallel_tool_calls, response_format=response_format,
+                                   stop=stop, seed=seed, **overrides)
+        for _ in stream:
+            pass
+        assert stream.reply is not None
+        return stream.reply
+
+    def stream_reply(self, messages: list[Message], system: str | None = None, *, tools: Any = None,
+                     tool_choice: Any = None, parallel_tool_calls: bool = True, response_format: Any = None,
+                     stop: str | list[str] | None = None, seed: int | None = None, **overrides: Any) -> ReplyStream:
+        """The answer's content piece by piece, then its calls (`.reply` once iterated; see ReplyStream)."""
+        turn = self.prepare(messages, system, tools=tools, tool_choice=tool_choice,
+                            parallel_tool_calls=parallel_tool_calls, response_format=response_format)
+        params = self.sampling_params(stop=stop, seed=seed, constraint=turn.constraint, **overrides)
+        return ReplyStream(self._events(turn.prompt, params), turn)
+
+    def _events(self, prompt: list[int], params: SamplingParams) -> Iterator[str | Finished]:
+        request = self.engine.submit(prompt, params)
+        try:
+            for event in request.events():
+                if isinstance(event, Finished):
+                    yield event
+                elif event.text:
+                    yield event.text
+        finally:
+            request.cancel()
 
     def sampling_params(self, *, stop: str | list[str] | None = None, seed: int | None = None,
                         **overrides: Any) -> SamplingParams:
@@ -164,13 +295,9 @@ class ChatModel:
         """The answer, piece by piece. `stop`: strings that end the answer (not included, as in OpenAI's API);
         `seed`: sample reproducibly."""
         params = self.sampling_params(stop=stop, seed=seed, **overrides)
-        request = self.engine.submit(self.render(messages, system), params)
-        try:
-            for event in request.events():
-                if isinstance(event, Piece) and event.text:
-                    yield event.text
-        finally:
-            request.cancel()
+        for piece in self._events(self.render(messages, system), params):
+            if isinstance(piece, str):
+                yield piece
 
     def chat(self, messages: list[Message], system: str | None = None, **overrides: Any) -> str:
         return "".join(self.stream_chat(messages, system, **overrides))

@@ -6,6 +6,11 @@ prompts are rendered by the ChatModel with the template the model was trained wi
 variants (`gym api --variants STORE`) also answers `model: "<base>:<user>"` with that user's variant, in
 the same batches as the base; /v1/models lists them (with `parent`: the base, as vLLM lists adapters).
 
+Chat requests may offer tools and ask for structured output (gym.infer.tool_choice): calls the model writes in its
+template family's format come back as `message.tool_calls` with `finish_reason: "tool_calls"`; while streaming, text
+that may be a call is held back until the answer ends, then sent as `delta.tool_calls` (a call's id, name and whole
+arguments in its first chunk), so no client ever sees a raw call as content.
+
 Every failure answers OpenAI's error JSON with a 4xx status (400 bad value or a variant that cannot be
 loaded, 401 key, 404 route or model, 422 malformed body, 429 queue full, 503 shutting down); the engine's
 bounded queue is what keeps memory bounded under load. `usage` counts the prompt's ids and every generated token,
@@ -29,9 +34,12 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from transformers import AutoConfig
 
-from gym.infer.chat import ChatModel
+from gym.core.errors import ConfigError
+from gym.infer.chat import ChatModel, ChatTurn
 from gym.infer.fast.bank import VariantBank, VariantNotFound, VariantUnavailable
+from gym.infer.grammar import Constraint
 from gym.infer.requests import EngineBusy, EngineStopped, Event, Finished, Piece, SamplingParams
+from gym.infer.tool_choice import CallStream, RequestFieldError
 from gym.serve.limits import DEFAULT_MAX_BODY_BYTES, BodyLimit, check_text_length
 from gym.serve.protocol import ApiError, ChatCompletionRequest, CompletionRequest, TokenizeRequest, _Request
 from gym.tfgrpo.library import ExperienceLibrary, with_experiences
@@ -122,10 +130,15 @@ def create_app(chat_model: ChatModel, model_name: str, api_key: str | None = Non
         check_text_length([(f"messages.{i}.content", m.text()) for i, m in enumerate(body.messages)],
                           server.context_length)
         messages, system = body.conversation()
-        prompt = chat_model.render(messages, with_experiences(system, experiences))
-        params = server.params(body, len(prompt), max_tokens=body.max_completion_tokens or body.max_tokens,
-                               variant=variant)
-        return await server.respond(body, [prompt], params, request, chat=True)
+        try:
+            turn = chat_model.prepare(messages, with_experiences(system, experiences), tools=body.tools,
+                                      tool_choice=body.tool_choice, parallel_tool_calls=body.parallel_tool_calls,
+                                      response_format=body.response_format)
+        except RequestFieldError as e:
+            raise ApiError(400, str(e), param=e.field) from None
+        params = server.params(body, len(turn.prompt), max_tokens=body.max_completion_tokens or body.max_tokens,
+                               variant=variant, constraint=turn.constraint)
+        return await server.respond(body, [turn.prompt], params, request, turn=turn)
 
     @app.post("/v1/completions", dependencies=[Depends(authorize)])
     async def completions(body: CompletionRequest, request: Request) -> Any:
@@ -135,7 +148,7 @@ def create_app(chat_model: ChatModel, model_name: str, api_key: str | None = Non
         check_text_length([("prompt", t) for t in texts], server.context_length)
         prompts = server.encode_prompts(body.prompt)
         params = server.params(body, max(len(p) for p in prompts), max_tokens=body.max_tokens, variant=variant)
-        return await server.respond(body, prompts, params, request, chat=False)
+        return await server.respond(body, prompts, params, request)
 
     @app.post("/tokenize", dependencies=[Depends(authorize)])
     async def tokenize(body: TokenizeRequest) -> dict[str, Any]:
@@ -147,7 +160,10 @@ def create_app(chat_model: ChatModel, model_name: str, api_key: str | None = Non
         check_text_length([("messages" if body.messages else "prompt", t) for t in texts], server.context_length)
         if body.messages is not None:
             messages, system = ChatCompletionRequest(model=model_name, messages=body.messages).conversation()
-            tokens = chat_model.render(messages, with_experiences(system, experiences))
+            try:
+                tokens = chat_model.prepare(messages, with_experiences(system, experiences), tools=body.tools).prompt
+            except RequestFieldError as e:
+                raise ApiError(400, str(e), param=e.field) from None
         else:
             tokens = chat_model.tokenizer.encode(body.prompt)
         return {"tokens": tokens, "count": len(tokens), "max_model_len": server.context_length}
@@ -212,7 +228,7 @@ class _Server:
         return encoded
 
     def params(self, body: _Request, prompt_len: int, max_tokens: int | None,
-               variant: str | None = None) -> list[SamplingParams]:
+               variant: str | None = None, constraint: Constraint | None = None) -> list[SamplingParams]:
         """One SamplingParams per choice; with a seed, choice i samples with seed + i (distinct, reproducible)."""
         room = self.context_length - prompt_len
         if room < 1:
@@ -229,19 +245,22 @@ class _Server:
         max_new = max_tokens or min(self.chat_model.decoding["max_new_tokens"], room)
         stops = body.stops()
         return [self.chat_model.sampling_params(stop=stops, seed=None if body.seed is None else body.seed + i,
-                                                max_new_tokens=max_new, variant=variant, **overrides)
+                                                max_new_tokens=max_new, variant=variant, constraint=constraint,
+                                                **overrides)
                 for i in range(body.n)]
 
     async def respond(self, body: _Request, prompts: list[list[int]], params: list[SamplingParams],
-                      request: Request, chat: bool) -> Any:
+                      request: Request, turn: ChatTurn | None = None) -> Any:
+        """Completions for `prompts`; a chat completion's one prompt is `turn`'s, whose tool format reads calls."""
+        chat = turn is not None
         jobs = [(prompt, p) for prompt in prompts for p in params]  # choice index = prompt index * n + j
-        events, handles = self._submit(jobs)
+        events, handles = self._submit(jobs, getattr(body, "constrained_by", None))
         kind = "chatcmpl" if chat else "cmpl"
         response_id = f"{kind}-{uuid.uuid4().hex}"
         prompt_tokens = sum(len(p) for p in prompts)
         echo = [self.chat_model.tokenizer.decode(p) if getattr(body, "echo", False) else "" for p in prompts]
         if body.stream:
-            stream = self._stream(events, handles, jobs, response_id, chat, prompt_tokens, body.include_usage, echo,
+            stream = self._stream(events, handles, jobs, response_id, turn, prompt_tokens, body.include_usage, echo,
                                   len(params))
             return StreamingResponse(stream, media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
@@ -266,9 +285,14 @@ class _Server:
         choices = []
         for index in range(len(jobs)):
             done = finished[index]
-            if chat:
-                choices.append({"index": index, "message": {"role": "assistant", "content": done.text},
-                                "logprobs": None, "finish_reason": done.reason})
+            if turn is not None:
+                reply = turn.reply(done)
+                message: dict[str, Any] = {"role": "assistant", "content": reply.content}
+                if reply.calls:
+                    message["content"] = reply.content or None  # OpenAI's null when an answer only calls
+                    message["tool_calls"] = [call.openai() for call in reply.calls]
+                choices.append({"index": index, "message": message, "logprobs": None,
+                                "finish_reason": reply.finish_reason})
             else:
                 choices.append({"index": index, "text": echo[index // len(params)] + done.text, "logprobs": None,
                                 "finish_reason": done.reason})
@@ -276,8 +300,10 @@ class _Server:
                 "created": int(time.time()), "model": self.model_name, "choices": choices,
                 "usage": _usage(prompt_tokens, completion_tokens)}
 
-    def _submit(self, jobs: list[tuple[list[int], SamplingParams]]
+    def _submit(self, jobs: list[tuple[list[int], SamplingParams]], constrained_by: str | None = None
                 ) -> tuple[asyncio.Queue[tuple[int, Event]], list[Any]]:
+        """Submit every job; `constrained_by`: the request field that asked for constrained decoding (named in the
+        400 of an engine that cannot do it)."""
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()
         handles = []
@@ -307,11 +333,17 @@ class _Server:
             for handle in handles:
                 handle.cancel()
             raise _unloadable(f"{self.model_name}:{jobs[0][1].variant}", exc) from None
+        except ConfigError as exc:  # a constraint this engine cannot honour (it says which engines can)
+            for handle in handles:
+                handle.cancel()
+            raise ApiError(400, str(exc), param=constrained_by) from None
         return events, handles
 
     async def _stream(self, events: asyncio.Queue[tuple[int, Event]], handles: list[Any], jobs: list[Any],
-                      response_id: str, chat: bool, prompt_tokens: int, include_usage: bool, echo: list[str],
-                      n: int) -> AsyncIterator[str]:
+                      response_id: str, turn: ChatTurn | None, prompt_tokens: int, include_usage: bool,
+                      echo: list[str], n: int) -> AsyncIterator[str]:
+        chat = turn is not None
+        calls: list[CallStream] = [turn.calls() for _ in jobs] if turn is not None else []
         created = int(time.time())
         base = {"id": response_id, "object": "chat.completion.chunk" if chat else "text_completion",
                 "created": created, "model": self.model_name}
@@ -337,8 +369,9 @@ class _Server:
             while remaining:
                 index, event = await events.get()
                 if isinstance(event, Piece):
-                    if event.text:
-                        yield chunk([choice(index, event.text, None)])
+                    text = calls[index].feed(event.text) if chat else event.text
+                    if text:
+                        yield chunk([choice(index, text, None)])
                     continue
                 remaining -= 1
                 if event.reason == "cancelled":
@@ -346,7 +379,16 @@ class _Server:
                     yield f"data: {json.dumps(error.body())}\n\n"
                     break
                 completion_tokens += event.completion_tokens
-                yield chunk([choice(index, None, event.reason)])
+                reason = event.reason
+                if chat:
+                    rest, found = calls[index].finish()
+                    if rest:
+                        yield chunk([choice(index, rest, None)])
+                    for i, call in enumerate(found):  # a call whole in its first chunk, as the openai client reads
+                        yield chunk([{"index": index, "delta": {"tool_calls": [call.openai(i)]}, "logprobs": None,
+                                      "finish_reason": None}])
+                    reason = "tool_calls" if found else reason
+                yield chunk([choice(index, None, reason)])
             else:
                 if include_usage:
                     usage = _usage(prompt_tokens, completion_tokens)

@@ -1,8 +1,12 @@
 """The OpenAI request bodies Gym accepts, as pydantic models, and the error shape it answers with.
 
 Unknown fields are ignored (clients send extras such as `user`), but features Gym does not have
-(tools, logprobs, penalties other than 0) are refused with a 400 naming the parameter rather than
-silently dropped: a client that asked for them would otherwise get an answer it did not ask for.
+(logprobs, penalties other than 0, the legacy `functions`) are refused with a 400 naming the parameter rather
+than silently dropped: a client that asked for them would otherwise get an answer it did not ask for.
+
+Tools (`tools`, `tool_choice`, `parallel_tool_calls`) and structured outputs (`response_format`) are passed to
+the ChatModel as OpenAI wrote them (gym.infer.tool_choice reads them and names the field it cannot use); the
+messages, tool calls and tool results included, are read by gym.data.messages, as training reads a dataset.
 """
 
 from __future__ import annotations
@@ -10,6 +14,10 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from gym.core.errors import DataError
+from gym.data.messages import Message as InternalMessage
+from gym.data.messages import messages_from_openai
 
 # A seed is a signed 64-bit integer (what torch's and vLLM's generators take); choice i of n uses seed + i.
 SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
@@ -98,8 +106,12 @@ class TextPart(BaseModel):
 class Message(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
+    # An assistant's calls (OpenAI's shape; gym.data.tools reads them and says what is wrong with one) and the id
+    # of the call a tool message answers.
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
 
     _text = field_validator("*")(valid_text)
 
@@ -108,27 +120,62 @@ class Message(BaseModel):
             return "".join(part.text for part in self.content)
         return self.content or ""
 
+    def openai(self) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": self.role, "content": self.text()}
+        if self.tool_calls:
+            message["tool_calls"] = self.tool_calls
+        if self.tool_call_id is not None:
+            message["tool_call_id"] = self.tool_call_id
+        return message
+
+
+def conversation(messages: list[Message]) -> tuple[list[InternalMessage], str | None]:
+    """(messages, system): every system/developer message becomes the system prompt, as training saw it; the rest,
+    tool calls and results included, become gym.data.messages' turns. The last turn must ask for an answer: a user
+    message, or tool results."""
+    system = [m.text() for m in messages if m.role in ("system", "developer")]
+    # The system prompt stays first, so an error's message index is the client's when it sent one system message
+    # at the start (as clients do).
+    rest = [m.openai() for m in messages if m.role not in ("system", "developer")]
+    if not rest or rest[-1]["role"] not in ("user", "tool"):
+        raise ApiError(400, "The last message must come from the user (or be a tool's result).", param="messages")
+    try:
+        _, turns = messages_from_openai(([{"role": "system", "content": ""}] if system else []) + rest)
+    except DataError as e:
+        raise ApiError(400, str(e), param="messages") from None
+    return turns, ("\n".join(system) if system else None)
+
 
 class ChatCompletionRequest(_Request):
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
-    tools: Any = None
+    # Read by the ChatModel (gym.infer.tool_choice), which names the field it cannot use.
+    tools: list[Any] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool = True
+    response_format: dict[str, Any] | None = None
     functions: Any = None
     top_logprobs: Any = None
 
     def refuse_unsupported(self) -> None:
         super().refuse_unsupported()
-        for name in ("tools", "functions", "top_logprobs"):
-            if getattr(self, name):
-                raise ApiError(400, f"{name} is not supported by this server.", param=name)
+        if self.functions:
+            raise ApiError(400, "functions (OpenAI's deprecated form) is not supported by this server; send tools.",
+                           param="functions")
+        if self.top_logprobs:
+            raise ApiError(400, "top_logprobs is not supported by this server.", param="top_logprobs")
 
-    def conversation(self) -> tuple[list[dict[str, str]], str | None]:
-        """(messages, system): system/developer messages become the system prompt, as training saw it."""
-        system = [m.text() for m in self.messages if m.role in ("system", "developer")]
-        turns = [{"role": m.role, "content": m.text()} for m in self.messages if m.role in ("user", "assistant")]
-        if not turns or turns[-1]["role"] != "user":
-            raise ApiError(400, "The last message must come from the user.", param="messages")
-        return turns, ("\n".join(system) if system else None)
+    def conversation(self) -> tuple[list[InternalMessage], str | None]:
+        return conversation(self.messages)
+
+    @property
+    def constrained_by(self) -> str | None:
+        """The field that asks for constrained decoding (named when the engine cannot do it)."""
+        if self.tools and (self.tool_choice == "required" or isinstance(self.tool_choice, dict)):
+            return "tool_choice"
+        if self.response_format and self.response_format.get("type") != "text":
+            return "response_format"
+        return None
 
 
 class CompletionRequest(_Request):
@@ -153,5 +200,6 @@ class TokenizeRequest(BaseModel):
     model: str | None = None
     messages: list[Message] | None = None
     prompt: str | None = None
+    tools: list[Any] | None = None  # described in the prompt as a chat request with them would be
 
     _text = field_validator("*")(valid_text)
