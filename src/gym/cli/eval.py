@@ -14,7 +14,8 @@ CONFIG names the model as `gym chat` does (model_name_or_path, adapter_name_or_p
 whose output_dir holds the run; its eval_tasks are the tasks when no --task is given). Tasks:
   mc_demo, mmlu            multiple choice: acc (the answer's letter) and acc_norm (its text, per byte)
   arithmetic, gsm8k        generation with a checked final number
-  mc:<data> ppl:<data> gen:<data>   any dataset (dataset_info.json name or file)
+  toolcall_demo            tool calling: call_rate, name_acc, args_exact (calls), no_call_acc (text turns)
+  mc:<data> ppl:<data> gen:<data> toolcall:<data>   any dataset (dataset_info.json name or file)
   lm_eval:<a>,<b>          lm-evaluation-harness tasks on the same loaded model (pip install 'zoo-gym[eval]')
 See docs/eval.md."""
 

@@ -9,6 +9,8 @@ Tasks (`--task`, repeatable; `eval_tasks:` in a YAML):
     mc:<dataset>        any multiple-choice dataset (dataset_info.json name, or a file)
     ppl:<dataset>       perplexity and loss on any dataset (answers of conversations, or plain text)
     gen:<dataset>       generation scored by `verifier` (accuracy, exact, regex:<p>, python:module:fn)
+    toolcall_demo       tool calling on held-out conversations (toolcall_eval_demo): names and arguments right?
+    toolcall:<dataset>  tool calling on any conversations with tools and calls (function_call / tool_calls turns)
     lm_eval:<a>,<b>     lm-evaluation-harness tasks, in-process on the same model
 """
 
@@ -24,8 +26,9 @@ from gym.core.names import did_you_mean
 BUILTIN_TASKS: dict[str, tuple[str, str]] = {
     "mc_demo": ("mc", "mc_demo"), "mmlu": ("mc", "mmlu"),
     "arithmetic": ("gen", "arithmetic_demo"), "gsm8k": ("gen", "gsm8k"),
+    "toolcall_demo": ("toolcall", "toolcall_eval_demo"),
 }
-KINDS = ("mc", "ppl", "gen", "lm_eval")
+KINDS = ("mc", "ppl", "gen", "toolcall", "lm_eval")
 TEMPLATES = ("auto", "chat", "plain")
 ALIASES = {"task": "tasks", "eval_tasks": "tasks", "batch_size": "eval_batch_size", "o": "output",
            "reward_funcs": "verifier", "template_mode": "eval_template"}
@@ -34,7 +37,7 @@ ALIASES = {"task": "tasks", "eval_tasks": "tasks", "batch_size": "eval_batch_siz
 @dataclass
 class EvalTask:
     kind: str
-    target: str  # a dataset for mc/ppl/gen; comma-separated task names for lm_eval
+    target: str  # a dataset for mc/ppl/gen/toolcall; comma-separated task names for lm_eval
 
     @property
     def name(self) -> str:

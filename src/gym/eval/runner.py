@@ -19,6 +19,7 @@ from gym.eval.mc import MCSettings, MCTask, dev_dataset, read_items
 from gym.eval.model import EvalModel, load_eval_model
 from gym.eval.perplexity import perplexity
 from gym.eval.results import versions, write_report
+from gym.eval.toolcall import ToolCallSettings, toolcall_task
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +61,10 @@ def evaluate_tasks(model: EvalModel, args: EvalArguments) -> dict[str, Any]:
                                        max_new_tokens=args.max_new_tokens, seed=args.seed,
                                        log_samples=args.log_samples)
             results[task.name] = generate_task(model, task.target, args.dataset_dir, settings_gen)
+        elif task.kind == "toolcall":
+            settings_tool = ToolCallSettings(chat=chat, limit=args.limit, max_new_tokens=args.max_new_tokens,
+                                             log_samples=args.log_samples)
+            results[task.name] = toolcall_task(model, task.target, args.dataset_dir, settings_tool, task.name)
         else:
             from gym.eval.lm_eval_bridge import run_lm_eval
 
