@@ -143,6 +143,15 @@ def test_requests_convert_with_errors_naming_the_message():
         messages_from_openai([{"role": "user", "content": "Hi"}, {"role": "tool", "content": "x"}])
 
 
+def test_a_request_may_send_several_user_messages_in_a_row():
+    """A client's "context" then "question" is one user turn (texts joined by a blank line), as it was before tools;
+    training data keeps alternating strictly."""
+    system, messages = messages_from_openai([
+        {"role": "system", "content": "S"}, {"role": "user", "content": "Here is a text."},
+        {"role": "user", "content": [{"type": "text", "text": "Summarise it."}]}])
+    assert system == "S" and messages == [{"role": "user", "content": "Here is a text.\n\nSummarise it."}]
+
+
 def test_tokenizer_template_that_ignores_tools_fails_naming_the_fix(tmp_path, tokenizer):
     """The embedded SmolLM2 template renders neither `tools` nor `tool_calls`: training on it would drop both."""
     folder = _glaive_dir(tmp_path)

@@ -90,8 +90,12 @@ def _calls(value: Any, field: str) -> list[ToolCall]:
     return calls
 
 
-def read_conversation(raw: Any, tags: Tags, column: str) -> tuple[str | None, list[Message]]:
+def read_conversation(raw: Any, tags: Tags, column: str,
+                      join_user_turns: bool = False) -> tuple[str | None, list[Message]]:
     """A list of role/content messages -> (the system prompt if the first message is one, alternating messages).
+
+    `join_user_turns`: consecutive user messages become one turn, their texts joined by a blank line (what a
+    client sending "context" then "question" means); otherwise they are an alternation error (training data).
 
     Raises MessageProblem naming the field (`{column}[i].{key}`). Consecutive tool results are merged into one
     observation turn; a `function_call` turn's content is parsed as one call or a JSON list of parallel calls."""
@@ -133,6 +137,9 @@ def read_conversation(raw: Any, tags: Tags, column: str) -> tuple[str | None, li
             calls = _calls(message["tool_calls"], f"{where}.tool_calls")
             content = _text(message.get(tags.content), content_field, allow_none=True)
             messages.append({"role": ASSISTANT, "content": content, "tool_calls": calls})
+        elif join_user_turns and role == USER and messages and messages[-1]["role"] == USER:
+            messages[-1]["content"] += "\n\n" + _text(message.get(tags.content), content_field)
+            continue
         else:
             messages.append({"role": role, "content": _text(message.get(tags.content), content_field)})
         expect_prompt = len(messages) % 2 == 1  # the turn just added
@@ -157,10 +164,11 @@ def messages_from_openai(messages: Sequence[Mapping[str, Any]]) -> tuple[str | N
     """An OpenAI chat request's `messages` -> (system prompt, internal messages), for serving.
 
     Assistant messages may carry `tool_calls` (arguments as a JSON string or an object), `tool` messages their
-    results (consecutive ones become one observation turn). Raises DataError naming the message, e.g.
+    results (consecutive ones become one observation turn); consecutive user messages are one turn, their texts
+    joined by a blank line, as before tools came. Raises DataError naming the message, e.g.
     `messages[2].tool_calls[0] is not a valid call: arguments are not valid JSON ...`."""
     try:
-        return read_conversation(list(messages), OPENAI, "messages")
+        return read_conversation(list(messages), OPENAI, "messages", join_user_turns=True)
     except MessageProblem as e:
         raise DataError(str(e)) from None
 
