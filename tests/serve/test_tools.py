@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import urllib.error
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 
 import jsonschema
 import openai
@@ -79,6 +80,16 @@ def scripted(tiny_model_dir, serve_app):
     engine = model._engine = ScriptedEngine()
     client = openai.OpenAI(base_url=f"{serve_app(model, 'tiny')}/v1", api_key="none", max_retries=0, timeout=60)
     yield client, engine, model
+    model.close()
+
+
+@pytest.fixture(scope="module")
+def base(embedded_dir, serve_app):
+    """The embedded model, untrained for tools: what forcing must hold for is a model that would not call by itself."""
+    from gym.infer.chat import ChatModel
+
+    model = ChatModel({"model_name_or_path": str(embedded_dir), "template": "chatml"}, max_batch_size=10)
+    yield openai.OpenAI(base_url=f"{serve_app(model, 'tiny')}/v1", api_key="none", max_retries=0, timeout=120)
     model.close()
 
 
@@ -164,12 +175,19 @@ def test_the_tools_and_a_history_of_calls_are_rendered_in_the_prompt(real):
     assert response.usage.prompt_tokens == rendered["count"]
 
 
-def test_required_calls_validate_against_the_function_schema_ten_of_ten(real):
-    client = real[0]
-    for seed in range(10):
-        response = client.chat.completions.create(model="tiny", messages=ASK, tools=TOOLS, tool_choice="required",
+def ten_at_once(ask):
+    """Ten requests in flight together, as the engine batches them; their answers in seed order."""
+    with ThreadPoolExecutor(10) as pool:
+        return list(pool.map(ask, range(10)))
+
+
+def test_required_calls_validate_against_the_function_schema_ten_of_ten(base):
+    def ask(seed):
+        return base.chat.completions.create(model="tiny", messages=ASK, tools=TOOLS, tool_choice="required",
                                                   parallel_tool_calls=False, temperature=1.0, seed=seed,
                                                   max_tokens=64)
+
+    for response in ten_at_once(ask):
         choice = response.choices[0]
         assert choice.finish_reason == "tool_calls" and choice.message.content is None, choice
         [call] = choice.message.tool_calls
@@ -189,12 +207,15 @@ def test_a_named_function_is_called_and_streams(real):
         jsonschema.validate(json.loads(call.function.arguments), ADD["function"]["parameters"])
 
 
-def test_response_format_json_schema_ten_of_ten(real):
-    client = real[0]
+def test_response_format_json_schema_ten_of_ten(base):
+    client = base
     response_format = {"type": "json_schema", "json_schema": {"name": "verdict", "schema": ANSWER, "strict": True}}
-    for seed in range(10):
-        response = client.chat.completions.create(model="tiny", messages=ASK, response_format=response_format,
-                                                  temperature=1.0, seed=seed, max_tokens=32)
+
+    def ask(seed):
+        return client.chat.completions.create(model="tiny", messages=ASK, response_format=response_format,
+                                              temperature=1.0, seed=seed, max_tokens=32)
+
+    for response in ten_at_once(ask):
         assert response.choices[0].finish_reason == "stop"
         jsonschema.validate(json.loads(response.choices[0].message.content), ANSWER)
     anything = client.chat.completions.create(model="tiny", messages=ASK, response_format={"type": "json_object"},
