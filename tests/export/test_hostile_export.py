@@ -60,24 +60,6 @@ def test_overwrite_replaces_only_a_folder_gym_exported(tiny_model_dir, tmp_path)
     assert (mine / "thesis.tex").read_text() == "years of work"
 
 
-@pytest.fixture(scope="module")
-def narrow_adapter(tmp_path_factory, tokenizer) -> Path:
-    """A LoRA adapter on q_proj and v_proj of a 2-layer Llama half as wide (32) as the tiny base (64)."""
-    import torch
-    from peft import LoraConfig, get_peft_model
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    base = LlamaForCausalLM(LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64,
-                                        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2))
-    root = tmp_path_factory.mktemp("narrow")
-    base.save_pretrained(root / "base")
-    model = get_peft_model(LlamaForCausalLM.from_pretrained(root / "base"),
-                           LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
-    model.save_pretrained(root / "adapter")
-    return root / "adapter"
-
-
 def test_a_gguf_lora_of_an_adapter_for_another_base_size_is_refused(narrow_adapter, tiny_model_dir, tmp_path):
     out = tmp_path / "adapter.gguf"
     code, err = _gym("export", "--model_name_or_path", tiny_model_dir, "--adapter_name_or_path", narrow_adapter,

@@ -7,17 +7,15 @@ LM head) appear once.
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from peft import PeftModel
 
 from gym.core.errors import ConfigError
-from gym.core.files import MANIFEST_FILE
+from gym.models.adapters import attach_adapter
 from gym.models.loader import load_causal_lm, require_safetensors, resolve_model_path
 
 logger = logging.getLogger(__name__)
@@ -25,30 +23,9 @@ logger = logging.getLogger(__name__)
 LINEAR, EMBEDDING, OTHER = "linear", "embedding", "other"
 
 
-def _trained_base(adapter: Path) -> str | None:
-    """The base an adapter was trained on: from a Gym run's manifest, else peft's adapter_config.json."""
-    for name, key in ((MANIFEST_FILE, "base_model"), ("adapter_config.json", "base_model_name_or_path")):
-        try:
-            base = json.loads((adapter / name).read_text(encoding="utf-8")).get(key)
-        except (OSError, ValueError, AttributeError):
-            continue
-        if base:
-            return str(base)
-    return None
-
-
 def merge_adapter(model: Any, folder: str | Path, base_ref: str | None, flag: str = "--base") -> Any:
-    """`model` with the LoRA adapter at `folder` merged in; an adapter trained on another base (other shapes,
-    other modules) is a ConfigError naming the first tensor that differs and, where known, the base to use
-    (`flag`: how the command names the base)."""
-    try:
-        return PeftModel.from_pretrained(model, str(folder)).merge_and_unload()
-    except (ValueError, RuntimeError, KeyError) as exc:
-        detail = next((line.strip() for line in str(exc).splitlines() if "mismatch" in line or "Missing" in line),
-                      str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
-        trained_on = _trained_base(Path(folder))
-        hint = f" It was trained on {trained_on}: pass {flag} {trained_on}." if trained_on else ""
-        raise ConfigError(f"The adapter {folder} does not fit the base {base_ref} ({detail}).{hint}") from None
+    """`model` with the LoRA adapter at `folder` merged in; one line naming the tensor if it does not fit."""
+    return attach_adapter(model, folder, base_ref, flag=flag)
 
 
 def load_model(ref: str, base_ref: str | None = None) -> Any:

@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from peft import PeftModel
 
 from gym.config.files import as_config_dict
 from gym.config.parser import get_infer_args
@@ -27,6 +26,7 @@ from gym.delta.format import fingerprint, load_delta
 from gym.infer.config import resolve_inference_config
 from gym.infer.engines import build_engine
 from gym.infer.requests import Engine, SamplingParams
+from gym.models.adapters import attach_adapter
 from gym.models.base_quantization import is_quantized
 from gym.models.loader import generation_defaults, load_causal_lm, load_tokenizer, resolve_model_path
 
@@ -110,10 +110,10 @@ def load_eval_model(config: Any, *, delta: str | None = None, variant: str | Non
     model = load_causal_lm(model_path, model_args, dtype=dtype)
     adapters = split_names(model_args.adapter_name_or_path)
     if is_quantized(model):
-        model = PeftModel.from_pretrained(model, adapters[0]) if adapters else model
+        model = attach_adapter(model, adapters[0], model_args.model_name_or_path, merge=False) if adapters else model
     else:
         for adapter in adapters:
-            model = PeftModel.from_pretrained(model, adapter).merge_and_unload()
+            model = attach_adapter(model, adapter, model_args.model_name_or_path)
     if delta is not None:
         entries, header = load_delta(delta)
         model = apply_delta(model, entries, header, delta)

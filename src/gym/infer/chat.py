@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from peft import PeftModel
 
 from gym.config.files import ConfigSource
 from gym.config.parser import get_infer_args
@@ -42,6 +41,7 @@ from gym.infer.tool_choice import (
     offered,
     parse_reply,
 )
+from gym.models.adapters import attach_adapter
 from gym.models.base_quantization import is_quantized
 from gym.models.loader import (
     generation_defaults,
@@ -137,9 +137,10 @@ class ChatModel:
             # Merging would round the adapter into the base's few bits; QLoRA serves it beside the base, as
             # it trained (the config allows one adapter here). Merge onto the unquantized base instead by
             # chatting without quantization_bit.
-            return PeftModel.from_pretrained(model, self.adapters[0]).eval() if self.adapters else model.eval()
+            base = self.model_args.model_name_or_path
+            return (attach_adapter(model, self.adapters[0], base, merge=False) if self.adapters else model).eval()
         for adapter in self.adapters:
-            model = PeftModel.from_pretrained(model, adapter).merge_and_unload()
+            model = attach_adapter(model, adapter, self.model_args.model_name_or_path)
         if torch.cuda.is_available() and self.model_args.infer_dtype not in ("int8", "int4"):
             # The engines run where the model is; int8/int4 are the CPU engine's formats, so they stay there.
             model = model.to("cuda")

@@ -3,8 +3,10 @@ OFT, BOFT)."""
 
 from __future__ import annotations
 
+import json
 import logging
 import re
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -12,6 +14,7 @@ from peft import LoraConfig, PeftConfig, PeftModel, TaskType, get_peft_model
 
 from gym.config.finetuning import FinetuningArguments
 from gym.core.errors import ConfigError
+from gym.core.files import MANIFEST_FILE
 from gym.core.names import split_names as _split
 from gym.models import unsloth
 from gym.models.base_quantization import is_quantized, prepare_for_adapters
@@ -20,6 +23,36 @@ from gym.models.loftq import loftq_initialise
 logger = logging.getLogger(__name__)
 
 _LAYER_INDEX = re.compile(r"\.layers\.(\d+)\.")
+
+
+def trained_base(adapter: str | Path) -> str | None:
+    """The base an adapter was trained on: from a Gym run's manifest, else peft's adapter_config.json."""
+    for name, key in ((MANIFEST_FILE, "base_model"), ("adapter_config.json", "base_model_name_or_path")):
+        try:
+            base = json.loads((Path(adapter) / name).read_text(encoding="utf-8")).get(key)
+        except (OSError, ValueError, AttributeError):
+            continue
+        if base:
+            return str(base)
+    return None
+
+
+def attach_adapter(model: Any, folder: str | Path, base_ref: str | None, *, merge: bool = True,
+                   flag: str = "model_name_or_path") -> Any:
+    """`model` with the LoRA adapter at `folder` merged in (or beside it, `merge=False`, for a quantized base). An
+    adapter trained on another base (other shapes, other modules) is a ConfigError naming the first tensor that
+    differs and, where known, the base to use (`flag`: how the command names the base), not peft's traceback:
+    every door that loads an adapter (chat, api, eval, infer, export, delta) says the same line."""
+    try:
+        attached = PeftModel.from_pretrained(model, str(folder))
+        return attached.merge_and_unload() if merge else attached
+    except (ValueError, RuntimeError, KeyError) as exc:
+        text = str(exc)
+        detail = next((line.strip() for line in text.splitlines() if "mismatch" in line or "Missing" in line),
+                      text.splitlines()[0] if text else type(exc).__name__)
+        trained_on = trained_base(folder)
+        hint = f" It was trained on {trained_on}: pass {flag} {trained_on}." if trained_on else ""
+        raise ConfigError(f"The adapter {folder} does not fit the base {base_ref} ({detail}).{hint}") from None
 
 
 def setup_full(model: Any) -> Any:
