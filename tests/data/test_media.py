@@ -178,3 +178,24 @@ def test_training_refuses_media_only_after_rows_are_checked(tmp_path):
     _write(tmp_path, [good])
     with pytest.raises(DataError, match=r"row 1 has images: Gym reads and checks .*issue #41"):
         get_dataset(args, chat=None, kind="supervised")  # type: ignore[arg-type]
+
+
+def test_trl_image_parts_take_their_files_from_the_column(tmp_path):
+    _png(tmp_path / "pics" / "a.png")
+    row = {"messages": [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What is it?"}]},
+                        {"role": "assistant", "content": [{"type": "text", "text": "Red."}]}],
+           "images": ["a.png"]}
+    (tmp_path / "trl.jsonl").write_text(json.dumps(row) + "\n")
+    (attr,) = get_dataset_attrs(str(tmp_path / "trl.jsonl"), tmp_path, media_dir=tmp_path / "pics")
+    (example,) = load_examples(attr, "supervised", media=True)
+    assert example.messages[0]["content"] == "<image>What is it?"
+    assert example.images == [str((tmp_path / "pics" / "a.png").resolve())]
+
+
+def test_audio_and_video_files_are_checked_to_exist(tmp_path):
+    (tmp_path / "clip.wav").write_bytes(b"RIFF")
+    entry = {**MLLM_DEMO, "columns": {"messages": "messages", "audios": "audios", "videos": "videos"}}
+    rows = [{"messages": _chat("<audio>What is said?", "Hello."), "audios": ["clip.wav"]}]
+    assert _read(tmp_path, rows, entry)[0].audios == [str((tmp_path / "clip.wav").resolve())]
+    rows = [{"messages": _chat("<video>What happens?", "Nothing."), "videos": ["https://example.com/v.mp4"]}]
+    _fails(tmp_path, rows, "row 1", "'videos[0]'", "web address", entry=entry)
