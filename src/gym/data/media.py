@@ -4,7 +4,7 @@ files before anything trains on them.
 A row's media end up as lists of strings on the `Example` (`images`, `videos`, `audios`): a resolved local path or
 a `data:` URL, in the order their placeholders (`<image>`, `<video>`, `<audio>`) appear in the text, as
 LLaMA-Factory keeps them. Paths are looked up under `media_dir` first (LLaMA-Factory's key; it defaults to the
-dataset folder), then as written. A video may also be a list of frame images (LLaMA-Factory's processed videos).
+dataset folder), then as written. A video given as a list of frames (LLaMA-Factory's processed videos) is not read yet.
 
 The checks are the cheap ones, done once when the row is read so a bad row is named by file, row and field instead
 of failing mid-training: the file exists and is readable, the placeholder count per kind matches the media count
