@@ -36,6 +36,11 @@ class DataArguments:
         metadata={"help": "Comma-separated dataset names from dataset_info.json, file paths, or hub ids."},
     )
     dataset_dir: str = field(default="data", metadata={"help": "Folder holding dataset_info.json and data files."})
+    media_dir: str | None = field(
+        default=None,
+        metadata={"help": "Folder that relative image, video and audio paths in the rows are read from "
+                  "(LLaMA-Factory's key). Default: dataset_dir."},
+    )
     eval_dataset: str | None = field(default=None, metadata={"help": "Comma-separated evaluation datasets."})
     cutoff_len: int = field(default=2048, metadata={"help": "Maximum tokens per example; longer ones are truncated."})
     max_samples: int | None = field(default=None, metadata={"help": "Keep at most this many rows per dataset."})

@@ -6,14 +6,20 @@ find the one bad row. Which fields are required depends on the data kind the met
 (rm, dpo family) a prompt with a chosen and a rejected answer, `feedback` (kto) an answer and a
 desirable/undesirable tag, `prompt` (grpo, rloo, ppo) a prompt ending with a user turn and
 optionally a reference answer for verifiable rewards.
+
+Any kind may carry images, videos and audios (LLaMA-Factory's media columns, or OpenAI content parts in the
+messages): the text keeps a `<image>`-style placeholder where each one goes, and gym.data.media resolves and
+checks the files.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal, overload
 
 from gym.core.errors import DataError
+from gym.data.media import KINDS, MediaError, check_counts, flatten_parts, resolve_media
 from gym.data.messages import (
     ASSISTANT,
     FUNCTION,
@@ -46,10 +52,21 @@ class Example:
     rejected: str | None = None
     kto_tag: bool | None = None  # feedback: is the last answer desirable?
     answer: str | None = None  # prompt: the reference answer verifiable rewards compare with
+    # media, in placeholder order: resolved file paths or data: URLs (gym.data.media)
+    images: list[str] = field(default_factory=list)
+    videos: list[str] = field(default_factory=list)
+    audios: list[str] = field(default_factory=list)
+
+    def has_media(self) -> bool:
+        return bool(self.images or self.videos or self.audios)
 
 
 def _fail(source: RowSource, field_name: str, problem: str) -> DataError:
     return DataError(f"{source}: field '{field_name}' {problem}")
+
+
+def _media_fail(source: RowSource, error: MediaError) -> DataError:
+    return DataError(f"{source}: field '{error.where}': {error.problem}")
 
 
 def _required_column(attr: DatasetAttr, source: RowSource, key: str) -> str:
@@ -80,10 +97,11 @@ def convert_row(attr: DatasetAttr, source: RowSource, row: Any, kind: str) -> Ex
     if not isinstance(row, dict):
         raise DataError(f"{source}: expected an object with named fields, got {type(row).__name__}.")
     _check_columns_for(attr, kind)
+    part_media: list[tuple[str, str, Any]] = []
     if attr.formatting == "alpaca":
         example = _convert_alpaca(attr, source, row, kind)
     else:
-        example = _convert_sharegpt(attr, source, row, kind)
+        example = _convert_sharegpt(attr, source, row, kind, part_media)
     if kind == "pairwise":
         example.chosen = _answer_text(attr, source, row, "chosen")
         example.rejected = _answer_text(attr, source, row, "rejected")
@@ -91,7 +109,35 @@ def convert_row(attr: DatasetAttr, source: RowSource, row: Any, kind: str) -> Ex
         example.kto_tag = _kto_tag(source, row, _required_column(attr, source, "kto_tag"))
     elif kind == "prompt" and (answer_col := attr.column("answer")):
         example.answer = _reference_answer(source, row, answer_col)
+    _attach_media(attr, source, row, example, part_media)
     return example
+
+
+def _attach_media(attr: DatasetAttr, source: RowSource, row: dict[str, Any], example: Example,
+                  part_media: list[tuple[str, str, Any]]) -> None:
+    """The row's media columns and content parts -> the example's checked lists (MediaError names the field)."""
+    media_dir = Path(attr.media_dir) if attr.media_dir else None
+    counts: dict[str, int] = {}
+    try:
+        for kind in KINDS:
+            column = attr.column(kind)
+            listed = row.get(column) if column else None
+            if listed is not None and not isinstance(listed, list):
+                listed = [listed]  # LLaMA-Factory accepts one item as well as a list
+            items = [(f"{column}[{i}]", v) for i, v in enumerate(listed or [])]
+            parts = [(where, value) for k, where, value in part_media if k == kind]
+            if any(value is not None for _, value in parts):
+                if items:
+                    raise MediaError(str(column), f"and the messages' content parts both give {kind}; give them "
+                                     "in one place.")
+                items = parts
+            resolved = resolve_media(kind, items, media_dir)
+            setattr(example, kind, resolved)
+            counts[kind] = len(resolved)
+        texts = [example.system, *(m.get("content") for m in example.messages)]
+        check_counts(counts, texts, str(attr.column("messages") or attr.column("prompt")))
+    except MediaError as e:
+        raise _media_fail(source, e) from None
 
 
 _NEEDED_COLUMNS = {
@@ -175,10 +221,12 @@ def _convert_alpaca(attr: DatasetAttr, source: RowSource, row: dict[str, Any], k
     return Example(source=str(source), messages=messages, system=system)
 
 
-def _convert_sharegpt(attr: DatasetAttr, source: RowSource, row: dict[str, Any], kind: str) -> Example:
+def _convert_sharegpt(attr: DatasetAttr, source: RowSource, row: dict[str, Any], kind: str,
+                      part_media: list[tuple[str, str, Any]]) -> Example:
     column = _required_column(attr, source, "messages")
     if column not in row:
         raise _fail(source, column, "is missing.")
+    raw = _flatten_content_parts(source, row[column], column, attr.tag("content_tag"), part_media)
     roles = {
         attr.tag("system_tag"): SYSTEM, attr.tag("user_tag"): USER, attr.tag("assistant_tag"): ASSISTANT,
         attr.tag("observation_tag"): OBSERVATION, attr.tag("function_tag"): FUNCTION,
@@ -188,7 +236,7 @@ def _convert_sharegpt(attr: DatasetAttr, source: RowSource, row: dict[str, Any],
         roles.setdefault("user", USER)
         roles.setdefault("assistant", ASSISTANT)
     try:
-        system, messages = read_conversation(row[column], Tags(attr.tag("role_tag"), attr.tag("content_tag"), roles),
+        system, messages = read_conversation(raw, Tags(attr.tag("role_tag"), attr.tag("content_tag"), roles),
                                              column)
     except MessageProblem as e:
         raise _fail(source, e.field, e.problem) from None
@@ -203,6 +251,27 @@ def _convert_sharegpt(attr: DatasetAttr, source: RowSource, row: dict[str, Any],
     if kind in ("pairwise", "prompt") and (not messages or messages[-1]["role"] not in (USER, OBSERVATION)):
         raise _fail(source, column, f"must end with a user message for {kind} data (the answers come separately).")
     return Example(source=str(source), messages=messages, system=system, tools=_tools(attr, source, row))
+
+
+def _flatten_content_parts(source: RowSource, raw: Any, column: str, content_tag: str,
+                           part_media: list[tuple[str, str, Any]]) -> Any:
+    """Messages whose content is a list of OpenAI parts with media -> the same messages with text content holding
+    placeholders; the media go to `part_media` as (kind, field, value). Text-only part lists are left to
+    gym.data.messages, which joins them as it does for requests."""
+    if not isinstance(raw, list):
+        return raw
+    flat = []
+    for i, message in enumerate(raw):
+        content = message.get(content_tag) if isinstance(message, dict) else None
+        if isinstance(content, list) and any(isinstance(p, dict) and p.get("type") != "text" for p in content):
+            try:
+                text, media = flatten_parts(content, f"{column}[{i}].{content_tag}")
+            except MediaError as e:
+                raise _media_fail(source, e) from None
+            part_media += media
+            message = {**message, content_tag: text}
+        flat.append(message)
+    return flat
 
 
 def _tools(attr: DatasetAttr, source: RowSource, row: dict[str, Any]) -> list[dict[str, Any]] | None:

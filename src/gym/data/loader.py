@@ -13,6 +13,7 @@ from typing import Any
 from gym.config.data import DataArguments
 from gym.core.errors import DataError
 from gym.data.formats import Example, convert_row
+from gym.data.media import KINDS as MEDIA_KINDS
 from gym.data.packing import pack
 from gym.data.processors import encode_feedback, encode_pairwise, encode_prompt, encode_supervised, encode_unsupervised
 from gym.data.readers import RowSource, read_rows
@@ -55,7 +56,10 @@ def raw_rows(attr: DatasetAttr) -> Iterator[tuple[RowSource, Any]]:
     return _hub_rows(attr) if attr.load_from == "hub" else read_rows(attr.path)
 
 
-def load_examples(attr: DatasetAttr, kind: str, max_samples: int | None = None) -> list[Example]:
+def load_examples(attr: DatasetAttr, kind: str, max_samples: int | None = None, media: bool = False) -> list[Example]:
+    """Read and check the rows. `media`: whether the caller can use images, videos and audios; no job can yet, so
+    a dataset with them is refused, but only after every row was read and checked, so a broken row is reported
+    as that row's error first."""
     rows = raw_rows(attr)
     limit = min(x for x in (attr.num_samples, max_samples) if x) if (attr.num_samples or max_samples) else None
     examples: list[Example] = []
@@ -65,7 +69,20 @@ def load_examples(attr: DatasetAttr, kind: str, max_samples: int | None = None) 
         examples.append(convert_row(attr, source, row, kind))
     if not examples:
         raise DataError(f"Dataset '{attr.name}' ({attr.path}) has no rows.")
+    if not media:
+        _refuse_media(examples)
     return examples
+
+
+def _refuse_media(examples: list[Example]) -> None:
+    for example in examples:
+        kinds = [kind for kind in MEDIA_KINDS if getattr(example, kind)]
+        if kinds:
+            raise DataError(
+                f"{example.source} has {kinds[0]}: Gym reads and checks image, video and audio inputs, but cannot "
+                "train or run models on them yet (issue #41: the model side comes next; training on the text alone "
+                f"would teach answers about {kinds[0]} the model never sees). Remove the {kinds[0]} (column or "
+                "content parts), or use a text-only dataset.")
 
 
 ENCODERS = {"pairwise": encode_pairwise, "feedback": encode_feedback, "prompt": encode_prompt}
@@ -97,7 +114,7 @@ def _encode_all(examples: list[Example], chat: ChatFormat, data_args: DataArgume
 
 def _collect(names: str | None, data_args: DataArguments, kind: str, seed: int) -> list[Example]:
     examples: list[Example] = []
-    for attr in get_dataset_attrs(names, data_args.dataset_dir):
+    for attr in get_dataset_attrs(names, data_args.dataset_dir, data_args.media_dir):
         loaded = load_examples(attr, kind, None if data_args.seed_shuffle_datasets else data_args.max_samples)
         if data_args.seed_shuffle_datasets:
             random.Random(seed).shuffle(loaded)

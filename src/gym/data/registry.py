@@ -52,6 +52,7 @@ class DatasetAttr:
     num_samples: int | None = None
     columns: dict[str, str | None] = field(default_factory=dict)
     tags: dict[str, str] = field(default_factory=dict)
+    media_dir: str | None = None  # where relative image/video/audio paths are looked up first
 
     def column(self, key: str) -> str | None:
         return self.columns.get(key)
@@ -74,22 +75,13 @@ def _check_keys(where: str, given: Any, known: Any) -> None:
             raise DataError(f"dataset_info.json: unknown key '{key}' in {where}.{did_you_mean(key, known, hint)}")
 
 
-MEDIA_COLUMNS = ("images", "videos", "audios")
-
-
-def _refuse_media(where: str, names: Any) -> None:
-    media = [m for m in MEDIA_COLUMNS if m in names]
-    if media:
-        raise DataError(f"{where} has {media[0]}: Gym trains text models, and image, video and audio inputs are not "
-                        f"supported yet (training on the text alone would teach answers about {media[0]} the model "
-                        "never sees). Remove the column, or use a text-only dataset.")
+MEDIA_COLUMNS = ("images", "videos", "audios")  # gym.data.media reads and checks them
 
 
 def _attr_from_info(name: str, info: dict[str, Any], dataset_dir: Path) -> DatasetAttr:
     _check_keys(f"entry '{name}'", info, ENTRY_KEYS)
-    _refuse_media(f"dataset_info.json: '{name}'.columns", info.get("columns", {}))
     _check_keys(f"'{name}'.columns", info.get("columns", {}),
-                [*ALPACA_COLUMNS, *SHAREGPT_COLUMNS, "messages", *EVAL_COLUMNS])
+                [*ALPACA_COLUMNS, *SHAREGPT_COLUMNS, "messages", *EVAL_COLUMNS, *MEDIA_COLUMNS])
     _check_keys(f"'{name}'.tags", info.get("tags", {}), SHAREGPT_TAGS)
     formatting = info.get("formatting", "alpaca")
     if formatting not in ("alpaca", "sharegpt", "openai"):
@@ -130,8 +122,11 @@ def read_dataset_info(dataset_dir: str | Path) -> dict[str, Any]:
     return info
 
 
-def get_dataset_attrs(names: str | list[str] | None, dataset_dir: str | Path) -> list[DatasetAttr]:
-    """`dataset: a,b` -> one DatasetAttr each, looked up in dataset_info.json, then as paths, then the hub."""
+def get_dataset_attrs(names: str | list[str] | None, dataset_dir: str | Path,
+                      media_dir: str | Path | None = None) -> list[DatasetAttr]:
+    """`dataset: a,b` -> one DatasetAttr each, looked up in dataset_info.json, then as paths, then the hub.
+
+    Relative media paths in the rows are looked up under `media_dir` (LLaMA-Factory's default: `dataset_dir`)."""
     if not names:
         return []
     if isinstance(names, str):
@@ -158,13 +153,14 @@ def get_dataset_attrs(names: str | list[str] | None, dataset_dir: str | Path) ->
             known = f" Known in {dataset_dir / 'dataset_info.json'}: {', '.join(sorted(info))}." if info else (
                 f" No dataset_info.json in '{dataset_dir}'.")
             raise DataError(f"Dataset '{name}' not found: not in dataset_info.json, not a file.{hint}{known}")
+    for attr in attrs:
+        attr.media_dir = str(media_dir if media_dir is not None else dataset_dir)
     return attrs
 
 
 def _attr_from_file(name: str, path: Path) -> DatasetAttr:
     """A bare file: sniff its first row to tell alpaca from sharegpt/openai."""
     row = first_row(path) or {}
-    _refuse_media(f"{path}, row 1", row)
     info: dict[str, Any] = {"file_name": str(path.resolve())}
     columns: dict[str, str] = {}
     if "messages" in row:
@@ -185,6 +181,9 @@ def _attr_from_file(name: str, path: Path) -> DatasetAttr:
         if isinstance(row.get(tag_column), bool):
             columns["kto_tag"] = tag_column
             break
+    for media_column in MEDIA_COLUMNS:  # LLaMA-Factory's names; TRL's vision rows use `images` too
+        if media_column in row:
+            columns[media_column] = media_column
     for answer_column in ("answer", "solution"):
         if answer_column in row:
             columns["answer"] = answer_column
