@@ -57,6 +57,9 @@ def server(tmp_path):
 
 
 def _fill(page, selector: str, text: str) -> None:
+    # Tab out of the previous field may land on a dropdown, which opens its list on focus and covers the fields
+    # below it (the layout decides which, so it moves as the form gains fields): close it first.
+    page.keyboard.press("Escape")
     box = page.locator(f"{selector} input, {selector} textarea").first
     box.click()
     box.fill(text)
