@@ -164,6 +164,10 @@ def test_train_watch_reload_chat_in_a_real_browser(server, tiny_model_dir, tmp_p
         # each a `gym` job started from its tab, followed to its end in the page.
         page.get_by_role("tab", name="Deltas & variants").click()
         _fill(page, "#delta-finetuned", str(output))
+        # The base follows the chosen run by a round trip to the server; compressing before it arrives would take
+        # the delta against the embedded model (a loaded machine showed it).
+        base_box = page.locator("#delta-base input, #delta-base textarea").first
+        _wait_for(lambda: base_box.input_value() == model, 60, "the run's base in the base field")
         page.locator("#delta-compress").click()
         _wait_for(lambda: _ended(page, "#delta-status"), 300, "the delta", poll=1)
         assert "finished" in page.locator("#delta-status").inner_text(), "\n".join(
