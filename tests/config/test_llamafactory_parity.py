@@ -28,16 +28,10 @@ REFUSED = {
     "extras/fp8/llama3_fp8_fsdp_sft.yaml": "'fp8' .* needs a Hopper-or-newer CUDA GPU",
     "extras/mod/llama3_full_sft.yaml": "'mixture_of_depths' .* transformers 4",
     "extras/nlg_eval/llama3_lora_predict.yaml": "gym infer",
-    "extras/oft/qwen2_5vl_oft_sft.yaml": "image and video inputs",
-    "train_full/mossvl_full_sft.yaml": "image and video inputs",
-    "train_full/qwen3vl_full_sft.yaml": "image and video inputs",
-    "train_lora/mossvl_lora_sft.yaml": "image and video inputs",
     "train_full/qwen3_full_sft.yaml": "'deepspeed' runs in processes started by a launcher",
     "train_lora/qwen3_lora_sft_ds3.yaml": "'deepspeed' runs in processes started by a launcher",
     "train_lora/qwen3_lora_sft_ray.yaml": "'ray_num_workers' is read when Ray runs the training: `USE_RAY=1 gym train",
     "train_lora/qwen3_preprocess.yaml": "'tokenized_path' .* keeps no tokenized copy",
-    "train_lora/qwen3vl_lora_dpo.yaml": "image and video inputs",
-    "train_lora/qwen3vl_lora_sft.yaml": "image and video inputs",
 }
 
 

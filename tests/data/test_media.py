@@ -168,7 +168,7 @@ def test_load_image_for_data_urls(tmp_path):
         load_image("data:image/png;base64,@@@", where="messages[0]")
 
 
-def test_training_refuses_media_only_after_rows_are_checked(tmp_path):
+def test_a_text_model_refuses_media_only_after_rows_are_checked(tmp_path):
     _png(tmp_path / "1.png")
     good = {"messages": _chat("<image>Hi", "Hello."), "images": ["1.png"]}
     _write(tmp_path, [good, {"messages": _chat("<image>Hi", "Hello."), "images": ["nope.png"]}])
@@ -176,7 +176,7 @@ def test_training_refuses_media_only_after_rows_are_checked(tmp_path):
     with pytest.raises(DataError, match=r"row 2: field 'images\[0\]': file not found"):
         get_dataset(args, chat=None, kind="supervised")  # type: ignore[arg-type]  # fails before any template
     _write(tmp_path, [good])
-    with pytest.raises(DataError, match=r"row 1 has images: Gym reads and checks .*issue #41"):
+    with pytest.raises(DataError, match=r"row 1 has images, and the model is a text model.*tiny-llava"):
         get_dataset(args, chat=None, kind="supervised")  # type: ignore[arg-type]
 
 

@@ -96,6 +96,15 @@ class FinetuningArguments(OptimizerArguments):
     freeze_extra_modules: str | None = field(
         default=None, metadata={"help": "Comma-separated modules outside the layers to train too (e.g. embed_tokens)."}
     )
+    # Vision-language models: which parts train (LLaMA-Factory's keys and defaults).
+    freeze_vision_tower: bool = field(
+        default=True, metadata={"help": "Keep the vision (and audio) encoder frozen; false trains it too (LoRA on "
+                                        "its layers under finetuning_type lora)."})
+    freeze_multi_modal_projector: bool = field(
+        default=True, metadata={"help": "Keep the projector from the encoder into the language model frozen; false "
+                                        "trains it in full (saved with the adapter under lora)."})
+    freeze_language_model: bool = field(
+        default=False, metadata={"help": "Keep the language model frozen (train only the unfrozen vision parts)."})
     # Delta compression of the result (gym.delta): delta.safetensors next to the trained model.
     delta_compression: Literal["bitdelta", "int8", "int4", "int2", "ternary", "binary"] | None = field(
         default=None,

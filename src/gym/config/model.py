@@ -94,8 +94,30 @@ class ModelArguments(BaseQuantizationArguments):
         metadata={"help": "Fast engine: memory for the KV of prompt prefixes shared across requests (0: off)."},
     )
 
+    # Vision and audio inputs (vision-language models; LLaMA-Factory's names and defaults).
+    image_max_pixels: int = field(
+        default=768 * 768,
+        metadata={"help": "Images larger than this many pixels are scaled down (aspect kept) before the processor."},
+    )
+    image_min_pixels: int = field(
+        default=32 * 32, metadata={"help": "Images smaller than this many pixels are scaled up before the processor."}
+    )
+    video_max_pixels: int = field(default=256 * 256, metadata={"help": "The pixel limit of each video frame."})
+    video_min_pixels: int = field(default=16 * 16, metadata={"help": "The smallest size of each video frame."})
+    video_fps: float = field(default=2.0, metadata={"help": "Frames sampled per second of video."})
+    video_maxlen: int = field(default=128, metadata={"help": "At most this many frames per video."})
+    audio_sampling_rate: int = field(default=16000, metadata={"help": "Audio is resampled to this rate."})
+
     def validate(self, args: TrainArgs[Any]) -> None:
         super().validate(args)
+        for key in ("image_max_pixels", "image_min_pixels", "video_max_pixels", "video_min_pixels", "video_maxlen"):
+            if getattr(self, key) <= 0:
+                raise ConfigError(f"'{key}' must be positive, got {getattr(self, key)}.")
+        if self.image_min_pixels > self.image_max_pixels:
+            raise ConfigError(f"'image_min_pixels' ({self.image_min_pixels}) is above 'image_max_pixels' "
+                              f"({self.image_max_pixels}).")
+        if self.video_fps <= 0:
+            raise ConfigError(f"'video_fps' must be positive, got {self.video_fps}.")
         if self.shift_attn:
             if self.flash_attn not in ("auto", "sdpa"):
                 raise ConfigError(f"'shift_attn' is its own attention kernel (sdpa within groups); it cannot run with "

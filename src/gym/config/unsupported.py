@@ -7,8 +7,6 @@ LLaMA-Factory-shaped fixtures through the parser to keep this list honest.
 
 from __future__ import annotations
 
-_MULTIMODAL = ("Gym trains text models; image and video inputs (and the vision tower around them) are not "
-               "supported yet.")
 _FSDP_WRAP = ("FSDP wraps each decoder layer by default; to choose the classes, set fsdp_config: "
               "{transformer_layer_cls_to_wrap: [LlamaDecoderLayer]} (docs/distributed.md).")
 
@@ -25,15 +23,6 @@ UNSUPPORTED: dict[str, str] = {
                          "it does not run with transformers 5.",
     "predict_with_generate": "Gym predicts with `gym infer CONFIG --dataset D -o out.jsonl`, not inside training.",
     "tokenized_path": "Gym keeps no tokenized copy of a dataset (tokenizing is fast next to training); remove it.",
-    "image_max_pixels": _MULTIMODAL,
-    "image_min_pixels": _MULTIMODAL,
-    "video_max_pixels": _MULTIMODAL,
-    "video_min_pixels": _MULTIMODAL,
-    "video_fps": _MULTIMODAL,
-    "video_maxlen": _MULTIMODAL,
-    "freeze_vision_tower": _MULTIMODAL,
-    "freeze_multi_modal_projector": _MULTIMODAL,
-    "freeze_language_model": _MULTIMODAL,
 }
 
 # Keys Gym runs, but not inside a training config parsed from Python: another entry point reads them.

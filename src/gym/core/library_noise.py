@@ -3,8 +3,9 @@
 transformers imports torchao (to register its quantizer) and bitsandbytes wherever it loads a model, and
 each says, once per process, that an optional extension is missing: torchao's prebuilt `_C_mxfp8` and
 `_C_cutlass_90a` libraries (built for other CUDA/Python versions), bitsandbytes' CPU 4-bit kernels from the
-`kernels` package, and torch's note on the enums torchao registers. They work without them, and nothing a
-user does changes it; a benchmark that starts a process per configuration printed them by the page.
+`kernels` package, torch's note on the enums torchao registers, and transformers' note that an image
+processor runs on Pillow because torchvision is not installed. They work without them, and nothing a user does
+changes it; a benchmark that starts a process per configuration printed them by the page.
 
 A filter on each of those loggers drops exactly those records, at warning level (an error is always
 shown). It is installed when gym is imported, the one place that runs before any of Gym's many imports of
@@ -22,6 +23,8 @@ OPTIONAL_EXTENSIONS = {
     "torchao": re.compile(r"Failed to load \S+\.so: "),
     "bitsandbytes.backends.cpu.ops": re.compile(r"Failed to load CPU gemm_4bit_forward from kernels-community"),
     "torch.utils._pytree": re.compile(r"<enum '\w+'> is an Enum subclass and is now natively supported"),
+    # Without torchvision, transformers 5 swaps an image processor for its Pillow twin (the same numbers).
+    "transformers.utils.import_utils": re.compile(r"`\w+` requires torchvision \(not installed\); falling back to"),
 }
 
 

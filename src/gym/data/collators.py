@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from gym.data.media import KINDS as MEDIA_KINDS
 from gym.data.processors import IGNORE_INDEX
+
+if TYPE_CHECKING:
+    from gym.data.multimodal import MediaInputs
 
 
 def block_causal_mask(seq_lens: list[list[int]], length: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -59,3 +63,21 @@ class CausalLMCollator:
         if not self.flash_attention:
             out["attention_mask"] = block_causal_mask([f["seq_lens"] for f in features], length, self.mask_dtype)
         return out
+
+
+@dataclass
+class MediaCollator(CausalLMCollator):
+    """CausalLMCollator plus the batch's media tensors, decoded and processed when the batch is made."""
+
+    media: MediaInputs | None = None
+
+    def __call__(self, features: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        batch = super().__call__([{k: v for k, v in f.items() if k not in MEDIA_KINDS} for f in features])
+        assert self.media is not None
+        decoded: dict[str, list[Any]] = {kind: [] for kind in MEDIA_KINDS}
+        for f in features:
+            for kind in MEDIA_KINDS:
+                decoded[kind] += self.media.decode(kind, f.get(kind) or [], "batch")
+        if any(decoded.values()):
+            batch.update(self.media.features({k: v for k, v in decoded.items() if v}, batch["input_ids"]))
+        return batch

@@ -14,6 +14,7 @@ from gym.config.data import DataArguments
 from gym.core.errors import DataError
 from gym.data.formats import Example, convert_row
 from gym.data.media import KINDS as MEDIA_KINDS
+from gym.data.multimodal import MediaInputs
 from gym.data.packing import pack
 from gym.data.processors import encode_feedback, encode_pairwise, encode_prompt, encode_supervised, encode_unsupervised
 from gym.data.readers import RowSource, read_rows
@@ -57,7 +58,7 @@ def raw_rows(attr: DatasetAttr) -> Iterator[tuple[RowSource, Any]]:
 
 
 def load_examples(attr: DatasetAttr, kind: str, max_samples: int | None = None, media: bool = False) -> list[Example]:
-    """Read and check the rows. `media`: whether the caller can use images, videos and audios; no job can yet, so
+    """Read and check the rows. `media`: whether the model can take images, videos and audios; when it cannot,
     a dataset with them is refused, but only after every row was read and checked, so a broken row is reported
     as that row's error first."""
     rows = raw_rows(attr)
@@ -79,17 +80,17 @@ def _refuse_media(examples: list[Example]) -> None:
         kinds = [kind for kind in MEDIA_KINDS if getattr(example, kind)]
         if kinds:
             raise DataError(
-                f"{example.source} has {kinds[0]}: Gym reads and checks image, video and audio inputs, but cannot "
-                "train or run models on them yet (issue #41: the model side comes next; training on the text alone "
-                f"would teach answers about {kinds[0]} the model never sees). Remove the {kinds[0]} (column or "
-                "content parts), or use a text-only dataset.")
+                f"{example.source} has {kinds[0]}, and the model is a text model: training on the text alone "
+                f"would teach answers about {kinds[0]} the model never sees. Use a vision-language model "
+                "(docs/multimodal.md lists the families; `tiny-llava` is a tiny one built offline), or a text-only "
+                "dataset.")
 
 
 ENCODERS = {"pairwise": encode_pairwise, "feedback": encode_feedback, "prompt": encode_prompt}
 
 
 def _encode_all(examples: list[Example], chat: ChatFormat, data_args: DataArguments,
-                kind: str) -> tuple[list[dict[str, Any]], int]:
+                kind: str, media: MediaInputs | None = None) -> tuple[list[dict[str, Any]], int]:
     if kind == "unsupervised":
         encoded: list[dict[str, Any]] = []
         for ex in examples:
@@ -97,10 +98,15 @@ def _encode_all(examples: list[Example], chat: ChatFormat, data_args: DataArgume
         return encoded, 0
     if kind == "supervised":
         encode = partial(encode_supervised, chat=chat, cutoff_len=data_args.cutoff_len,
-                         train_on_prompt=data_args.train_on_prompt, mask_history=data_args.mask_history)
+                         train_on_prompt=data_args.train_on_prompt, mask_history=data_args.mask_history, media=media)
     else:
+        if media is not None and any(ex.has_media() for ex in examples):
+            raise DataError(f"{next(ex for ex in examples if ex.has_media()).source} has media, and {kind} rows "
+                            "with images, videos or audio are not read yet (sft is); use a text-only dataset for "
+                            "this stage.")
         encode = partial(ENCODERS[kind], chat=chat, cutoff_len=data_args.cutoff_len)
-    workers = data_args.preprocessing_num_workers or 1
+    # The processor and decoded media stay in this process (a pool would pickle the processor per task).
+    workers = 1 if media is not None else data_args.preprocessing_num_workers or 1
     if workers > 1 and len(examples) >= 2000:
         import multiprocessing
 
@@ -112,10 +118,12 @@ def _encode_all(examples: list[Example], chat: ChatFormat, data_args: DataArgume
     return kept, len(results) - len(kept)
 
 
-def _collect(names: str | None, data_args: DataArguments, kind: str, seed: int) -> list[Example]:
+def _collect(names: str | None, data_args: DataArguments, kind: str, seed: int,
+             media: bool = False) -> list[Example]:
     examples: list[Example] = []
     for attr in get_dataset_attrs(names, data_args.dataset_dir, data_args.media_dir):
-        loaded = load_examples(attr, kind, None if data_args.seed_shuffle_datasets else data_args.max_samples)
+        loaded = load_examples(attr, kind, None if data_args.seed_shuffle_datasets else data_args.max_samples,
+                               media=media)
         if data_args.seed_shuffle_datasets:
             random.Random(seed).shuffle(loaded)
             loaded = loaded[: data_args.max_samples] if data_args.max_samples else loaded
@@ -145,15 +153,20 @@ def _require_tools(examples: list[Example], chat: ChatFormat) -> None:
 
 
 def get_dataset(data_args: DataArguments, chat: ChatFormat, kind: str, seed: int = 42,
-                packing: bool = False) -> TokenizedData:
+                packing: bool = False, media: MediaInputs | None = None) -> TokenizedData:
     """Load, validate, tokenize, split and (optionally) pack.
 
-    `kind`: unsupervised, supervised, pairwise, feedback or prompt (see gym.data.formats)."""
+    `kind`: unsupervised, supervised, pairwise, feedback or prompt (see gym.data.formats). `media`: the
+    model's processor glue when it is a multimodal model (gym.data.multimodal); rows with media need it."""
     if not data_args.dataset:
         raise DataError("No training data: set `dataset:` to a name from dataset_info.json or a file path.")
-    train_examples = _collect(data_args.dataset, data_args, kind, seed)
+    train_examples = _collect(data_args.dataset, data_args, kind, seed, media=media is not None)
     _require_tools(train_examples, chat)
-    train, dropped = _encode_all(train_examples, chat, data_args, kind)
+    if packing and any(ex.has_media() for ex in train_examples):
+        raise DataError(f"{next(ex for ex in train_examples if ex.has_media()).source} has media, and packing "
+                        "cannot take it: a packed row's media features would have to be split back per example "
+                        "(and Qwen-VL's 3-D positions restarted), which Gym does not do. Set packing: false.")
+    train, dropped = _encode_all(train_examples, chat, data_args, kind, media)
     if not train:
         raise DataError(
             f"No training examples left: all {len(train_examples)} rows were dropped: no answer token fits within "
@@ -164,7 +177,8 @@ def get_dataset(data_args: DataArguments, chat: ChatFormat, kind: str, seed: int
                        dropped, len(train_examples), data_args.cutoff_len)
     evaluation = None
     if data_args.eval_dataset:
-        evaluation, _ = _encode_all(_collect(data_args.eval_dataset, data_args, kind, seed), chat, data_args, kind)
+        evaluation, _ = _encode_all(_collect(data_args.eval_dataset, data_args, kind, seed, media=media is not None),
+                                    chat, data_args, kind, media)
     elif data_args.val_size:
         order = list(range(len(train)))
         random.Random(seed).shuffle(order)

@@ -229,3 +229,25 @@ def flatten_parts(content: list[Any], where: str) -> tuple[str, list[tuple[str, 
         else:
             media.append((kind, f"{field}.{key}", value))
     return "".join(text), media
+
+
+def fit_pixels(image: PILImage.Image, max_pixels: int, min_pixels: int) -> PILImage.Image:
+    """An RGB copy scaled (aspect kept) into [min_pixels, max_pixels], as LLaMA-Factory's image_max_pixels and
+    image_min_pixels do, before the model's processor resizes it again to what its family takes."""
+    import math
+
+    image = image.convert("RGB")
+    width, height = image.size
+    if width * height > max_pixels:
+        factor = math.sqrt(max_pixels / (width * height))
+    elif width * height < min_pixels:
+        factor = math.sqrt(min_pixels / (width * height))
+    else:
+        return image
+    return image.resize((max(1, int(width * factor)), max(1, int(height * factor))))
+
+
+def read_image(item: str, *, where: str, max_pixels: int, min_pixels: int) -> PILImage.Image:
+    """A checked item (path or data URL) -> decoded RGB pixels within the pixel limits."""
+    with load_image(item, where=where) as image:
+        return fit_pixels(image, max_pixels, min_pixels)

@@ -15,6 +15,7 @@ from typing import Any
 from gym.core.errors import DataError
 from gym.data.formats import Example
 from gym.data.messages import Message
+from gym.data.multimodal import MediaInputs, RowTokenizer, media_fields
 from gym.data.templates import ChatFormat
 
 IGNORE_INDEX = -100
@@ -26,27 +27,40 @@ def _ends_turn(ids: list[int], special_ids: set[int]) -> bool:
 
 
 def encode_supervised(example: Example, chat: ChatFormat, cutoff_len: int, train_on_prompt: bool = False,
-                      mask_history: bool = False) -> dict[str, list[int]] | None:
-    """A conversation -> {"input_ids", "labels"}, or None when truncation leaves nothing to learn."""
+                      mask_history: bool = False, media: MediaInputs | None = None) -> dict[str, Any] | None:
+    """A conversation -> {"input_ids", "labels"}, or None when truncation leaves nothing to learn.
+
+    With `media` (a multimodal model), pieces holding placeholders are tokenized by the model's processor, the
+    row keeps its media items for the collator, and no label covers a media token."""
     tokenizer = chat.tokenizer
     special_ids = set(tokenizer.all_special_ids)
     pairs = chat.render_pairs(example.messages, example.system, example.tools)
+    row_tokenizer = RowTokenizer(media, example) if media is not None and example.has_media() else None
+    tokenize = row_tokenizer or (lambda text: tokenizer.encode(text, add_special_tokens=False))
     input_ids: list[int] = []
     labels: list[int] = []
     for turn, (prompt, response) in enumerate(pairs):
-        prompt_ids = tokenizer.encode(prompt, add_special_tokens=False)
-        response_ids = tokenizer.encode(response, add_special_tokens=False)
+        prompt_ids = tokenize(prompt)
+        response_ids = tokenize(response)
         if not _ends_turn(response_ids, special_ids) and tokenizer.eos_token_id is not None:
             response_ids.append(tokenizer.eos_token_id)
         learn_response = not mask_history or turn == len(pairs) - 1
         input_ids += prompt_ids + response_ids
         labels += (prompt_ids if train_on_prompt else [IGNORE_INDEX] * len(prompt_ids))
         labels += response_ids if learn_response else [IGNORE_INDEX] * len(response_ids)
+    row: dict[str, Any] = {}
+    if row_tokenizer is not None and media is not None:
+        if any(t in media.media_ids for t in input_ids[cutoff_len:]):
+            raise DataError(f"{example.source}: cutoff_len={cutoff_len} would cut through the row's media tokens "
+                            f"(the row takes {len(input_ids)} tokens with its media expanded); raise cutoff_len.")
+        labels = [IGNORE_INDEX if t in media.media_ids else label for t, label in zip(input_ids, labels)]
+        row_tokenizer.finish()
+        row.update(media_fields(example))
     input_ids, labels = input_ids[:cutoff_len], labels[:cutoff_len]
     labels[0] = IGNORE_INDEX
     if all(label == IGNORE_INDEX for label in labels):
         return None
-    return {"input_ids": input_ids, "labels": labels}
+    return {"input_ids": input_ids, "labels": labels, **row}
 
 
 def encode_unsupervised(example: Example, chat: ChatFormat, cutoff_len: int, **_: Any) -> list[dict[str, list[int]]]:

@@ -85,6 +85,12 @@ TEMPLATES: dict[str, Template] = {
                  default_system="You are Qwen, created by Alibaba Cloud. You are a helpful assistant."),
         Template("qwen3", **_CHATML, thinking=True),
         Template("qwen3_nothink", **_CHATML),  # LLaMA-Factory's name for Qwen3 with thinking off
+        # The vision-language Qwens write turns as their text models do; the image placeholders in the text are
+        # the processor's to expand (gym.models.vision), not the template's.
+        Template("qwen2_vl", **_CHATML, default_system="You are a helpful assistant."),
+        Template("qwen3_vl", **_CHATML, thinking=True),
+        Template("qwen3_vl_nothink", **_CHATML),
+        Template("moss_vl", **_CHATML),
         Template(
             "llama3",
             prefix="<|begin_of_text|>",

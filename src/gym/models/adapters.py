@@ -16,7 +16,7 @@ from gym.config.finetuning import FinetuningArguments
 from gym.core.errors import ConfigError
 from gym.core.files import MANIFEST_FILE
 from gym.core.names import split_names as _split
-from gym.models import unsloth
+from gym.models import unsloth, vision
 from gym.models.base_quantization import is_quantized, prepare_for_adapters
 from gym.models.loftq import loftq_initialise
 
@@ -63,7 +63,7 @@ def setup_full(model: Any) -> Any:
 
 def setup_freeze(model: Any, args: FinetuningArguments) -> Any:
     """Train only the last n layers (or the first n when n < 0), optionally only some modules in them."""
-    num_layers = model.config.num_hidden_layers
+    num_layers = model.config.get_text_config().num_hidden_layers  # a multimodal model's decoder
     n = args.freeze_trainable_layers
     if n == 0 or abs(n) > num_layers:
         raise ConfigError(f"'freeze_trainable_layers' must be in 1..{num_layers} or -{num_layers}..-1, got {n}.")
@@ -143,6 +143,13 @@ def setup_adapter(model: Any, args: FinetuningArguments, adapters: list[str] | N
         config = lora_config(args, bool(getattr(model.config, "tie_word_embeddings", False)), task)
     else:
         config = orthogonal_config(args, task)
+    if vision.is_multimodal_model(model):
+        # The adapter goes on the parts that train (the language model by default), never on a frozen vision tower;
+        # an unfrozen projector trains in full beside it.
+        targets = _split(args.lora_target if args.finetuning_type == "lora" else args.oft_target)
+        config.target_modules, projectors = vision.adapter_targets(model, args, targets)
+        if projectors:
+            config.modules_to_save = [*(config.modules_to_save or []), *projectors]
     try:
         peft_model = get_peft_model(model, config)
     except ValueError as exc:  # peft names the module it could not find, or the size that does not divide
@@ -168,10 +175,11 @@ def orthogonal_config(args: FinetuningArguments, task_type: str = "CAUSAL_LM") -
 
 
 def setup_finetuning(model: Any, args: FinetuningArguments, adapters: list[str] | None = None) -> Any:
-    if args.finetuning_type == "full":
-        return setup_full(model)
-    if args.finetuning_type == "freeze":
-        return setup_freeze(model, args)
+    if args.finetuning_type in ("full", "freeze"):
+        model = setup_full(model) if args.finetuning_type == "full" else setup_freeze(model, args)
+        if vision.is_multimodal_model(model):
+            vision.freeze_parts(model, args)
+        return model
     return setup_adapter(model, args, adapters)
 
 

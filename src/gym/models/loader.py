@@ -38,6 +38,7 @@ from gym.models import unsloth
 from gym.models.attention import register_shift_attention
 from gym.models.base_quantization import describe_quantized, device_map, quantization_config
 from gym.models.registry import DEFAULT_MODEL, EMBEDDED, HUB_PRESETS, known_names
+from gym.models.tiny import TINY_MODELS, build_tiny_llava
 
 logger = logging.getLogger(__name__)
 
@@ -129,6 +130,11 @@ def resolve_model_path(ref: str | None) -> str:
         return str(convert_gguf(embedded_gguf_path(ref), dest, hub_id=EMBEDDED[ref].hub_id))
     if ref in HUB_PRESETS:
         return _check_hub_available(HUB_PRESETS[ref], alias=ref)
+    if ref in TINY_MODELS:
+        dest = gym_home() / "models" / ref
+        if (dest / MANIFEST).is_file():
+            return str(dest)
+        return str(build_tiny_llava(dest, tokenizer_path=resolve_model_path(DEFAULT_MODEL)))
     path = Path(ref).expanduser()
     if path.suffix == ".gguf":
         if not path.is_file():

@@ -39,4 +39,6 @@ HUB_PRESETS: dict[str, str] = {
 
 
 def known_names() -> list[str]:
-    return sorted([*EMBEDDED, *HUB_PRESETS])
+    from gym.models.tiny import TINY_MODELS
+
+    return sorted([*EMBEDDED, *HUB_PRESETS, *TINY_MODELS])

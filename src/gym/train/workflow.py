@@ -25,9 +25,11 @@ from gym.core.hardware import cpu_supports_bf16
 from gym.core.kinds import DataKind
 from gym.core.names import split_names
 from gym.core.results import RunResult
-from gym.data.collators import CausalLMCollator
+from gym.data.collators import CausalLMCollator, MediaCollator
 from gym.data.loader import TokenizedData, get_dataset
+from gym.data.multimodal import MediaInputs
 from gym.data.templates import ChatFormat, get_chat_format
+from gym.models import vision
 from gym.models.adapters import count_parameters, setup_finetuning
 from gym.models.loader import load_causal_lm, load_tokenizer, resolve_model_path
 from gym.train import harness, optimizers, ranks, sharding, stopping, tracking
@@ -57,6 +59,8 @@ class Setup:
     resume: str | None
     pissa_init_dir: str | None
     training: Any  # the run's transformers.TrainingArguments: the config's training keys plus the run's decisions
+    processor: Any = None  # a multimodal model's processor (saved with the result in place of the tokenizer)
+    media: MediaInputs | None = None  # how rows' media reach a multimodal model (gym.data.multimodal)
 
 
 def prepare(args: TrainArgs[Any], data_kind: DataKind, *, packing_by_default: bool = False,
@@ -70,11 +74,21 @@ def prepare(args: TrainArgs[Any], data_kind: DataKind, *, packing_by_default: bo
     with ranks.local_main_first(hf_args):
         sharding.connect_deepspeed(hf_args)
         model_path = resolve_model_path(model_args.model_name_or_path)
-        tokenizer = load_tokenizer(model_path, model_args)
+        processor, media = None, None
+        if vision.is_multimodal(model_path, model_args):
+            processor = vision.load_processor(model_path, model_args)
+            media = MediaInputs.for_processor(processor, model_path, image_max_pixels=model_args.image_max_pixels,
+                                              image_min_pixels=model_args.image_min_pixels,
+                                              audio_sampling_rate=model_args.audio_sampling_rate)
+            tokenizer = processor.tokenizer
+            if model_loader is load_causal_lm:
+                model_loader = vision.load_multimodal
+        else:
+            tokenizer = load_tokenizer(model_path, model_args)
         chat = get_chat_format(tokenizer, data_args.template, data_args.default_system, data_args.enable_thinking,
                                tool_format=data_args.tool_format)
         packing = data_args.neat_packing or (packing_by_default if data_args.packing is None else data_args.packing)
-        data = get_dataset(data_args, chat, data_kind, seed=training_args.seed, packing=packing)
+        data = get_dataset(data_args, chat, data_kind, seed=training_args.seed, packing=packing, media=media)
     logger.info("Data: %s", data.stats)
     logger.info("Precision: %s", "bf16 mixed (float32 master weights)" if hf_args.bf16 else
                 "pure bf16" if training_args.pure_bf16 else "fp16 mixed" if training_args.fp16 else "float32")
@@ -96,7 +110,7 @@ def prepare(args: TrainArgs[Any], data_kind: DataKind, *, packing_by_default: bo
     trainable, total = count_parameters(model)
     logger.info("Trainable parameters: %s of %s (%.2f%%)", f"{trainable:,}", f"{total:,}", 100 * trainable / total)
 
-    return Setup(model_path, tokenizer, chat, data, model, resume, pissa_init_dir, hf_args)
+    return Setup(model_path, tokenizer, chat, data, model, resume, pissa_init_dir, hf_args, processor, media)
 
 
 def _pissa_on_quantized_base(args: TrainArgs[Any], model_path: str, model_loader: Callable[..., Any],
@@ -168,7 +182,7 @@ def train_and_save(trainer: Any, setup: Setup, args: TrainArgs[Any]) -> RunResul
     else:  # TRL trainers log the running count of tokens they trained on
         tokens_seen = int(max((e.get("num_tokens", 0) for e in trainer.state.log_history), default=0))
         tokens_per_second = tokens_seen / seconds if seconds else 0.0
-    return harness.finish_run(trainer.model, setup.tokenizer, args, model_path=setup.model_path,
+    return harness.finish_run(trainer.model, setup.processor or setup.tokenizer, args, model_path=setup.model_path,
                               global_step=trainer.state.global_step, seconds=seconds, tokens_seen=tokens_seen,
                               tokens_per_second=tokens_per_second, final_loss=losses[-1] if losses else None,
                               metrics=metrics, pissa_init_dir=setup.pissa_init_dir)
@@ -200,11 +214,15 @@ def run_causal_lm(args: TrainArgs[Any], data_kind: DataKind, packing_by_default:
         args=setup.training,
         train_dataset=setup.data.train,
         eval_dataset=setup.data.eval,
-        data_collator=CausalLMCollator(
+        data_collator=MediaCollator(
+            pad_token_id=setup.tokenizer.pad_token_id,
+            flash_attention=setup.model.config._attn_implementation == "flash_attention_2",
+            media=setup.media,
+        ) if setup.media is not None else CausalLMCollator(
             pad_token_id=setup.tokenizer.pad_token_id,
             flash_attention=setup.model.config._attn_implementation == "flash_attention_2",
         ),
-        processing_class=setup.tokenizer,
+        processing_class=setup.processor or setup.tokenizer,
         loraplus_lr_ratio=args.finetuning.loraplus_lr_ratio,
         loraplus_lr_embedding=args.finetuning.loraplus_lr_embedding,
         dft_loss=args.finetuning.use_dft_loss,
