@@ -151,3 +151,41 @@ def narrow_adapter(tmp_path_factory, tokenizer) -> Path:
                            LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
     model.save_pretrained(root / "adapter")
     return root / "adapter"
+
+
+# Two of LLaMA-Factory's demo images, each with its own answer to the same question (issue #41's must-show).
+VLM_QUESTION = "<image>Who is in the picture?"
+VLM_ANSWERS = {"1.jpg": "They're Kane and Gretzka from Bayern Munich.", "2.jpg": "He's Thomas Muller from Bayern Munich."}
+
+
+def write_two_image_dataset(folder: Path) -> Path:
+    """A dataset_dir whose rows share one text and differ only in the image (and its answer): `who`."""
+    import shutil
+
+    (folder / "imgs").mkdir(parents=True, exist_ok=True)
+    rows = []
+    for name, answer in VLM_ANSWERS.items():
+        shutil.copy(REPO / "data" / "mllm_demo_data" / name, folder / "imgs" / name)
+        rows.append({"messages": [{"role": "user", "content": VLM_QUESTION},
+                                  {"role": "assistant", "content": answer}], "images": [f"imgs/{name}"]})
+    (folder / "who.json").write_text(json.dumps(rows * 4))
+    (folder / "dataset_info.json").write_text(json.dumps({"who": {
+        "file_name": "who.json", "formatting": "sharegpt", "columns": {"messages": "messages", "images": "images"},
+        "tags": {"role_tag": "role", "content_tag": "content", "user_tag": "user", "assistant_tag": "assistant"}}}))
+    return folder
+
+
+@pytest.fixture(scope="session")
+def taught_vlm(tmp_path_factory) -> Path:
+    """tiny-llava with a LoRA adapter taught each image's answer (40 steps, ~10 s), trained once per session: the
+    output folder (adapter + processor). Its dataset folder, with the two images, is the output's parent / "imgs".
+    float32 (bf16: false), so greedy answers are the same on every CPU."""
+    from gym.workflows.training import run_exp
+
+    root = write_two_image_dataset(tmp_path_factory.mktemp("taught-vlm"))
+    config = {"model_name_or_path": "tiny-llava", "stage": "sft", "finetuning_type": "lora", "lora_rank": 16,
+              "dataset": "who", "dataset_dir": str(root), "output_dir": str(root / "out"), "max_steps": 40,
+              "per_device_train_batch_size": 4, "learning_rate": 3e-3, "lr_scheduler_type": "constant",
+              "save_strategy": "no", "report_to": "none", "cutoff_len": 128, "disable_tqdm": True, "bf16": False,
+              "seed": 0}
+    return Path(run_exp(config).output_dir)
