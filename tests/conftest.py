@@ -155,7 +155,8 @@ def narrow_adapter(tmp_path_factory, tokenizer) -> Path:
 
 # Two of LLaMA-Factory's demo images, each with its own answer to the same question (issue #41's must-show).
 VLM_QUESTION = "<image>Who is in the picture?"
-VLM_ANSWERS = {"1.jpg": "They're Kane and Gretzka from Bayern Munich.", "2.jpg": "He's Thomas Muller from Bayern Munich."}
+VLM_ANSWERS = {"1.jpg": "They're Kane and Gretzka from Bayern Munich.",
+               "2.jpg": "He's Thomas Muller from Bayern Munich."}
 
 
 def write_two_image_dataset(folder: Path) -> Path:
