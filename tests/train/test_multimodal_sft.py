@@ -35,6 +35,7 @@ def processor(tiny_vlm):
 
 
 def _greedy(model, processor, image_path: Path, question: str = VLM_QUESTION) -> str:
+    """tiny-llava's processor expands `<image>` itself, so the question goes in as the rows have it."""
     from PIL import Image
 
     text = processor.tokenizer.apply_chat_template([{"role": "user", "content": question}], tokenize=False,
@@ -46,8 +47,8 @@ def _greedy(model, processor, image_path: Path, question: str = VLM_QUESTION) ->
     return str(processor.tokenizer.decode(out[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True))
 
 
-def _sft(dataset_dir: Path, out: Path, dataset: str = "who", **overrides) -> dict:
-    config = {"model_name_or_path": "tiny-llava", "stage": "sft", "finetuning_type": "lora", "dataset": dataset,
+def _sft(dataset_dir: Path, out: Path, dataset: str = "who", model: str = "tiny-llava", **overrides) -> dict:
+    config = {"model_name_or_path": model, "stage": "sft", "finetuning_type": "lora", "dataset": dataset,
               "dataset_dir": str(dataset_dir), "output_dir": str(out), "max_steps": 2,
               "per_device_train_batch_size": 2, "learning_rate": 1e-3, "save_strategy": "no", "report_to": "none",
               "cutoff_len": 512, "disable_tqdm": True, "bf16": False}
@@ -112,6 +113,34 @@ def test_llamafactorys_mllm_demo_trains_one_step_as_is(tmp_path):
                   disable_tqdm=True)
     result = run_exp(config)
     assert result.global_step == 1 and result.final_loss is not None
+
+
+def test_a_second_family_gemma3_expands_its_own_way_and_trains(tmp_path):
+    """Gemma 3's processor expands its begin-of-image marker (not `<image>`) into marker + soft tokens + end marker,
+    and the model needs token_type_ids marking the soft tokens: the same rows and code path serve it."""
+    from gym.data.collators import MediaCollator
+    from gym.data.loader import load_examples
+    from gym.data.registry import get_dataset_attrs
+    from gym.workflows.training import run_exp
+
+    processor = vision.load_processor(resolve_model_path("tiny-gemma3"))
+    media = MediaInputs.for_processor(processor, "tiny-gemma3")
+    assert media.placeholders["images"] == "<start_of_image>" and "videos" in media.refused
+    (attr,) = get_dataset_attrs("who", write_two_image_dataset(tmp_path / "data"))
+    example = load_examples(attr, "supervised", media=True)[0]
+    row = encode_supervised(example, get_chat_format(processor.tokenizer, None), cutoff_len=512, media=media)
+    assert row is not None
+    soft = processor.tokenizer.convert_tokens_to_ids("<image_soft_token>")
+    assert row["input_ids"].count(soft) == 4  # mm_tokens_per_image
+    assert all(label == IGNORE_INDEX for t, label in zip(row["input_ids"], row["labels"]) if t in media.media_ids)
+    batch = MediaCollator(pad_token_id=processor.tokenizer.pad_token_id, media=media)([row])
+    assert batch["token_type_ids"].tolist()[0] == [int(t == soft) for t in row["input_ids"]]
+
+    result = run_exp(_sft(REPO / "data", tmp_path / "out", dataset="mllm_demo", model="tiny-gemma3", max_steps=1,
+                          freeze_multi_modal_projector=False))
+    assert result.global_step == 1
+    names = set(load_file(str(Path(result.output_dir) / "adapter_model.safetensors")))
+    assert any("multi_modal_projector" in n for n in names) and not any("vision_tower" in n for n in names)
 
 
 @pytest.mark.parametrize(("dataset", "what"), [("mllm_video_demo", "takes no videos"),

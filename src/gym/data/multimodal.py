@@ -63,12 +63,15 @@ def media_token_ids(processor: Any) -> set[int]:
     """Ids that stand for media features, which no label may cover."""
     tokenizer = processor.tokenizer
     ids: set[int] = set()
-    for attr in ("image_token", "video_token", "audio_token", "boi_token", "eoi_token"):
-        token = getattr(processor, attr, None)
-        if isinstance(token, str) and token:
-            token_id = tokenizer.convert_tokens_to_ids(token)
-            if isinstance(token_id, int) and token_id != tokenizer.unk_token_id:
-                ids.add(token_id)
+    # Gemma 3's processor names its begin-of-image marker as the image token; the soft tokens the features fill
+    # are the tokenizer's image_token, so both are asked.
+    for owner in (processor, tokenizer):
+        for attr in ("image_token", "video_token", "audio_token", "boi_token", "eoi_token"):
+            token = getattr(owner, attr, None)
+            if isinstance(token, str) and token:
+                token_id = tokenizer.convert_tokens_to_ids(token)
+                if isinstance(token_id, int) and token_id != tokenizer.unk_token_id:
+                    ids.add(token_id)
     vocab = tokenizer.get_vocab()
     for wrapped in _QWEN_WRAPPED.values():
         ids.update(vocab[t] for t in wrapped if t in vocab)

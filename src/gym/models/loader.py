@@ -38,7 +38,7 @@ from gym.models import unsloth
 from gym.models.attention import register_shift_attention
 from gym.models.base_quantization import describe_quantized, device_map, quantization_config
 from gym.models.registry import DEFAULT_MODEL, EMBEDDED, HUB_PRESETS, known_names
-from gym.models.tiny import TINY_MODELS, build_tiny_llava
+from gym.models.tiny import TINY_MODELS, build_tiny
 
 logger = logging.getLogger(__name__)
 
@@ -134,7 +134,7 @@ def resolve_model_path(ref: str | None) -> str:
         dest = gym_home() / "models" / ref
         if (dest / MANIFEST).is_file():
             return str(dest)
-        return str(build_tiny_llava(dest, tokenizer_path=resolve_model_path(DEFAULT_MODEL)))
+        return str(build_tiny(ref, dest, tokenizer_path=resolve_model_path(DEFAULT_MODEL)))
     path = Path(ref).expanduser()
     if path.suffix == ".gguf":
         if not path.is_file():
