@@ -148,7 +148,7 @@ def test_a_second_family_gemma3_expands_its_own_way_and_trains(tmp_path):
 def test_video_and_audio_demos_name_what_the_model_lacks(dataset, what, tmp_path):
     from gym.workflows.training import run_exp
 
-    with pytest.raises(DataError, match=rf"row 1: field '\w+': .*{what} .*Use a model that does \(Qwen2"):
+    with pytest.raises(DataError, match=rf"row 1: field '\w+': tiny-llava {what} .*Use a model that does \(Qwen2"):
         run_exp(_sft(REPO / "data", tmp_path / "out", dataset=dataset, max_steps=1))
 
 

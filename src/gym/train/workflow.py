@@ -77,7 +77,8 @@ def prepare(args: TrainArgs[Any], data_kind: DataKind, *, packing_by_default: bo
         processor, media = None, None
         if vision.is_multimodal(model_path, model_args):
             processor = vision.load_processor(model_path, model_args)
-            media = MediaInputs.for_processor(processor, model_path, image_max_pixels=model_args.image_max_pixels,
+            media = MediaInputs.for_processor(processor, model_args.model_name_or_path or model_path,
+                                              image_max_pixels=model_args.image_max_pixels,
                                               image_min_pixels=model_args.image_min_pixels,
                                               audio_sampling_rate=model_args.audio_sampling_rate)
             tokenizer = processor.tokenizer
