@@ -14,7 +14,8 @@ def activation_bytes(config: Any, tokens_per_step: int, dtype_bytes: int = 4) ->
     intermediate-size vectors (gate, up, activation, product, down input); calibrated against a
     measured +1.3 GB for SmolLM2-135M at ~1,000 tokens per step.
     """
-    config = config.get_text_config()  # a multimodal model's decoder holds the activations that grow with tokens
+    if hasattr(config, "get_text_config"):  # a multimodal model's decoder holds the activations that grow with tokens
+        config = config.get_text_config()
     hidden = config.hidden_size
     intermediate = getattr(config, "intermediate_size", 4 * hidden)
     per_token = config.num_hidden_layers * (16 * hidden + 5 * intermediate) * dtype_bytes
