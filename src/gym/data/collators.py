@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from gym.data.media import KINDS as MEDIA_KINDS
+from gym.data.multimodal import PER_TOKEN_KEYS
 from gym.data.processors import IGNORE_INDEX
 
 if TYPE_CHECKING:
@@ -80,4 +82,42 @@ class MediaCollator(CausalLMCollator):
                 decoded[kind] += self.media.decode(kind, f.get(kind) or [], "batch")
         if any(decoded.values()):
             batch.update(self.media.features({k: v for k, v in decoded.items() if v}, batch["input_ids"]))
+        return batch
+
+
+@dataclass
+class MediaBatchCollator:
+    """Another collator's batch of token ids (TRL's preference collators: `ids`) plus the rows' media tensors.
+
+    `repeats`: how many times the batch lays the rows out, in order (2 for DPO: every row's chosen sequence, then
+    every row's rejected one, each behind the same prompt and so the same media); the media are repeated to match,
+    since the model takes one image's features per run of its tokens. `column`: the row key that holds a kind's
+    items. A per-token type the processor adds (Gemma 3's token_type_ids) is mapped onto every id tensor of the batch
+    (`input_ids`, and KTO's `KL_input_ids` as `KL_token_type_ids`)."""
+
+    ids: Callable[[list[dict[str, Any]]], dict[str, Any]]
+    media: MediaInputs
+    repeats: int = 1
+    column: str = "{kind}"
+
+    def __call__(self, features: list[dict[str, Any]]) -> dict[str, Any]:
+        columns = {kind: self.column.format(kind=kind) for kind in MEDIA_KINDS}
+        batch = self.ids([{k: v for k, v in f.items() if k not in columns.values()} for f in features])
+        decoded = {kind: [item for f in features for item in self.media.decode(kind, f.get(column) or [], "batch")]
+                   for kind, column in columns.items()}
+        decoded = {kind: items * self.repeats for kind, items in decoded.items() if items}
+        if not decoded:
+            return batch
+        tensors = self.media.features(decoded, batch["input_ids"])
+        for key in PER_TOKEN_KEYS:
+            if key not in tensors:
+                continue
+            marked = tensors[key] != 0
+            kinds = dict(zip(batch["input_ids"][marked].tolist(), tensors[key][marked].tolist(), strict=True))
+            for ids_key in [k for k in batch if k.endswith("input_ids") and k != "input_ids"]:
+                types = torch.zeros_like(batch[ids_key])
+                for token_id, kind in kinds.items():
+                    types[batch[ids_key] == token_id] = kind
+                tensors[ids_key.removesuffix("input_ids") + key] = types
+        batch.update(tensors)
         return batch

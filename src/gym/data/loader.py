@@ -75,9 +75,12 @@ def load_examples(attr: DatasetAttr, kind: str, max_samples: int | None = None, 
     return examples
 
 
-def _refuse_media(examples: list[Example]) -> None:
+def _refuse_media(examples: list[Example], reason: str | None = None) -> None:
+    """The first row with media is an error: the model is a text model, or (`reason`) the job cannot take media."""
     for example in examples:
         kinds = [kind for kind in MEDIA_KINDS if getattr(example, kind)]
+        if kinds and reason:
+            raise DataError(f"{example.source} has {kinds[0]}, and {reason}")
         if kinds:
             raise DataError(
                 f"{example.source} has {kinds[0]}, and the model is a text model: training on the text alone "
@@ -87,10 +90,15 @@ def _refuse_media(examples: list[Example]) -> None:
 
 
 ENCODERS = {"pairwise": encode_pairwise, "feedback": encode_feedback, "prompt": encode_prompt}
+# The kinds whose rows carry media to the model (the prompts' placeholders expanded by its processor).
+MEDIA_DATA_KINDS = ("supervised", "pairwise", "feedback")
 
 
 def _encode_all(examples: list[Example], chat: ChatFormat, data_args: DataArguments,
                 kind: str, media: MediaInputs | None = None) -> tuple[list[dict[str, Any]], int]:
+    if media is not None and kind not in MEDIA_DATA_KINDS:
+        _refuse_media(examples, f"{kind} rows with images, videos or audio are not read (supervised, pairwise and "
+                      "feedback rows are); use a text-only dataset for this stage.")
     if kind == "unsupervised":
         encoded: list[dict[str, Any]] = []
         for ex in examples:
@@ -99,11 +107,9 @@ def _encode_all(examples: list[Example], chat: ChatFormat, data_args: DataArgume
     if kind == "supervised":
         encode = partial(encode_supervised, chat=chat, cutoff_len=data_args.cutoff_len,
                          train_on_prompt=data_args.train_on_prompt, mask_history=data_args.mask_history, media=media)
+    elif kind in MEDIA_DATA_KINDS:
+        encode = partial(ENCODERS[kind], chat=chat, cutoff_len=data_args.cutoff_len, media=media)
     else:
-        if media is not None and any(ex.has_media() for ex in examples):
-            raise DataError(f"{next(ex for ex in examples if ex.has_media()).source} has media, and {kind} rows "
-                            "with images, videos or audio are not read yet (sft is); use a text-only dataset for "
-                            "this stage.")
         encode = partial(ENCODERS[kind], chat=chat, cutoff_len=data_args.cutoff_len)
     # The processor and decoded media stay in this process (a pool would pickle the processor per task).
     workers = 1 if media is not None else data_args.preprocessing_num_workers or 1
@@ -119,11 +125,13 @@ def _encode_all(examples: list[Example], chat: ChatFormat, data_args: DataArgume
 
 
 def _collect(names: str | None, data_args: DataArguments, kind: str, seed: int,
-             media: bool = False) -> list[Example]:
+             media: bool = False, refuse_media: str | None = None) -> list[Example]:
     examples: list[Example] = []
     for attr in get_dataset_attrs(names, data_args.dataset_dir, data_args.media_dir):
         loaded = load_examples(attr, kind, None if data_args.seed_shuffle_datasets else data_args.max_samples,
                                media=media)
+        if media and refuse_media:
+            _refuse_media(loaded, refuse_media)
         if data_args.seed_shuffle_datasets:
             random.Random(seed).shuffle(loaded)
             loaded = loaded[: data_args.max_samples] if data_args.max_samples else loaded
@@ -153,14 +161,18 @@ def _require_tools(examples: list[Example], chat: ChatFormat) -> None:
 
 
 def get_dataset(data_args: DataArguments, chat: ChatFormat, kind: str, seed: int = 42,
-                packing: bool = False, media: MediaInputs | None = None) -> TokenizedData:
+                packing: bool = False, media: MediaInputs | None = None,
+                refuse_media: str | None = None) -> TokenizedData:
     """Load, validate, tokenize, split and (optionally) pack.
 
     `kind`: unsupervised, supervised, pairwise, feedback or prompt (see gym.data.formats). `media`: the
-    model's processor glue when it is a multimodal model (gym.data.multimodal); rows with media need it."""
+    model's processor glue when it is a multimodal model (gym.data.multimodal); rows with media need it.
+    `refuse_media`: why the job cannot take rows with media even so (the end of a sentence naming the first such
+    row), checked as the rows are read, before anything is tokenized."""
     if not data_args.dataset:
         raise DataError("No training data: set `dataset:` to a name from dataset_info.json or a file path.")
-    train_examples = _collect(data_args.dataset, data_args, kind, seed, media=media is not None)
+    train_examples = _collect(data_args.dataset, data_args, kind, seed, media=media is not None,
+                              refuse_media=refuse_media)
     _require_tools(train_examples, chat)
     if packing and any(ex.has_media() for ex in train_examples):
         raise DataError(f"{next(ex for ex in train_examples if ex.has_media()).source} has media, and packing "
@@ -177,8 +189,8 @@ def get_dataset(data_args: DataArguments, chat: ChatFormat, kind: str, seed: int
                        dropped, len(train_examples), data_args.cutoff_len)
     evaluation = None
     if data_args.eval_dataset:
-        evaluation, _ = _encode_all(_collect(data_args.eval_dataset, data_args, kind, seed, media=media is not None),
-                                    chat, data_args, kind, media)
+        evaluation, _ = _encode_all(_collect(data_args.eval_dataset, data_args, kind, seed, media=media is not None,
+                                             refuse_media=refuse_media), chat, data_args, kind, media)
     elif data_args.val_size:
         order = list(range(len(train)))
         random.Random(seed).shuffle(order)

@@ -10,10 +10,12 @@ predict across their boundary.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from gym.core.errors import DataError
 from gym.data.formats import Example
+from gym.data.media import PLACEHOLDERS
 from gym.data.messages import Message
 from gym.data.multimodal import MediaInputs, RowTokenizer, media_fields
 from gym.data.templates import ChatFormat
@@ -87,40 +89,83 @@ def _answer_ids(chat: ChatFormat, response: str) -> list[int]:
     return ids
 
 
-def _prompt_and_answer(example: Example, chat: ChatFormat, answer: str | Message) -> tuple[list[int], list[int]]:
+def _render_prompt_and_answer(example: Example, chat: ChatFormat, answer: str | Message) -> tuple[str, str]:
     """The conversation so far (ending with the assistant header) and `answer` (text, or an assistant message that
-    may call tools) as its next turn."""
+    may call tools) as its next turn, rendered."""
     if isinstance(answer, str):
         answer = {"role": "assistant", "content": answer}
     pairs = chat.render_pairs([*example.messages, answer], example.system,
                               example.tools)
-    prompt = "".join(p + r for p, r in pairs[:-1]) + pairs[-1][0]
-    return chat.tokenizer.encode(prompt, add_special_tokens=False), _answer_ids(chat, pairs[-1][1])
+    return "".join(p + r for p, r in pairs[:-1]) + pairs[-1][0], pairs[-1][1]
 
 
-def encode_pairwise(example: Example, chat: ChatFormat, cutoff_len: int, **_: Any) -> dict[str, list[int]] | None:
+def _prompt_and_answer(example: Example, chat: ChatFormat, answer: str | Message) -> tuple[list[int], list[int]]:
+    prompt, response = _render_prompt_and_answer(example, chat, answer)
+    return chat.tokenizer.encode(prompt, add_special_tokens=False), _answer_ids(chat, response)
+
+
+def _media_prompt_ids(example: Example, prompt: str, media: MediaInputs) -> list[int]:
+    """A rendered prompt holding every one of the row's placeholders -> its ids, media expanded by the processor."""
+    row_tokenizer = RowTokenizer(media, example)
+    ids = row_tokenizer(prompt)
+    row_tokenizer.finish()
+    return ids
+
+
+def _text_answer_ids(example: Example, chat: ChatFormat, response: str, media: MediaInputs, which: str) -> list[int]:
+    """An answer of a preference row, which is text: a placeholder or media token in it would have no pixels behind
+    it (the media are the prompt's), and the model would refuse the batch mid-training."""
+    ids = _answer_ids(chat, response)
+    if any(tag in response for tag in PLACEHOLDERS.values()) or media.media_ids.intersection(ids):
+        raise DataError(f"{example.source}: the {which} answer holds a media placeholder; in preference data the "
+                        "images, videos and audio go in the prompt, and the answers are text.")
+    return ids
+
+
+def encode_pairwise(example: Example, chat: ChatFormat, cutoff_len: int, media: MediaInputs | None = None,
+                    **_: Any) -> dict[str, Any] | None:
     """A prompt with a chosen and a rejected answer -> {"prompt_ids", "chosen_ids", "rejected_ids"}.
 
-    Answers are cut to fit cutoff_len after the prompt; None when the prompt alone fills it.
+    Answers are cut to fit cutoff_len after the prompt; None when the prompt alone fills it. With `media` (a
+    multimodal model), the prompt's placeholders are expanded by the processor and the row keeps its media items
+    for the collator; the answers stay text.
     """
     if example.chosen is None or example.rejected is None:
         raise DataError(f"{example.source}: a pairwise example needs both a chosen and a rejected answer.")
-    prompt_ids, chosen_ids = _prompt_and_answer(example, chat, example.chosen)
-    rejected_ids = _prompt_and_answer(example, chat, example.rejected)[1]
+    if media is None or not example.has_media():
+        prompt_ids, chosen_ids = _prompt_and_answer(example, chat, example.chosen)
+        rejected_ids = _prompt_and_answer(example, chat, example.rejected)[1]
+        row: dict[str, Any] = {}
+    else:
+        prompt, chosen = _render_prompt_and_answer(example, chat, example.chosen)
+        rejected = _render_prompt_and_answer(example, chat, example.rejected)[1]
+        chosen_ids = _text_answer_ids(example, chat, chosen, media, "chosen")
+        rejected_ids = _text_answer_ids(example, chat, rejected, media, "rejected")
+        prompt_ids = _media_prompt_ids(example, prompt, media)
+        row = media_fields(example)
     room = cutoff_len - len(prompt_ids)
     if room < 1:
         return None
-    return {"prompt_ids": prompt_ids, "chosen_ids": chosen_ids[:room], "rejected_ids": rejected_ids[:room]}
+    return {"prompt_ids": prompt_ids, "chosen_ids": chosen_ids[:room], "rejected_ids": rejected_ids[:room], **row}
 
 
-def encode_feedback(example: Example, chat: ChatFormat, cutoff_len: int, **_: Any) -> dict[str, Any] | None:
-    """A conversation whose last answer is tagged desirable or not -> {"prompt_ids", "completion_ids", "label"}."""
-    history = Example(example.source, example.messages[:-1], example.system, example.tools)
-    prompt_ids, completion_ids = _prompt_and_answer(history, chat, example.messages[-1])
+def encode_feedback(example: Example, chat: ChatFormat, cutoff_len: int, media: MediaInputs | None = None,
+                    **_: Any) -> dict[str, Any] | None:
+    """A conversation whose last answer is tagged desirable or not -> {"prompt_ids", "completion_ids", "label"}
+    (+ the row's media items with `media`, as in encode_pairwise: the placeholders belong to the prompt)."""
+    history = dataclasses.replace(example, messages=example.messages[:-1])  # the media stay with the prompt
+    row: dict[str, Any] = {}
+    if media is None or not example.has_media():
+        prompt_ids, completion_ids = _prompt_and_answer(history, chat, example.messages[-1])
+    else:
+        prompt, answer = _render_prompt_and_answer(history, chat, example.messages[-1])
+        completion_ids = _text_answer_ids(example, chat, answer, media, "tagged")
+        prompt_ids = _media_prompt_ids(history, prompt, media)
+        row = media_fields(example)
     room = cutoff_len - len(prompt_ids)
     if room < 1:
         return None
-    return {"prompt_ids": prompt_ids, "completion_ids": completion_ids[:room], "label": bool(example.kto_tag)}
+    return {"prompt_ids": prompt_ids, "completion_ids": completion_ids[:room], "label": bool(example.kto_tag), **row}
 
 
 def encode_prompt(example: Example, chat: ChatFormat, cutoff_len: int, **_: Any) -> dict[str, Any] | None:

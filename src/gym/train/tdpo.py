@@ -46,6 +46,10 @@ def tdpo_loss(log_ratio: torch.Tensor, kl: torch.Tensor, beta: float, alpha: flo
     return -F.logsigmoid(margin)
 
 
+# The batch keys of TRL's DPO collator that are not model inputs.
+_NOT_MODEL_INPUTS = ("completion_mask", "ref_chosen_logps", "ref_rejected_logps")
+
+
 def tdpo_trainer_class(base: Any, alpha: float) -> Any:
     """`base` (Gym's DPOTrainer subclass) with TDPO's loss: same data, collator, reference handling and logs."""
     from trl.models.utils import disable_gradient_checkpointing
@@ -56,7 +60,9 @@ def tdpo_trainer_class(base: Any, alpha: float) -> Any:
 
         def _compute_loss(self, model: Any, inputs: dict[str, torch.Tensor], return_outputs: bool) -> Any:
             mode = "train" if self.model.training else "eval"
-            forward = {"input_ids": inputs["input_ids"], "attention_mask": inputs["attention_mask"], "use_cache": False}
+            # Every model input of the batch: the ids, and a vision-language model's pixel_values (image_sizes, ...).
+            forward: dict[str, Any] = {key: value for key, value in inputs.items() if key not in _NOT_MODEL_INPUTS}
+            forward["use_cache"] = False
             logits = model(**forward).logits
             with torch.no_grad(), disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
                 if self.ref_model is not None:

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from gym.config.args import TrainArgs
+from gym.config.stages.registry import registered_stages
 from gym.core.files import temp_path
 from gym.core.hardware import cpu_supports_bf16
 from gym.core.kinds import DataKind
@@ -63,9 +64,26 @@ class Setup:
     media: MediaInputs | None = None  # how rows' media reach a multimodal model (gym.data.multimodal)
 
 
+def media_refusal(args: TrainArgs[Any], method_refusal: str | None = None) -> str | None:
+    """Why this run cannot train on rows with images, videos or audio (the end of a sentence naming the first such
+    row), or None when it can: its stage does not feed media to the model (gym.config.stages.registry: `media`), or
+    the method says why (`method_refusal`: a variant of a stage that can, e.g. dpo with pref_loss: orpo)."""
+    stages = registered_stages()
+    name = args.finetuning.stage
+    if not stages[name].media:
+        takers = sorted(stage for stage, declared in stages.items() if declared.media)
+        return (f"stage '{name}' cannot train on them: its trainer shows the model the text alone, which would teach "
+                f"answers about media the model never sees. The stages that take images, videos and audio are "
+                f"{', '.join(takers)}; use one of them, or a dataset without media.")
+    return method_refusal
+
+
 def prepare(args: TrainArgs[Any], data_kind: DataKind, *, packing_by_default: bool = False,
-            model_loader: Callable[..., Any] = load_causal_lm) -> Setup:
-    """resume -> output checks -> tokenizer -> chat format -> data -> model + adapters, for any method."""
+            model_loader: Callable[..., Any] = load_causal_lm, refuse_media: str | None = None) -> Setup:
+    """resume -> output checks -> tokenizer -> chat format -> data -> model + adapters, for any method.
+
+    Rows with media reach a multimodal model only in the stages that declare `media` (others are refused as the rows
+    are read, see media_refusal); `refuse_media` is the method's own reason to refuse them."""
     model_args, data_args, training_args, finetuning_args = args.model, args.data, args.training, args.finetuning
     resume = resolve_resume(args)
     _warn_about_precision(args)
@@ -89,7 +107,8 @@ def prepare(args: TrainArgs[Any], data_kind: DataKind, *, packing_by_default: bo
         chat = get_chat_format(tokenizer, data_args.template, data_args.default_system, data_args.enable_thinking,
                                tool_format=data_args.tool_format)
         packing = data_args.neat_packing or (packing_by_default if data_args.packing is None else data_args.packing)
-        data = get_dataset(data_args, chat, data_kind, seed=training_args.seed, packing=packing, media=media)
+        data = get_dataset(data_args, chat, data_kind, seed=training_args.seed, packing=packing, media=media,
+                           refuse_media=media_refusal(args, refuse_media))
     logger.info("Data: %s", data.stats)
     logger.info("Precision: %s", "bf16 mixed (float32 master weights)" if hf_args.bf16 else
                 "pure bf16" if training_args.pure_bf16 else "fp16 mixed" if training_args.fp16 else "float32")

@@ -65,13 +65,17 @@ class PreferenceOptions:
             raise ConfigError("'pref_ftx' does not apply to orpo: its loss already includes the SFT term.")
 
 
-def _register(name: str, summary: str, pref_loss: str | None = None) -> None:
+def _register(name: str, summary: str, pref_loss: str | None = None, media: bool = False) -> None:
     register(Stage(name=name, data_kind=DataKind.PAIRWISE, trainer="gym.train.methods.dpo", options=PreferenceOptions,
-                   summary=summary, fixed={"pref_loss": pref_loss} if pref_loss else {}))
+                   summary=summary, fixed={"pref_loss": pref_loss} if pref_loss else {}, media=media))
 
 
-_register("dpo", "direct preference optimisation on chosen/rejected pairs (pref_loss: sigmoid, ipo, hinge, ...)")
-_register("tdpo", "token-level DPO: the answers' per-token KL to the reference in the margin", pref_loss="tdpo")
+# DPO and TDPO run on TRL's DPOTrainer, which hands every batch tensor (pixel_values included) to the model; the
+# reference-free ones run on TRL's experimental ORPO/CPO trainers, which build their forward from the ids alone.
+_register("dpo", "direct preference optimisation on chosen/rejected pairs (pref_loss: sigmoid, ipo, hinge, ...)",
+          media=True)
+_register("tdpo", "token-level DPO: the answers' per-token KL to the reference in the margin", pref_loss="tdpo",
+          media=True)
 _register("orpo", "odds-ratio preference optimisation, no reference model", pref_loss="orpo")
 _register("simpo", "simple preference optimisation, no reference model", pref_loss="simpo")
 _register("cpo", "contrastive preference optimisation, no reference model")

@@ -31,4 +31,4 @@ class KTOOptions:
 
 
 register(Stage(name="kto", data_kind=DataKind.FEEDBACK, trainer="gym.train.methods.kto", options=KTOOptions,
-               summary="Kahneman-Tversky optimisation on answers tagged good or bad"))
+               summary="Kahneman-Tversky optimisation on answers tagged good or bad", media=True))

@@ -35,6 +35,10 @@ class Stage(Generic[OptionsT]):
     summary: str = ""  # one line for `gym train --help`
     # Option values the stage stands for: `stage: orpo` is `stage: dpo` with `pref_loss: orpo`.
     fixed: Mapping[str, Any] = field(default_factory=dict)
+    # Whether its trainer feeds rows' images, videos and audio to a multimodal model. A stage that does not refuses
+    # such rows (gym.train.workflow.prepare): training on their text alone would teach answers about media the model
+    # never sees.
+    media: bool = False
 
 
 _REGISTRY: dict[str, Stage[Any]] = {}

@@ -14,6 +14,13 @@
 Where we depart from TRL: rows are tokenized by Gym's chat format (as in sft), not re-tokenized by
 the trainer; `dpo_label_smoothing` is conservative DPO (cDPO), which TRL 1.16 no longer has for the
 sigmoid loss, so it is rebuilt from TRL's own losses (see `_dpo_losses`).
+
+Images (a vision-language model, rows with `images`): dpo and tdpo take them. The prompt's placeholders are expanded
+by the model's processor when the rows are tokenized, the answers stay text, and each batch carries the prompt's
+pixel_values (once per chosen and once per rejected sequence) into the policy's and the reference's forward
+(gym.train.media_rows); `precompute_ref_log_probs` runs the reference over the same batches, pixels included. orpo,
+simpo and cpo run on TRL's experimental trainers, which build the forward from the ids alone, and refuse rows with
+media.
 """
 
 from __future__ import annotations
@@ -27,7 +34,9 @@ from gym.config.stages.dpo import PreferenceOptions
 from gym.core.kinds import DataKind
 from gym.core.names import split_names
 from gym.core.results import RunResult
+from gym.models import vision
 from gym.models.loader import load_causal_lm, resolve_model_path
+from gym.train.media_rows import media_collator, trl_rows
 from gym.train.tdpo import tdpo_trainer_class
 from gym.train.workflow import (
     Setup,
@@ -41,7 +50,7 @@ from gym.train.workflow import (
 
 def run(args: TrainArgs[PreferenceOptions]) -> RunResult:
     options = args.options
-    setup = prepare(args, DataKind.PAIRWISE)
+    setup = prepare(args, DataKind.PAIRWISE, refuse_media=_media_refusal(args, options))
     longest = max(len(r["prompt_ids"]) + max(len(r["chosen_ids"]), len(r["rejected_ids"])) for r in setup.data.train)
     # Chosen and rejected go through the model in one batch of twice the size.
     choose_checkpointing(args, setup, 2 * longest * args.training.per_device_train_batch_size)
@@ -52,10 +61,20 @@ def run(args: TrainArgs[PreferenceOptions]) -> RunResult:
     return train_and_save(trainer, setup, args)
 
 
-def _dataset(rows: list[dict[str, Any]] | None) -> Any:
+def _media_refusal(args: TrainArgs[PreferenceOptions], options: PreferenceOptions) -> str | None:
+    if not options.reference_free(args.finetuning.stage):
+        return None
+    return (f"pref_loss '{options.pref_loss}' cannot train on them: TRL's ORPO and CPO trainers build the model's "
+            "forward from the token ids alone, so the model would never see the media. With media, use pref_loss "
+            "sigmoid, ipo, hinge or tdpo.")
+
+
+def _dataset(rows: list[dict[str, Any]] | None, media: bool = False) -> Any:
     from datasets import Dataset
 
-    return Dataset.from_list(rows) if rows else None
+    if not rows:
+        return None
+    return Dataset.from_list(trl_rows(rows) if media else rows)
 
 
 def _dpo_losses(options: PreferenceOptions) -> tuple[list[str], list[float]]:
@@ -73,10 +92,11 @@ def _dpo_losses(options: PreferenceOptions) -> tuple[list[str], list[float]]:
     return losses, weights
 
 
-def _reference_model(args: TrainArgs[PreferenceOptions], options: PreferenceOptions) -> Any:
+def _reference_model(args: TrainArgs[PreferenceOptions], options: PreferenceOptions, setup: Setup) -> Any:
     if not options.ref_model:
         return None
-    ref = load_causal_lm(resolve_model_path(options.ref_model), args.model)
+    load = vision.load_multimodal if setup.media is not None else load_causal_lm
+    ref = load(resolve_model_path(options.ref_model), args.model)
     for adapter in split_names(options.ref_model_adapters):
         ref = PeftModel.from_pretrained(ref, adapter).merge_and_unload()
     return ref.eval().requires_grad_(False)
@@ -96,16 +116,25 @@ def _dpo_trainer(args: TrainArgs[PreferenceOptions], options: PreferenceOptions,
     else:
         trainer_class = GymDPOTrainer
         losses, weights = _dpo_losses(options)
+    media: dict[str, Any] = {}
+    if setup.media is not None:
+        from trl.trainer.dpo_trainer import DataCollatorForPreference
+
+        # TRL's text collator lays out each batch as every row's chosen sequence, then every rejected one: the
+        # prompt's media twice. The media columns must reach the collator (remove_unused_columns would drop them).
+        ids = DataCollatorForPreference(pad_token_id=setup.tokenizer.pad_token_id)
+        media = {"data_collator": media_collator(ids, setup.media, repeats=2)}
     config = trl_args(
         DPOConfig, args, setup, beta=options.pref_beta, loss_type=losses, loss_weights=weights,
         label_smoothing=options.dpo_label_smoothing, precompute_ref_log_probs=options.precompute_ref_log_probs,
         max_length=None,  # rows are cut to cutoff_len when tokenized
+        **({"remove_unused_columns": False} if media else {}),
     )
     model = setup.model
     trainer = trainer_class(
-        model=model, ref_model=_reference_model(args, options), args=config,
-        train_dataset=_dataset(setup.data.train), eval_dataset=_dataset(setup.data.eval),
-        processing_class=setup.tokenizer,
+        model=model, ref_model=_reference_model(args, options, setup), args=config,
+        train_dataset=_dataset(setup.data.train, bool(media)), eval_dataset=_dataset(setup.data.eval, bool(media)),
+        processing_class=setup.processor or setup.tokenizer, **media,
     )
     drop_fresh_reference_adapter(model, args)
     return trainer

@@ -8,6 +8,10 @@ and refuses batch size 1). Under LoRA the reference model is the base with the a
 `kto_chosen_weight` / `kto_rejected_weight` (LLaMA-Factory's names) weigh the two kinds of example; with
 unbalanced data the paper advises desirable_weight x n_desirable / (undesirable_weight x n_undesirable)
 in [1, 4/3].
+
+Images (a vision-language model, rows with `images`): the prompt's placeholders are expanded by the model's processor,
+the tagged answer stays text, and each batch carries the prompts' pixel_values into the policy's, the reference's and
+the KL pass's forward (a KL pair keeps its own prompt, so its own images; gym.train.media_rows).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from gym.config.args import TrainArgs
 from gym.config.stages.kto import KTOOptions
 from gym.core.kinds import DataKind
 from gym.core.results import RunResult
+from gym.train.media_rows import media_collator, trl_rows
 from gym.train.workflow import choose_checkpointing, drop_fresh_reference_adapter, prepare, train_and_save, trl_args
 
 logger = logging.getLogger(__name__)
@@ -70,13 +75,25 @@ def run(args: TrainArgs[KTOOptions]) -> RunResult:
     rows = list(rows)
     random.Random(args.training.seed).shuffle(rows)
     cutoff_len = args.data.cutoff_len
+
+    def prepared(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        paired = with_kl_answers(rows, cutoff_len)
+        return trl_rows(paired) if setup.media is not None else paired
+
+    media: dict[str, Any] = {}
+    if setup.media is not None:
+        from trl.trainer.kto_trainer import DataCollatorForUnpairedPreference
+
+        # The media columns must reach the collator (remove_unused_columns would drop them).
+        ids = DataCollatorForUnpairedPreference(pad_token_id=setup.tokenizer.pad_token_id)
+        media = {"data_collator": media_collator(ids, setup.media, repeats=1)}
     config = trl_args(KTOConfig, args, setup, beta=options.pref_beta, desirable_weight=options.kto_chosen_weight,
                       undesirable_weight=options.kto_rejected_weight, max_length=None,
-                      train_sampling_strategy="sequential")
+                      train_sampling_strategy="sequential", **({"remove_unused_columns": False} if media else {}))
     trainer = GymKTOTrainer(
-        model=setup.model, args=config, train_dataset=Dataset.from_list(with_kl_answers(rows, cutoff_len)),
-        eval_dataset=Dataset.from_list(with_kl_answers(setup.data.eval, cutoff_len)) if setup.data.eval else None,
-        processing_class=setup.tokenizer,
+        model=setup.model, args=config, train_dataset=Dataset.from_list(prepared(rows)),
+        eval_dataset=Dataset.from_list(prepared(setup.data.eval)) if setup.data.eval else None,
+        processing_class=setup.processor or setup.tokenizer, **media,
     )
     drop_fresh_reference_adapter(setup.model, args)
     return train_and_save(trainer, setup, args)
