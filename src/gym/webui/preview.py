@@ -118,12 +118,12 @@ def _example_segments(example: Any, chat: ChatFormat, kind: DataKind, cutoff_len
         if row is None:
             return [("(nothing to learn after cutoff_len)", None)]
         return _runs(chat, row["input_ids"], row["labels"], media)
-    if example.has_media():  # as gym.data.loader refuses them when training
-        raise DataError(f"{example.source} has media, and {kind.value} rows with images, videos or audio are not "
-                        "read yet (sft is); use a text-only dataset for this stage.")
     if kind == DataKind.UNSUPERVISED:
         return [seg for chunk in encode_unsupervised(example, chat, cutoff_len)
                 for seg in _runs(chat, chunk["input_ids"], chunk["labels"])]
+    if example.has_media():  # as gym.data.loader refuses them when training
+        raise DataError(f"{example.source} has media, and {kind.value} rows with images, videos or audio are not "
+                        "read yet (sft is); use a text-only dataset for this stage.")
     if kind == DataKind.PAIRWISE:
         pair = encode_pairwise(example, chat, cutoff_len)
         if pair is None:
