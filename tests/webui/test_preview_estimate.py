@@ -15,9 +15,12 @@ def test_the_preview_marks_exactly_the_tokens_the_loss_is_on(tiny_model_dir, dat
     from gym.data.processors import IGNORE_INDEX, encode_supervised
     from gym.data.registry import get_dataset_attrs
 
-    segments = preview.preview_rows(str(tiny_model_dir), "tiny_alpaca", str(data_dir), "sft", rows=1)
+    shown = preview.preview_rows(str(tiny_model_dir), "tiny_alpaca", str(data_dir), "sft", rows=1)
+    segments = shown.segments
+    assert shown.images == []  # a text dataset has no pictures to show
     trained = "".join(text for text, label in segments if label == "trained")
-    chat = preview._chat_format(str(tiny_model_dir), None)
+    chat, media = preview._model(str(tiny_model_dir), None)
+    assert media is None
     example = load_examples(get_dataset_attrs("tiny_alpaca", data_dir)[0], "supervised", max_samples=1)[0]
     row = encode_supervised(example, chat, 2048)
     labels = [t for t in row["labels"] if t != IGNORE_INDEX]
@@ -30,7 +33,8 @@ def test_the_preview_of_preference_rows_shows_both_answers(tiny_model_dir):
     from pathlib import Path
 
     data = Path(__file__).resolve().parents[2] / "data"
-    labels = {label for _, label in preview.preview_rows(str(tiny_model_dir), "dpo_en_demo", str(data), "dpo", rows=1)}
+    shown = preview.preview_rows(str(tiny_model_dir), "dpo_en_demo", str(data), "dpo", rows=1)
+    labels = {label for _, label in shown.segments}
     assert {"prompt", "chosen", "rejected"} <= labels
 
 

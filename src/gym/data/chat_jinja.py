@@ -1,10 +1,12 @@
 """A named template as a Jinja chat template, for exports: transformers, vLLM and llama.cpp read it and render what
-Gym trained, tools included (`tools=` after the system prompt, assistant `tool_calls`, `tool` messages)."""
+Gym trained, tools included (`tools=` after the system prompt, assistant `tool_calls`, `tool` messages), and for a
+vision-language model the images in OpenAI-style content parts."""
 
 from __future__ import annotations
 
 import json
 
+from gym.data.media import PLACEHOLDERS
 from gym.data.templates import EMPTY_THOUGHT, Template, _fill
 from gym.data.tools import ToolFormat, canonical_json, get_tool_format
 
@@ -171,3 +173,29 @@ def jinja_chat_template(template: Template, eos: str, default_system: str | None
                  f"{{%- else -%}}{{{{- {_jinja_turn(t.assistant, eos, 'content')} -}}}}{{%- endif -%}}"
                  "{%- endif -%}{%- endfor -%}")
     return "".join(parts)
+
+
+def content_parts_template(template: str, placeholders: dict[str, str]) -> str:
+    """`template` preceded by Jinja that turns each message's OpenAI-style content parts into text first: text parts
+    as they are, an image (video, audio) part as `placeholders[kind]`, the text the model's processor expands. A
+    `<image>` written in plain text (Gym's row convention) becomes the placeholder too. Gym's templates read each
+    content as a string; processors' apply_chat_template hand them lists of parts."""
+    kinds = {"image": "images", "image_url": "images", "video": "videos", "video_url": "videos",
+             "audio": "audios", "input_audio": "audios", "audio_url": "audios"}
+    part_text = "".join(f"{{%- elif part['type'] == {kind!r} -%}}{{%- set text.value = text.value ~ "
+                        f"{placeholders[media]!r} -%}}" for kind, media in kinds.items() if media in placeholders)
+    replaces = "".join(f" | replace({PLACEHOLDERS[media]!r}, {text!r})" for media, text in placeholders.items()
+                       if text != PLACEHOLDERS[media])
+    return ("{%- set parts_ns = namespace(messages=[]) -%}"
+            "{%- for message in messages -%}"
+            "{%- set text = namespace(value='') -%}"
+            "{%- if message['content'] is string -%}{%- set text.value = message['content'] -%}"
+            "{%- elif message['content'] is none or message['content'] is not defined -%}{%- set text.value = none -%}"
+            "{%- else -%}{%- for part in message['content'] -%}"
+            "{%- if part['type'] == 'text' -%}{%- set text.value = text.value ~ part['text'] -%}"
+            f"{part_text}{{%- endif -%}}{{%- endfor -%}}{{%- endif -%}}"
+            f"{{%- if text.value is string -%}}{{%- set text.value = text.value{replaces} -%}}{{%- endif -%}}"
+            "{%- set parts_ns.messages = parts_ns.messages + [{'role': message['role'], 'content': text.value, "
+            "'tool_calls': message['tool_calls'] if message['tool_calls'] is defined else none}] -%}"
+            "{%- endfor -%}"
+            "{%- set messages = parts_ns.messages -%}" + template)

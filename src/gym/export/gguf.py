@@ -33,7 +33,9 @@ def write_model_gguf(args: ExportArguments, config: dict[str, Any]) -> tuple[Pat
     assert args.export_dir is not None
     bitdelta = args.export_type == "bitdelta"
     gguf_type = "f16" if bitdelta or not args.export_type else args.export_type
-    model, tokenizer, chat, decoding, model_path = load_merged(config, args.delta, bitdelta)
+    merged = load_merged(config, args.delta, bitdelta)
+    model, tokenizer, chat, decoding, model_path = (merged.model, merged.tokenizer, merged.chat, merged.decoding,
+                                                    merged.model_path)
     name = Path(str(config.get("adapter_name_or_path") or config.get("output_dir") or model_path).rstrip("/")).name
     out = gguf_path(args.export_dir, name, "bitdelta-f16" if bitdelta else gguf_type)
     refuse_overwrite(out, args.export_overwrite)

@@ -8,11 +8,18 @@ did. generation_config.json holds the decoding settings training saved and the e
 
 An adapter trained on a quantized base (QLoRA) is merged onto the unquantized base: merging into 4-bit
 weights would round the adapter away.
+
+A vision-language model (gym.models.vision) loads and saves whole: its vision tower and projector, with the
+adapter merged into the language model, and its processor (tokenizer + image processor config) in place of the
+tokenizer, so the folder loads with AutoModelForImageTextToText + AutoProcessor. A named template is written so
+that the processor's apply_chat_template also takes OpenAI-style content parts (`{"type": "image"}`): each image
+part becomes the placeholder the family's processor expands, as Gym's own rows' `<image>` does.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,14 +28,16 @@ from transformers import AutoConfig
 
 from gym.config.parser import get_infer_args
 from gym.core.names import split_names
-from gym.data.chat_jinja import jinja_chat_template
-from gym.data.templates import get_chat_format
+from gym.data.chat_jinja import content_parts_template, jinja_chat_template
+from gym.data.multimodal import MediaInputs
+from gym.data.templates import ChatFormat, get_chat_format
 from gym.delta.apply import apply_delta, save_model_folder
 from gym.delta.bitdelta import BitDeltaConfig, BitDeltaQuantizer
 from gym.delta.format import load_delta
 from gym.delta.weights import merge_adapter
 from gym.export.config import ExportArguments
 from gym.infer.config import resolve_inference_config
+from gym.models import vision
 from gym.models.loader import generation_defaults, load_causal_lm, load_tokenizer, resolve_model_path
 
 logger = logging.getLogger(__name__)
@@ -47,18 +56,35 @@ def _dtype(choice: str, model_path: str) -> torch.dtype:
     return saved if isinstance(saved, torch.dtype) else torch.float32
 
 
-def load_merged(config: dict[str, Any], delta: str | None = None, bitdelta: bool = False
-                ) -> tuple[Any, Any, Any, dict[str, Any], str]:
-    """(model with every adapter merged in, tokenizer, chat format, decoding settings, base model path). `bitdelta`:
-    the merged model replaced by base + its BitDelta (what a personalized variant of this fine-tune serves)."""
+@dataclass
+class Merged:
+    """What every export format starts from."""
+
+    model: Any  # every adapter merged in (or rebuilt from a delta), in eval mode
+    tokenizer: Any
+    chat: ChatFormat
+    decoding: dict[str, Any]  # the decoding settings training saved
+    model_path: str  # the base, resolved to a folder
+    processor: Any = None  # a vision-language model's processor (None for a text model)
+
+
+def load_merged(config: dict[str, Any], delta: str | None = None, bitdelta: bool = False) -> Merged:
+    """The model with every adapter merged in, and what prompts it. `bitdelta`: the merged model replaced by base +
+    its BitDelta (what a personalized variant of this fine-tune serves)."""
     resolved = resolve_inference_config(config)
     dropped = [k for k in _QUANTIZATION_KEYS if resolved.pop(k, None) is not None]
     if dropped:
         logger.info("Merging onto the unquantized base (the adapter was trained with %s).", ", ".join(dropped))
     model_args, data_args, _, generating = get_infer_args({k: v for k, v in resolved.items() if k != "output_dir"})
     model_path = resolve_model_path(model_args.model_name_or_path)
-    tokenizer = load_tokenizer(model_path, model_args)
-    model = load_causal_lm(model_path, model_args, dtype=torch.float32)
+    processor = None
+    if vision.is_multimodal(model_path, model_args):
+        processor = vision.load_processor(model_path, model_args)
+        tokenizer = processor.tokenizer
+        model = vision.load_multimodal(model_path, model_args, dtype=torch.float32)
+    else:
+        tokenizer = load_tokenizer(model_path, model_args)
+        model = load_causal_lm(model_path, model_args, dtype=torch.float32)
     for adapter in split_names(model_args.adapter_name_or_path):
         model = merge_adapter(model, adapter, model_args.model_name_or_path, flag="--model_name_or_path")
     if delta is not None:
@@ -69,7 +95,7 @@ def load_merged(config: dict[str, Any], delta: str | None = None, bitdelta: bool
     chat = get_chat_format(tokenizer, data_args.template, data_args.default_system, data_args.enable_thinking,
                            tool_format=data_args.tool_format)
     decoding = generating.resolve(generation_defaults(model_path))
-    return model.eval(), tokenizer, chat, decoding, model_path
+    return Merged(model.eval(), tokenizer, chat, decoding, model_path, processor)
 
 
 def _as_bitdelta(model: Any, model_path: str, model_args: Any) -> Any:
@@ -82,23 +108,28 @@ def _as_bitdelta(model: Any, model_path: str, model_args: Any) -> Any:
 
 def export_hf(args: ExportArguments, config: dict[str, Any]) -> Path:
     assert args.export_dir is not None  # ExportArguments requires it
-    model, tokenizer, chat, decoding, model_path = load_merged(config, args.delta,
-                                                               args.export_type == "bitdelta")
-    model = model.to(_dtype(args.export_dtype, model_path))
+    merged = load_merged(config, args.delta, args.export_type == "bitdelta")
+    model, tokenizer, chat, processor = merged.model, merged.tokenizer, merged.chat, merged.processor
+    model = model.to(_dtype(args.export_dtype, merged.model_path))
     if chat.template is not None:
         tokenizer.chat_template = jinja_chat_template(chat.template, tokenizer.eos_token or "", chat.default_system,
                                                       chat.enable_thinking, chat.tool_format)
+        if processor is not None:
+            media = MediaInputs.for_processor(processor, merged.model_path)
+            processor.chat_template = tokenizer.chat_template = content_parts_template(tokenizer.chat_template,
+                                                                                       media.placeholders)
     generation = model.generation_config
     for key in _GENERATION_KEYS:
-        if key in decoding:
-            setattr(generation, key, decoding[key])
+        if key in merged.decoding:
+            setattr(generation, key, merged.decoding[key])
     generation.eos_token_id = chat.stop_token_ids()
     if generation.pad_token_id is None and tokenizer.pad_token_id is not None:
         generation.pad_token_id = tokenizer.pad_token_id
     manifest = {"made_by": "gym export", "format": "hf", "base_model": str(config.get("model_name_or_path") or
-                                                                            model_path),
+                                                                            merged.model_path),
                 "adapters": split_names(config.get("adapter_name_or_path")), "delta": args.delta,
                 "chat_template": chat.name, "dtype": str(model.dtype).removeprefix("torch."),
-                "type": args.export_type}
-    return save_model_folder(model, tokenizer, args.export_dir, manifest, overwrite=args.export_overwrite,
-                             max_shard_size=f"{int(args.export_size * 1000)}MB")
+                "type": args.export_type, "processor": type(processor).__name__ if processor is not None else None}
+    # A vision-language model's processor saves its tokenizer with it, plus the image processor's settings.
+    return save_model_folder(model, processor or tokenizer, args.export_dir, manifest,
+                             overwrite=args.export_overwrite, max_shard_size=f"{int(args.export_size * 1000)}MB")

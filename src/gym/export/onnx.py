@@ -114,7 +114,8 @@ def export_onnx(args: ExportArguments, config: dict[str, Any]) -> Path:
     _require_exporter()
     out = Path(args.export_dir)
     refuse_overwrite(out, args.export_overwrite, folder=True)
-    model, tokenizer, chat, _, _ = load_merged(config, args.delta, args.export_type == "bitdelta")
+    merged = load_merged(config, args.delta, args.export_type == "bitdelta")
+    model, tokenizer, chat = merged.model, merged.tokenizer, merged.chat
     model.config.use_cache = True
     decoder = CachedDecoder(model.float().eval())
     make_folder(out.parent)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from gym.core.errors import ConfigError
 from gym.core.files import refuse_file_in_path, refuse_output_over_input, refuse_overwrite
 from gym.core.names import split_names
 from gym.export.config import ExportArguments, parse_export
@@ -20,6 +21,7 @@ def run_export(config: dict[str, Any]) -> Path:
         if files.adapter is not None:
             model_config["adapter_name_or_path"] = files.adapter
     check_output(args, model_config)
+    refuse_multimodal(args, model_config)
     if args.export_format == "gguf":
         from gym.export.gguf import export_gguf
 
@@ -54,3 +56,38 @@ def check_output(args: ExportArguments, model_config: dict[str, Any]) -> None:
         refuse_overwrite(out, args.export_overwrite, folder=True)
     else:  # a .gguf file, or a folder the file is written in
         refuse_file_in_path(out, folder=out.suffix != ".gguf")
+
+
+# What each format would need for a vision-language model, and why Gym does not write it.
+_MULTIMODAL_GAPS = {
+    "gguf": "llama.cpp runs one as two GGUF files, the language model plus an mmproj file holding the vision tower "
+            "and projector, and Gym writes neither for a vision-language model",
+    "ollama": "Ollama imports one from two GGUF files, the language model plus an mmproj file holding the vision "
+              "tower and projector, and Gym writes neither for a vision-language model",
+    "gguf-lora": "a GGUF LoRA adapter applies to the language model's GGUF, which llama.cpp pairs with an mmproj "
+                 "file for the vision tower and projector; Gym writes neither for a vision-language model",
+    "onnx": "Gym's ONNX export is a text decoder (token ids in, logits out) with no input for the images the vision "
+            "tower and projector read",
+}
+
+
+def refuse_multimodal(args: ExportArguments, model_config: dict[str, Any]) -> None:
+    """A vision-language model exports as an hf folder only (with its processor); every other format is refused
+    here, before any weight loads, with what it would need and the way that works."""
+    if args.export_format == "hf" and not args.delta and args.export_type != "bitdelta":
+        return
+    from gym.infer.config import resolve_inference_config
+    from gym.models.loader import resolve_model_path
+    from gym.models.vision import is_multimodal
+
+    reference = resolve_inference_config(dict(model_config)).get("model_name_or_path")
+    if not isinstance(reference, str) or not is_multimodal(resolve_model_path(reference)):
+        return
+    if args.export_format == "hf":
+        raise ConfigError(f"{reference} is a vision-language model, and delta files and BitDelta variants are made "
+                          "for text models: export it without --delta / --type bitdelta (its adapter merged).")
+    raise ConfigError(
+        f"{reference} is a vision-language model, so --format {args.export_format} cannot hold it: "
+        f"{_MULTIMODAL_GAPS[args.export_format]}. Export --format hf instead (the merged model with its processor, "
+        "for transformers and vLLM); for llama.cpp, convert that folder with llama.cpp's convert_hf_to_gguf.py, once "
+        "for the language model and once with --mmproj for the vision part.")

@@ -1,6 +1,9 @@
 """The Chat tab: the inference playground. One model at a time is loaded in the server (a base, a training
 run's output, a LoRA adapter, an exported folder, or a user's variant from a variants store), through the
-same ChatModel as `gym chat` and `gym api`; answers stream; the prompt is shown exactly as rendered."""
+same ChatModel as `gym chat` and `gym api`; answers stream; the prompt is shown exactly as rendered.
+
+An image uploaded beside the message goes with it as an OpenAI `image_url` part (gym.webui.chat_messages), as
+`gym api` receives one; a text model refuses it in one line."""
 
 from __future__ import annotations
 
@@ -14,6 +17,14 @@ import gradio as gr
 from gym.core.errors import GymError
 from gym.core.files import MANIFEST_FILE
 from gym.webui import forms
+from gym.webui.chat_messages import (
+    Message,
+    as_text,
+    history_messages,
+    refuse_images,
+    shown_user_message,
+    user_message,
+)
 from gym.webui.common import UI, user_errors
 
 
@@ -23,6 +34,7 @@ class Playground:
     def __init__(self) -> None:
         self.model: Any = None
         self.name = ""
+        self.takes_images = False  # a vision-language model (its config's type), read once when it loads
         self.lock = threading.Lock()
 
     def load(self, source: str, adapter: str, template: str, store: str, user: str) -> str:
@@ -48,13 +60,28 @@ class Playground:
                     config["adapter_name_or_path"] = adapter
                 self.model = ChatModel(config)
                 self.name = source + (f" + {adapter}" if adapter else "")
-        return f"Loaded **{self.name}** (chat format: {self.model.chat_format.name})."
+            self.takes_images = _takes_images(self.model)
+        seeing = " It takes images." if self.takes_images else ""
+        return f"Loaded **{self.name}** (chat format: {self.model.chat_format.name}).{seeing}"
 
     def unload(self) -> None:
         if self.model is not None:
             self.model.close()
             self.model = None
             self.name = ""
+            self.takes_images = False
+
+    def turn(self, text: str, image: str | None, history: list[dict[str, Any]] | None,
+             system: str | None) -> tuple[list[Message], str]:
+        """The messages to send (the history, then the user's text and image) and the prompt as the chat format
+        renders it, with `<image>` where each image goes; a GymError for what cannot be sent."""
+        if self.model is None:
+            raise GymError("Load a model first.")
+        if not text.strip() and image is None:
+            raise GymError("Type a message.")
+        messages = [*history_messages(history), user_message(text, image)]
+        refuse_images(messages, self.takes_images, self.name)
+        return messages, self.model.chat_format.render_prompt(as_text(messages), system)
 
 
 def build(ui: UI, demo: gr.Blocks) -> None:
@@ -79,6 +106,8 @@ def build(ui: UI, demo: gr.Blocks) -> None:
     chatbot = gr.Chatbot(label="chat", height=360, elem_id="chat-box")
     with gr.Row():
         message = gr.Textbox(label="message", scale=5, elem_id="chat-input", placeholder="Enter sends")
+        image = gr.Image(type="filepath", label="image (vision-language models)", sources=["upload", "clipboard"],
+                         height=120, scale=1, elem_id="chat-image")
         send = gr.Button("Send", variant="primary", elem_id="chat-send")
         clear = gr.Button("Clear")
     rendered = gr.Code(label="the prompt as rendered (what the model reads)", language=None, interactive=False)
@@ -92,37 +121,33 @@ def build(ui: UI, demo: gr.Blocks) -> None:
         return "No model loaded."
 
     @user_errors
-    def on_send(text: str, history: list[dict[str, Any]], system_prompt: str, temp: float, p: float,
-                tokens: float | None) -> Iterator[tuple[list[dict[str, Any]], str, str]]:
-        model = playground.model
-        if model is None:
-            raise GymError("Load a model first.")
-        if not text.strip():
-            raise GymError("Type a message.")
-        messages = [{"role": m["role"], "content": _text(m["content"])} for m in history or []]
-        messages.append({"role": "user", "content": text})
-        prompt = model.chat_format.render_prompt(messages, system_prompt or None)
+    def on_send(text: str, image: str | None, history: list[dict[str, Any]], system_prompt: str, temp: float,
+                p: float, tokens: float | None) -> Iterator[tuple[list[dict[str, Any]], str, None, str]]:
+        model = playground.model  # the one this answer comes from, even if another is loaded meanwhile
+        messages, prompt = playground.turn(text, image, history, system_prompt or None)
         sampling = {"max_new_tokens": int(tokens or 128), "do_sample": temp > 0, "top_p": p}
         if temp > 0:
             sampling["temperature"] = temp
         answer = ""
-        shown = [*messages, {"role": "assistant", "content": ""}]
-        yield shown, "", prompt
+        shown = [*(history or []), shown_user_message(text, image), {"role": "assistant", "content": ""}]
+        yield shown, "", None, prompt
         for piece in model.stream_chat(messages, system_prompt or None, **sampling):
             answer += piece
             shown[-1] = {"role": "assistant", "content": answer}
-            yield shown, "", prompt
+            yield shown, "", None, prompt
 
     load.click(on_load, [source, adapter, template, store, user], loaded)
     unload.click(on_unload, None, loaded)
     for event in (send.click, message.submit):
-        event(on_send, [message, chatbot, system, temperature, top_p, max_new_tokens], [chatbot, message, rendered])
+        event(on_send, [message, image, chatbot, system, temperature, top_p, max_new_tokens],
+              [chatbot, message, image, rendered])
     clear.click(lambda: ([], ""), None, [chatbot, rendered])
     demo.load(lambda: gr.update(choices=forms.local_models([ui.store.root])), None, source)
 
 
-def _text(content: Any) -> str:
-    """Gradio may hand a message's content back as a list of parts; the model reads plain text."""
-    if isinstance(content, list):
-        return "".join(part.get("text", "") if isinstance(part, dict) else str(part) for part in content)
-    return str(content)
+def _takes_images(model: Any) -> bool:
+    """Whether the loaded model reads images: its config's type is a vision-language one (a GGUF served by
+    llama.cpp has no such config, and is read as text)."""
+    from gym.models.vision import is_multimodal
+
+    return is_multimodal(str(model.model_path), getattr(model, "model_args", None))

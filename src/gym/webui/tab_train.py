@@ -1,6 +1,6 @@
 """The Train tab: the form (from the config dataclasses and the method registry), a preview of the rows as
-training sees them, the memory/time estimate, Start / Stop / Resume, and the live view of any run (status,
-progress, curves, console), several runs on one chart."""
+training sees them (with their images), the memory/time estimate, Start / Stop / Resume, and the live view of any
+run (status, progress, curves, console), several runs on one chart."""
 
 from __future__ import annotations
 
@@ -148,6 +148,8 @@ def build(ui: UI, demo: gr.Blocks) -> None:
         preview_button = gr.Button("Preview rows")
         preview = gr.HighlightedText(label="rendered by the chat format; marked: what the loss is on",
                                      color_map=COLORS, combine_adjacent=False, show_legend=True)
+        gallery = gr.Gallery(label="the rows' images", columns=6, height=220, object_fit="contain", visible=False,
+                             elem_id="train-preview-images")
     with gr.Row():
         estimate_button = gr.Button("Estimate (formula)")
         measure_button = gr.Button("Measure (3-step dry run)")
@@ -201,11 +203,12 @@ def build(ui: UI, demo: gr.Blocks) -> None:
 
     @user_errors
     def on_preview(model_name: str, stage_name: str, template_name: str, folder: str, names: list[str],
-                   cutoff: float | None) -> list[tuple[str, str | None]]:
+                   cutoff: float | None) -> tuple[list[tuple[str, str | None]], Any]:
         if not names:
             raise GymError("Pick a dataset to preview.")
-        return preview_rows(model_name, ",".join(names), folder, stage_name, template_name or None,
-                            int(cutoff or 1024))
+        shown = preview_rows(model_name, ",".join(names), folder, stage_name, template_name or None,
+                             int(cutoff or 1024))
+        return shown.segments, gr.update(value=shown.images or None, visible=bool(shown.images))
 
     start.click(on_start, form.inputs, [run, compare])
     stop.click(on_stop, run, estimate_box)
@@ -213,5 +216,5 @@ def build(ui: UI, demo: gr.Blocks) -> None:
     estimate_button.click(on_estimate, form.inputs, estimate_box)
     measure_button.click(on_measure, form.inputs, estimate_box)
     preview_button.click(on_preview, [form.model, form.stage, form.template, form.dataset_dir, form.dataset,
-                                      form.cutoff_len], preview)
+                                      form.cutoff_len], [preview, gallery])
     demo.load(lambda: gr.update(choices=forms.local_models([ui.store.root])), None, form.model)
