@@ -83,7 +83,7 @@ class MultimodalEngine(BatchingEngine):
         # Every value that changes scores is given explicitly: generate() fills unset (None) ones from the model's
         # generation_config, and a repetition penalty or min length applied there would change what the picker sees.
         config = GenerationConfig(max_new_tokens=request.params.max_new_tokens, do_sample=False, num_beams=1,
-                                  repetition_penalty=1.0, no_repeat_ngram_size=0, min_new_tokens=0, min_length=0,
+                                  repetition_penalty=1.0, no_repeat_ngram_size=0, min_new_tokens=0,
                                   pad_token_id=self.pad_id, eos_token_id=sorted(self.stop_token_ids) or None,
                                   renormalize_logits=False)
         self.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **media, generation_config=config,
