@@ -88,3 +88,55 @@ def test_a_text_model_says_it_takes_no_images(tiny_model_dir, taught_vlm):
         assert isinstance(model.chat([{"role": "user", "content": "Hi"}]), str)  # text turns as before
     finally:
         model.close()
+
+
+@pytest.mark.parametrize("name", sorted(VLM_ANSWERS))
+def test_gym_chat_with_an_image(taught_vlm, name, capsys):
+    from gym.cli import main
+
+    image = str(taught_vlm.parent / "imgs" / name)
+    assert main(["chat", "--model_name_or_path", str(taught_vlm), "--image", image, "--prompt", QUESTION,
+                 "--do_sample", "false", "--max_new_tokens", "16"]) == 0
+    out = capsys.readouterr().out
+    assert f"User: {QUESTION}\nAssistant: {VLM_ANSWERS[name]}" in out
+
+
+def test_gym_chat_image_errors_are_one_line(taught_vlm, tiny_model_dir, tmp_path, capsys):
+    from gym.cli import main
+
+    (tmp_path / "notes.jpg").write_text("not a picture")
+    assert main(["chat", "--model_name_or_path", str(taught_vlm), "--image", str(tmp_path / "notes.jpg"),
+                 "--prompt", QUESTION]) == 2
+    err = capsys.readouterr().err
+    assert "--image " in err and "not an image" in err and "Traceback" not in err
+    image = str(taught_vlm.parent / "imgs" / "1.jpg")
+    assert main(["chat", "--model_name_or_path", str(tiny_model_dir), "--image", image, "--prompt", "Hi"]) == 2
+    err = capsys.readouterr().err
+    assert "the model is a text model" in err and "Traceback" not in err
+
+
+def test_gym_infer_answers_an_mllm_dataset_with_its_images(taught_vlm, tmp_path):
+    """Rows with an `images` column (the taught dataset itself, LLaMA-Factory's mllm layout) are answered with their
+    images: each row's prediction is its own image's answer."""
+    import json
+
+    from gym.cli import main
+
+    out = tmp_path / "preds.jsonl"
+    assert main(["infer", "--model_name_or_path", str(taught_vlm), "--dataset", "who", "--dataset_dir",
+                 str(taught_vlm.parent), "--max_samples", "2", "-o", str(out), "--do_sample", "false",
+                 "--max_new_tokens", "16"]) == 0
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(lines) == 2
+    for line in lines:
+        assert line["prediction"].startswith(line["reference"]), line
+        assert line["images"][0].endswith(("1.jpg", "2.jpg"))
+    assert lines[0]["prediction"] != lines[1]["prediction"]
+
+
+def test_gym_infer_refuses_images_for_a_text_model(taught_vlm, tiny_model_dir, tmp_path, capsys):
+    from gym.cli import main
+
+    assert main(["infer", "--model_name_or_path", str(tiny_model_dir), "--dataset", "who", "--dataset_dir",
+                 str(taught_vlm.parent), "--max_samples", "1", "-o", str(tmp_path / "p.jsonl")]) == 2
+    assert "the model is a text model" in capsys.readouterr().err
