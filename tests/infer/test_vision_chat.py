@@ -46,6 +46,18 @@ def test_the_engine_answers_as_generate_does(vlm_chat, taught_vlm):
     assert vlm_chat.chat([{"role": "user", "content": QUESTION}], images=[image]) == expected
 
 
+def test_concurrent_requests_run_one_after_another_with_their_own_images(vlm_chat, taught_vlm):
+    from concurrent.futures import ThreadPoolExecutor
+
+    images = taught_vlm.parent / "imgs"
+    names = sorted(VLM_ANSWERS) * 2
+    with ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(lambda name: vlm_chat.chat([{"role": "user", "content": QUESTION}],
+                                                             images=[str(images / name)]), names))
+    for name, answer in zip(names, answers):
+        assert answer.startswith(VLM_ANSWERS[name]), (name, answer)
+
+
 def test_sampling_settings_and_stops_are_honoured(vlm_chat, taught_vlm):
     image = str(taught_vlm.parent / "imgs" / "1.jpg")
     question = [{"role": "user", "content": QUESTION}]
@@ -53,6 +65,14 @@ def test_sampling_settings_and_stops_are_honoured(vlm_chat, taught_vlm):
     hot = {"do_sample": True, "temperature": 2.0, "top_k": 0, "top_p": 1.0}
     first = vlm_chat.chat(question, images=[image], seed=7, **hot)
     assert first == vlm_chat.chat(question, images=[image], seed=7, **hot)  # a seed reproduces the draw
+
+
+def test_structured_output_holds_with_an_image(vlm_chat, taught_vlm):
+    """The grammar's mask runs in the same sampling step, so a VLM's answer is held to JSON like a text model's."""
+    image = str(taught_vlm.parent / "imgs" / "1.jpg")
+    reply = vlm_chat.reply([{"role": "user", "content": QUESTION}], images=[image],
+                           response_format={"type": "json_object"}, max_new_tokens=8)
+    assert reply.content.lstrip().startswith("{"), reply.content
 
 
 def test_placeholders_must_match_the_images(vlm_chat, taught_vlm):

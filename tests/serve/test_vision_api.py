@@ -222,3 +222,18 @@ def test_a_text_model_refuses_images(serve_app, tiny_chat, images):
     assert response.status_code == 400
     assert "the model is a text model" in response.json()["error"]["message"]
     assert json.loads(response.text)["error"]["param"] == "messages.0.content.1.image_url"
+
+
+def test_gym_api_media_flags(monkeypatch, tmp_path, capsys):
+    import gym.serve.server
+    from gym.cli import main
+
+    seen: dict = {}
+    monkeypatch.setattr(gym.serve.server, "serve", lambda config, **options: seen.update(options))
+    assert main(["api", "--model_name_or_path", "x", "--media-dir", str(tmp_path), "--allow-remote-media",
+                 "--max_media_bytes", "1000"]) == 0
+    assert seen["media"] == MediaPolicy(tmp_path.resolve(), allow_remote=True, max_bytes=1000)
+    assert main(["api", "--model_name_or_path", "x"]) == 0
+    assert seen["media"] == MediaPolicy()  # data: URLs only, unless the operator says otherwise
+    assert main(["api", "--model_name_or_path", "x", "--media-dir", str(tmp_path / "nope")]) == 2
+    assert "--media-dir" in capsys.readouterr().err

@@ -64,13 +64,12 @@ class MultimodalEngine(BatchingEngine):
         request = self._current
         if request is None:
             return
-        try:
-            if request.cancelled:
-                finish(request, "cancelled")
-            else:
-                self._generate(request)
-        finally:
-            self._current = None
+        if request.cancelled:
+            finish(request, "cancelled")
+        else:
+            self._generate(request)
+        # Only now: if generate() raised, the request stays in flight, so the engine loop tells it how it ended.
+        self._current = None
 
     def _generate(self, request: Request) -> None:
         device = self.model.device

@@ -448,9 +448,11 @@ def _unloadable(model: str, exc: Exception) -> ApiError:
 
 def _where(problem: Any) -> str:
     """A validation error's location as the client wrote it: `messages.0.content.0.text` (without pydantic's
-    `body` prefix and the union member it tried, such as `list[TextPart]`)."""
+    `body` prefix and the union member it tried, such as `list[...]` or a content part's model, `TextPart`: field
+    names are lower case, models CamelCase)."""
     parts = [str(part) for part in problem.get("loc", ()) if part != "body"]
-    return ".".join(part for part in parts if "[" not in part and part not in ("str", "int", "float", "bool"))
+    return ".".join(part for part in parts if "[" not in part and part not in ("str", "int", "float", "bool")
+                    and not part[:1].isupper())
 
 
 def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
