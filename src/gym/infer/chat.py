@@ -341,7 +341,8 @@ class ChatModel:
 
     def _events(self, prompt: list[int], params: SamplingParams, media: Media | None = None
                 ) -> Iterator[str | Finished]:
-        request = self.engine.submit(prompt, params, media=media)
+        # media only where there are some: a text turn reaches the engine exactly as before images existed
+        request = self.engine.submit(prompt, params, media=media) if media else self.engine.submit(prompt, params)
         try:
             for event in request.events():
                 if isinstance(event, Finished):

@@ -356,7 +356,9 @@ class _Server:
 
         try:
             for index, (prompt, params) in enumerate(jobs):
-                handles.append(self.chat_model.engine.submit(prompt, params, sink=sink_for(index), media=media))
+                # media only where there are some: a text request reaches the engine exactly as before images
+                extra: dict[str, Any] = {"media": media} if media else {}
+                handles.append(self.chat_model.engine.submit(prompt, params, sink=sink_for(index), **extra))
         except EngineBusy as exc:
             for handle in handles:
                 handle.cancel()
