@@ -160,3 +160,18 @@ def test_gym_infer_refuses_images_for_a_text_model(taught_vlm, tiny_model_dir, t
     assert main(["infer", "--model_name_or_path", str(tiny_model_dir), "--dataset", "who", "--dataset_dir",
                  str(taught_vlm.parent), "--max_samples", "1", "-o", str(tmp_path / "p.jsonl")]) == 2
     assert "the model is a text model" in capsys.readouterr().err
+
+
+def test_a_large_photo_is_shrunk_while_it_decodes(vlm_chat, tmp_path):
+    """A JPEG over image_max_pixels is decoded at a reduced DCT scale, never at full size, then fitted."""
+    from PIL import Image
+
+    from gym.infer.chat import _decode_small
+
+    Image.new("RGB", (4000, 3000), (40, 90, 200)).save(tmp_path / "big.jpg", quality=80)
+    with Image.open(tmp_path / "big.jpg") as image:
+        _decode_small(image, 768 * 768)
+        image.load()
+        assert image.size == (1000, 750)  # 1/4 scale: the smallest DCT scale still over the limit's sides
+    prompt, media = vlm_chat.encode([{"role": "user", "content": QUESTION}], images=[str(tmp_path / "big.jpg")])
+    assert media is not None and media["pixel_values"].shape[-2:] == (56, 56)

@@ -237,3 +237,8 @@ def test_gym_api_media_flags(monkeypatch, tmp_path, capsys):
     assert seen["media"] == MediaPolicy()  # data: URLs only, unless the operator says otherwise
     assert main(["api", "--model_name_or_path", "x", "--media-dir", str(tmp_path / "nope")]) == 2
     assert "--media-dir" in capsys.readouterr().err
+
+
+def test_context_length_is_the_language_models(strict_url, images):
+    status, body = complete(strict_url, ask(data_url((images / "1.jpg").read_bytes())), max_tokens=10**7)
+    assert status == 400 and body["error"]["code"] == "context_length_exceeded", body

@@ -256,6 +256,7 @@ class ChatModel:
         for i, image in enumerate(images):
             try:
                 opened = image if hasattr(image, "convert") else load_image(image, where=f"images[{i}]")
+                _decode_small(opened, self.media.image_max_pixels)
                 decoded.append(fit_pixels(opened, self.media.image_max_pixels, self.media.image_min_pixels))
             except MediaError as e:
                 raise RequestFieldError(e.where, e.problem) from None
@@ -388,3 +389,12 @@ def _place_images(messages: list[Message], count: int) -> list[Message]:
     placed = list(messages)
     placed[first] = {**messages[first], "content": IMAGE * count + str(messages[first].get("content") or "")}
     return placed
+
+
+def _decode_small(image: Any, max_pixels: int) -> None:
+    """A JPEG over the pixel limit is decoded at a reduced scale (its DCT decodes 1/2, 1/4 or 1/8 of the size
+    directly), so a large photo sent to the server never takes its full size in memory before being shrunk."""
+    width, height = image.size
+    if getattr(image, "format", None) == "JPEG" and width * height > max_pixels:
+        factor = (max_pixels / (width * height)) ** 0.5
+        image.draft("RGB", (max(1, int(width * factor)), max(1, int(height * factor))))

@@ -467,5 +467,7 @@ def _context_length(chat_model: ChatModel) -> int:
     if config is None:
         config = AutoConfig.from_pretrained(chat_model.model_path,
                                             trust_remote_code=chat_model.model_args.trust_remote_code)
+    if hasattr(config, "get_text_config"):  # a vision-language model keeps its context on the language model's config
+        config = config.get_text_config()
     length = getattr(config, "max_position_embeddings", None)
     return int(length) if length else int(min(chat_model.tokenizer.model_max_length, 1 << 20))
