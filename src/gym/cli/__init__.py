@@ -131,14 +131,16 @@ def cmd_tune(argv: list[str]) -> int:
     return 0
 
 
-CHAT_USAGE = """usage: gym chat [CONFIG] [key=value ...] [--prompt TEXT] [--tools FILE]
+CHAT_USAGE = """usage: gym chat [CONFIG] [key=value ...] [--prompt TEXT] [--tools FILE] [--image PATH ...]
 
 Talk to a model: a short name (smollm2-135m), a hub id or folder (model_name_or_path=...), a training config (its
 finished output_dir: the adapter on its base, with the trained chat template and system prompt), or an adapter
 (adapter_name_or_path=...). Without --prompt, a conversation on the terminal (/clear, /exit). Decoding keys:
 temperature, top_p, top_k, max_new_tokens, repetition_penalty, do_sample; engine keys: infer_backend, infer_dtype.
 --tools FILE: a JSON list of functions (OpenAI's `tools`) the model may call; its calls are shown as
-`-> name({...})`, and the next line you type is sent back as their result. See docs/inference.md, docs/tools.md."""
+`-> name({...})`, and the next line you type is sent back as their result. --image PATH (repeatable), for a
+vision-language model: the images go with --prompt, or with the first message of each conversation, before its
+text (or where you write <image>). See docs/inference.md, docs/tools.md."""
 
 
 def cmd_chat(argv: list[str]) -> int:
@@ -147,12 +149,22 @@ def cmd_chat(argv: list[str]) -> int:
         return 0
     prompt, argv = take_option(argv, "--prompt")
     tools_file, argv = take_option(argv, "--tools")
+    images: list[str] = []
+    while "--image" in argv:
+        image, argv = take_option(argv, "--image")
+        images.append(image or "")
     from gym.config.files import parse_cli_args
+    from gym.data.media import load_image
     from gym.infer.chat import ChatModel
 
     tools = _read_tools(tools_file) if tools_file else None
+    for image in images:  # a missing or broken file is one line now, before the model loads
+        load_image(image, where=f"--image {image}").close()
     model = ChatModel(parse_cli_args(argv))
     try:
+        if images and model.media is None:
+            raise GymError(f"--image: the model is a text model ({model.model_path}); it takes no images. Chat with a "
+                           "vision-language model to send images.")
         if tools:
             model.prepare([{"role": "user", "content": ""}], tools=tools)  # a template without tools says so now
         # Status goes to stderr (logging) and the answer to stdout; starting the engine first also keeps a
@@ -160,9 +172,9 @@ def cmd_chat(argv: list[str]) -> int:
         model.start()
         if prompt is not None:
             print(f"User: {prompt}\nAssistant: ", end="", flush=True)
-            _answer(model, [{"role": "user", "content": prompt}], None, tools)
+            _answer(model, [{"role": "user", "content": prompt}], None, tools, images)
             return 0
-        return _interactive(model, tools)
+        return _interactive(model, tools, images)
     finally:
         model.close()
 
@@ -181,11 +193,12 @@ def _read_tools(path: str) -> list[dict[str, Any]]:
 
 
 def _answer(model: ChatModel, history: list[dict[str, Any]], system: str | None,
-            tools: list[dict[str, Any]] | None) -> dict[str, Any]:
-    """Print the answer as it comes, then its calls; the assistant turn to keep in the history."""
+            tools: list[dict[str, Any]] | None, images: list[str] | None = None) -> dict[str, Any]:
+    """Print the answer as it comes, then its calls; the assistant turn to keep in the history. `images`: those
+    of the conversation (its placeholders stay in the history, so every turn re-sends them)."""
     from gym.infer.tool_choice import describe_calls
 
-    stream = model.stream_reply(history, system, tools=tools)
+    stream = model.stream_reply(history, system, tools=tools, images=images or ())
     for piece in stream:
         print(piece, end="", flush=True)
     reply = stream.reply
@@ -208,7 +221,7 @@ def cmd_merge(argv: list[str]) -> int:
     return merge_main(argv)
 
 
-def _interactive(model: ChatModel, tools: list[dict[str, Any]] | None = None) -> int:
+def _interactive(model: ChatModel, tools: list[dict[str, Any]] | None = None, images: list[str] | None = None) -> int:
     print("Chat with the model. /clear resets the history, /system <text> sets the system prompt, /exit quits.")
     history: list[dict[str, Any]] = []
     system = None
@@ -232,10 +245,12 @@ def _interactive(model: ChatModel, tools: list[dict[str, Any]] | None = None) ->
             history = []
             print(f"System prompt {'set' if system else 'cleared'}; history cleared.")
             continue
+        if images and not history and "<image>" not in line:
+            line = "<image>" * len(images) + line  # the conversation's images go with its first message
         # After calls, the line is their result (a tool message), as an application would send it.
         history.append({"role": "observation" if calling else "user", "content": line})
         print("Assistant: ", end="", flush=True)
-        history.append(_answer(model, history, system, tools))
+        history.append(_answer(model, history, system, tools, images))
 
 
 def cmd_infer(argv: list[str]) -> int:

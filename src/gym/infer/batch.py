@@ -7,6 +7,10 @@ finishes. The line holds the row's index, the messages, the prediction and the r
 row's last assistant turn, or its `answer` column). The run is resumable: rows whose index is already
 in the output file are skipped, and a line cut off by a crash is dropped first. Row i samples with
 seed + i, so its answer does not depend on which rows shared its batch.
+
+Rows with images (LLaMA-Factory's mllm datasets: an `images` column and `<image>` in the text) are answered with
+their images by a vision-language model (gym.infer.vision_engine: one row at a time, not batched); the line
+then also lists the row's images. A text model given such a dataset is refused before the first row.
 """
 
 from __future__ import annotations
@@ -27,24 +31,28 @@ from gym.core.kinds import DataKind
 from gym.data.formats import Example
 from gym.data.loader import load_examples
 from gym.data.registry import get_dataset_attrs
-from gym.infer.chat import ChatModel
+from gym.infer.chat import ChatModel, ChatTurn
 from gym.infer.requests import Finished, Request
+from gym.infer.tool_choice import RequestFieldError
 
 logger = logging.getLogger(__name__)
 
 
 def load_rows(dataset: str, dataset_dir: str, max_samples: int | None) -> list[dict[str, Any]]:
-    """[{"messages", "system", "reference"}] for every row: the prompt conversation and its reference."""
+    """[{"messages", "system", "reference", "images"}] for every row: the prompt conversation, its reference and its
+    images (checked paths or data: URLs; empty for a text row)."""
     rows = []
     for attr in get_dataset_attrs(dataset, dataset_dir):
         split: list[tuple[Example, list[dict[str, str]], str | None]]
         try:
-            examples = load_examples(attr, DataKind.SUPERVISED, max_samples)
+            # Media are read and checked here; whether the model takes them is known once it loads (_answer_rows).
+            examples = load_examples(attr, DataKind.SUPERVISED, max_samples, media=True)
             split = [(e, e.messages[:-1], e.messages[-1]["content"]) for e in examples]
         except DataError:  # prompt-only data: the conversation ends with the user, the answer is a column
-            examples = load_examples(attr, DataKind.PROMPT, max_samples)
+            examples = load_examples(attr, DataKind.PROMPT, max_samples, media=True)
             split = [(e, e.messages, e.answer) for e in examples]
-        rows += [{"messages": messages, "system": e.system, "reference": reference} for e, messages, reference in split]
+        rows += [{"messages": messages, "system": e.system, "reference": reference, "images": list(e.images)}
+                 for e, messages, reference in split]
     if not rows:
         raise DataError(f"Dataset '{dataset}' has no rows to answer.")
     return rows
@@ -97,6 +105,10 @@ def _answer_rows(config: Config, rows: list[dict[str, Any]], output: Path, batch
     if not todo:
         return output
     model = ChatModel(config, max_batch_size=batch_size, max_waiting=2 * batch_size)
+    if model.media is None and any(rows[i]["images"] for i in todo):
+        model.close()
+        raise DataError(f"The dataset's rows have images but the model is a text model ({model.model_path}); "
+                        "answer them with a vision-language model.")
     bar = tqdm(total=len(rows), initial=len(rows) - len(todo), desc="infer", disable=not progress, dynamic_ncols=True)
     pending: deque[tuple[int, Request]] = deque()
     try:
@@ -105,12 +117,19 @@ def _answer_rows(config: Config, rows: list[dict[str, Any]], output: Path, batch
                 # Keep two batches' worth in flight, so a row can join the moment another finishes.
                 if position < len(todo):
                     i = todo[position]
-                    prompt = model.render(rows[i]["messages"], rows[i]["system"])
-                    pending.append((i, model.engine.submit(prompt, model.sampling_params(seed=seed + i))))
+                    params = model.sampling_params(seed=seed + i)
+                    if rows[i]["images"]:
+                        turn = _turn(model, rows[i], i)
+                        pending.append((i, model.engine.submit(turn.prompt, params, media=turn.media)))
+                    else:
+                        prompt = model.render(rows[i]["messages"], rows[i]["system"])
+                        pending.append((i, model.engine.submit(prompt, params)))
                 if pending and (len(pending) >= 2 * batch_size or position >= len(todo)):
                     i, request = pending.popleft()
                     line = {"index": i, "messages": rows[i]["messages"], "prediction": final_text(request).strip(),
                             "reference": rows[i]["reference"]}
+                    if rows[i]["images"]:
+                        line["images"] = rows[i]["images"]
                     handle.write(json.dumps(line, ensure_ascii=False) + "\n")
                     handle.flush()
                     bar.update(1)
@@ -118,3 +137,12 @@ def _answer_rows(config: Config, rows: list[dict[str, Any]], output: Path, batch
         bar.close()
         model.close()
     return output
+
+
+def _turn(model: ChatModel, row: dict[str, Any], index: int) -> ChatTurn:
+    """A row with images -> its prompt and media tensors; a problem (placeholders that do not match the images)
+    names the row."""
+    try:
+        return model.prepare(row["messages"], row["system"], images=row["images"])
+    except RequestFieldError as e:
+        raise DataError(f"row {index}: {e}") from None

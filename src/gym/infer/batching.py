@@ -18,7 +18,7 @@ import torch
 
 from gym.infer.emit import finish
 from gym.infer.grammar import Matcher
-from gym.infer.requests import Event, Finished, Request, SamplingParams, admit
+from gym.infer.requests import Event, Finished, Media, Request, SamplingParams, admit, refuse_media
 
 logger = logging.getLogger(__name__)
 
@@ -28,6 +28,7 @@ class BatchingEngine(ABC):
     wait for a row; one more is refused with EngineBusy."""
 
     thread_name = "gym-engine"
+    takes_media = False  # whether a request may carry media (gym.infer.vision_engine); text engines refuse them
 
     def __init__(self, tokenizer: Any, stop_token_ids: list[int], *, max_batch_size: int, max_waiting: int) -> None:
         self.tokenizer = tokenizer
@@ -45,7 +46,9 @@ class BatchingEngine(ABC):
 
     # -- the caller's side ----------------------------------------------------------------------
     def submit(self, prompt_ids: list[int], params: SamplingParams,
-               sink: Callable[[Event], None] | None = None) -> Request:
+               sink: Callable[[Event], None] | None = None, media: Media | None = None) -> Request:
+        if not self.takes_media:
+            refuse_media(media)
         variant = self._variant(params.variant) if params.variant is not None else None
         # Built here, in the caller's thread and outside the lock: a grammar the tokenizer cannot serve is the
         # caller's ConfigError, and the first constrained request's tokenizer preparation (~0.3 s) holds up
@@ -54,7 +57,8 @@ class BatchingEngine(ABC):
                    if params.constraint is not None else None)
         with self._lock:
             request = admit(prompt_ids, params, sink, running=self._running, queued=len(self._waiting),
-                            limit=self.max_waiting, queued_as="already waiting", variant=variant, matcher=matcher)
+                            limit=self.max_waiting, queued_as="already waiting", variant=variant, matcher=matcher,
+                            media=media or None)
             self._waiting.append(request)
             self._lock.notify()
         return request

@@ -4,6 +4,11 @@ Which model and settings: gym.infer.config. Answers come from an inference engin
 auto, fast, hf, vllm or llamacpp; gym.infer.engines), so threads that chat with one ChatModel at once share its
 forward passes, as API users do. Decoding settings resolve once: the user's keys (or those saved by
 training), else the model's generation_config, else Gym's defaults (gym.config.generating).
+
+A vision-language model loads with its processor and is served by gym.infer.vision_engine; a turn's images
+(`images=`: paths, data: URLs, bytes or PIL images) go where the messages' `<image>` placeholders are, or before the
+first user message's text when the messages have none (as LLaMA-Factory's chat does). The prompt is rendered with
+the same chat format as training, then the processor expands each placeholder into the image's tokens.
 """
 
 from __future__ import annotations
@@ -11,7 +16,7 @@ from __future__ import annotations
 import logging
 import threading
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -22,14 +27,16 @@ from gym.config.files import ConfigSource
 from gym.config.parser import get_infer_args
 from gym.core.errors import ConfigError, GymError, ModelError
 from gym.core.names import split_names
+from gym.data.media import PLACEHOLDERS, MediaError, fit_pixels, load_image
+from gym.data.multimodal import MediaInputs
 from gym.data.templates import get_chat_format
 from gym.data.tools import ToolError, ToolFormat, parse_tools
 from gym.infer import grammar
 from gym.infer.config import resolve_inference_config
-from gym.infer.engines import build_engine, require_llamacpp, require_vllm
+from gym.infer.engines import build_engine, multimodal_backend, require_llamacpp, require_vllm
 from gym.infer.fast.bank import VariantSource
 from gym.infer.grammar import Constraint
-from gym.infer.requests import Engine, Finished, SamplingParams
+from gym.infer.requests import Engine, Finished, Media, SamplingParams
 from gym.infer.tool_choice import (
     CallStream,
     Reply,
@@ -41,6 +48,7 @@ from gym.infer.tool_choice import (
     offered,
     parse_reply,
 )
+from gym.models import vision
 from gym.models.adapters import attach_adapter
 from gym.models.base_quantization import is_quantized
 from gym.models.loader import (
@@ -57,6 +65,12 @@ logger = logging.getLogger(__name__)
 Message = dict[str, Any]
 """gym.data.messages' shape: role user, assistant (with `tool_calls`: ToolCall list) or observation, and content."""
 
+Image = Any
+"""An image for a turn: a path, a `data:image/...;base64,` URL, raw bytes (checked by gym.data.media.load_image), or
+a PIL image the caller already opened and checked."""
+
+IMAGE = PLACEHOLDERS["images"]
+
 
 @dataclass
 class ChatTurn:
@@ -66,6 +80,7 @@ class ChatTurn:
     prompt: list[int]
     constraint: Constraint | None = None
     tool_format: ToolFormat | None = None
+    media: Media | None = None  # the images' tensors, for a vision-language model's engine
 
     def calls(self) -> CallStream:
         """A splitter for one streamed answer: content to show now, calls at the end."""
@@ -110,6 +125,7 @@ class ChatModel:
             {k: v for k, v in resolved.items() if k != "output_dir"})
         self.adapters = split_names(self.model_args.adapter_name_or_path)
         self.model: Any = None
+        self.media: MediaInputs | None = None  # a vision-language model's processor and placeholders
         if self.model_args.infer_backend == "llamacpp":
             self.model_path, self.tokenizer = self._gguf_source()
         else:
@@ -117,7 +133,8 @@ class ChatModel:
                 if not (Path(adapter) / "adapter_config.json").is_file():
                     raise ModelError(f"{adapter} is not a LoRA adapter folder (no adapter_config.json).")
             self.model_path = resolve_model_path(self.model_args.model_name_or_path)
-            self.tokenizer = load_tokenizer(self.model_path, self.model_args)
+            self.media = self._media_inputs()
+            self.tokenizer = self.media.tokenizer if self.media else load_tokenizer(self.model_path, self.model_args)
             if self.model_args.infer_backend in ("auto", "fast", "hf"):
                 self.model = self._load_hf_model()
             else:
@@ -131,8 +148,18 @@ class ChatModel:
         self._engine: Engine | None = None
         self._engine_lock = threading.Lock()  # threads asking for the engine at once must get one engine, not one each
 
+    def _media_inputs(self) -> MediaInputs | None:
+        """A vision-language model's processor (None for a text model), after checking the backend can serve it."""
+        if not vision.is_multimodal(self.model_path, self.model_args):
+            return None
+        multimodal_backend(self.model_args, self.model_path)  # before anything slow loads
+        processor = vision.load_processor(self.model_path, self.model_args)
+        return MediaInputs.for_processor(processor, self.model_path, image_max_pixels=self.model_args.image_max_pixels,
+                                         image_min_pixels=self.model_args.image_min_pixels)
+
     def _load_hf_model(self) -> Any:
-        model = load_causal_lm(self.model_path, self.model_args, dtype=self._dtype())
+        loader = vision.load_multimodal if self.media is not None else load_causal_lm
+        model = loader(self.model_path, self.model_args, dtype=self._dtype())
         if is_quantized(model):
             # Merging would round the adapter into the base's few bits; QLoRA serves it beside the base, as
             # it trained (the config allows one adapter here). Merge onto the unquantized base instead by
@@ -171,7 +198,8 @@ class ChatModel:
                 return self._engine
             engine = build_engine(self.model_args, model=self.model, tokenizer=self.tokenizer,
                                   model_path=self.model_path, adapters=self.adapters,
-                                  stop_token_ids=self.chat_format.stop_token_ids(), **self._engine_options)
+                                  stop_token_ids=self.chat_format.stop_token_ids(), multimodal=self.media is not None,
+                                  **self._engine_options)
             # Stop the engine thread before the interpreter tears torch down under it (a thread still
             # inside torch at exit aborts the process), without keeping this ChatModel alive.
             weakref.finalize(self, engine.shutdown)
@@ -206,6 +234,44 @@ class ChatModel:
         text = self.chat_format.render_prompt(messages, system, tools=tools)
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
+    def encode(self, messages: list[Message], system: str | None = None, tools: list[dict[str, Any]] | None = None,
+               images: Sequence[Image] = ()) -> tuple[list[int], Media | None]:
+        """The prompt's ids and, for a vision-language model, its media tensors (None without images). Raises
+        RequestFieldError for images a text model was given, placeholders that do not match the images, or an
+        image that cannot be used (the field names it: `images[1]`)."""
+        if self.media is None:
+            if images:
+                raise RequestFieldError("messages", f"the model is a text model ({self.model_path}); it takes no "
+                                                    "images. Serve a vision-language model to send images.")
+            return self.render(messages, system, tools), None
+        messages = _place_images(messages, len(images))
+        text = self.chat_format.render_prompt(messages, system, tools=tools)
+        found = text.count(IMAGE)
+        if found != len(images):
+            raise RequestFieldError("messages", f"{len(images)} image(s) given but the prompt has {found} {IMAGE} "
+                                                f"placeholder(s); put one {IMAGE} where each image goes.")
+        if not images:
+            return list(self.tokenizer.encode(text, add_special_tokens=False)), None
+        decoded = []
+        for i, image in enumerate(images):
+            try:
+                opened = image if hasattr(image, "convert") else load_image(image, where=f"images[{i}]")
+                _decode_small(opened, self.media.image_max_pixels)
+                decoded.append(fit_pixels(opened, self.media.image_max_pixels, self.media.image_min_pixels))
+            except MediaError as e:
+                raise RequestFieldError(e.where, e.problem) from None
+            except OSError as e:  # a checked image whose pixels still fail to decode
+                raise RequestFieldError(f"images[{i}]", f"the image cannot be decoded: {e}") from None
+        try:
+            out = self.media._run(text, {"images": decoded})
+        except (ValueError, RuntimeError, TypeError) as e:
+            reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise RequestFieldError("messages", f"the model's processor refused the images: {reason}") from None
+        ids: list[int] = out["input_ids"][0].tolist()
+        media = {key: value for key, value in out.items()
+                 if key not in ("input_ids", "attention_mask") and hasattr(value, "is_floating_point")}
+        return ids, media
+
     def tool_format(self) -> ToolFormat | None:
         """How this model's template writes tools and calls (None: its own template writes them in a family Gym does
         not know, so calls are not read back); RequestFieldError, naming the fix, when it cannot render tools."""
@@ -215,7 +281,8 @@ class ChatModel:
             raise RequestFieldError("tools", str(e)) from None
 
     def prepare(self, messages: list[Message], system: str | None = None, *, tools: Any = None,
-                tool_choice: Any = None, parallel_tool_calls: bool = True, response_format: Any = None) -> ChatTurn:
+                tool_choice: Any = None, parallel_tool_calls: bool = True, response_format: Any = None,
+                images: Sequence[Image] = ()) -> ChatTurn:
         """A chat turn with OpenAI's tool and output options (gym.infer.tool_choice says what each means). Raises
         RequestFieldError naming the option that cannot be used."""
         try:
@@ -229,10 +296,12 @@ class ChatModel:
             raise RequestFieldError("tool_choice", "this model's chat template writes calls in a format Gym does not "
                                                    "know, so they cannot be forced; name it (tool_format: ...).")
         try:
-            prompt = self.render(messages, system, listed or None)
+            prompt, media = self.encode(messages, system, listed or None, images)
+        except RequestFieldError:
+            raise
         except GymError as e:  # calls in the history of a template that cannot render them
             raise RequestFieldError("messages", str(e)) from None
-        turn = ChatTurn(prompt, tool_format=tool_format if choice.mode != "none" else None)
+        turn = ChatTurn(prompt, tool_format=tool_format if choice.mode != "none" else None, media=media)
         if schema is not None and not choice.forced:
             try:  # alone first, so that a bad schema is blamed on response_format and not on the tools beside it
                 turn.constraint = grammar.json_schema(schema)
@@ -250,11 +319,12 @@ class ChatModel:
 
     def reply(self, messages: list[Message], system: str | None = None, *, tools: Any = None,
               tool_choice: Any = None, parallel_tool_calls: bool = True, response_format: Any = None,
-              stop: str | list[str] | None = None, seed: int | None = None, **overrides: Any) -> Reply:
+              stop: str | list[str] | None = None, seed: int | None = None, images: Sequence[Image] = (),
+              **overrides: Any) -> Reply:
         """The whole answer with its calls parsed (`tools`, `tool_choice`, ... as in OpenAI's API)."""
         stream = self.stream_reply(messages, system, tools=tools, tool_choice=tool_choice,
                                    parallel_tool_calls=parallel_tool_calls, response_format=response_format,
-                                   stop=stop, seed=seed, **overrides)
+                                   stop=stop, seed=seed, images=images, **overrides)
         for _ in stream:
             pass
         assert stream.reply is not None
@@ -262,15 +332,18 @@ class ChatModel:
 
     def stream_reply(self, messages: list[Message], system: str | None = None, *, tools: Any = None,
                      tool_choice: Any = None, parallel_tool_calls: bool = True, response_format: Any = None,
-                     stop: str | list[str] | None = None, seed: int | None = None, **overrides: Any) -> ReplyStream:
+                     stop: str | list[str] | None = None, seed: int | None = None, images: Sequence[Image] = (),
+                     **overrides: Any) -> ReplyStream:
         """The answer's content piece by piece, then its calls (`.reply` once iterated; see ReplyStream)."""
         turn = self.prepare(messages, system, tools=tools, tool_choice=tool_choice,
-                            parallel_tool_calls=parallel_tool_calls, response_format=response_format)
+                            parallel_tool_calls=parallel_tool_calls, response_format=response_format, images=images)
         params = self.sampling_params(stop=stop, seed=seed, constraint=turn.constraint, **overrides)
-        return ReplyStream(self._events(turn.prompt, params), turn)
+        return ReplyStream(self._events(turn.prompt, params, turn.media), turn)
 
-    def _events(self, prompt: list[int], params: SamplingParams) -> Iterator[str | Finished]:
-        request = self.engine.submit(prompt, params)
+    def _events(self, prompt: list[int], params: SamplingParams, media: Media | None = None
+                ) -> Iterator[str | Finished]:
+        # media only where there are some: a text turn reaches the engine exactly as before images existed
+        request = self.engine.submit(prompt, params, media=media) if media else self.engine.submit(prompt, params)
         try:
             for event in request.events():
                 if isinstance(event, Finished):
@@ -292,13 +365,36 @@ class ChatModel:
         return SamplingParams(**values, stop=stops, seed=seed)
 
     def stream_chat(self, messages: list[Message], system: str | None = None, *,
-                    stop: str | list[str] | None = None, seed: int | None = None, **overrides: Any) -> Iterator[str]:
+                    stop: str | list[str] | None = None, seed: int | None = None, images: Sequence[Image] = (),
+                    **overrides: Any) -> Iterator[str]:
         """The answer, piece by piece. `stop`: strings that end the answer (not included, as in OpenAI's API);
-        `seed`: sample reproducibly."""
+        `seed`: sample reproducibly; `images`: for a vision-language model (see the module's docstring)."""
         params = self.sampling_params(stop=stop, seed=seed, **overrides)
-        for piece in self._events(self.render(messages, system), params):
+        prompt, media = self.encode(messages, system, images=images)
+        for piece in self._events(prompt, params, media):
             if isinstance(piece, str):
                 yield piece
 
     def chat(self, messages: list[Message], system: str | None = None, **overrides: Any) -> str:
         return "".join(self.stream_chat(messages, system, **overrides))
+
+
+def _place_images(messages: list[Message], count: int) -> list[Message]:
+    """Images given without any placeholder go before the first user message's text (one placeholder each)."""
+    if not count or any(IMAGE in str(m.get("content") or "") for m in messages):
+        return messages
+    first = next((i for i, m in enumerate(messages) if m["role"] == "user"), None)
+    if first is None:
+        return messages
+    placed = list(messages)
+    placed[first] = {**messages[first], "content": IMAGE * count + str(messages[first].get("content") or "")}
+    return placed
+
+
+def _decode_small(image: Any, max_pixels: int) -> None:
+    """A JPEG over the pixel limit is decoded at a reduced scale (its DCT decodes 1/2, 1/4 or 1/8 of the size
+    directly), so a large photo sent to the server never takes its full size in memory before being shrunk."""
+    width, height = image.size
+    if getattr(image, "format", None) == "JPEG" and width * height > max_pixels:
+        factor = (max_pixels / (width * height)) ** 0.5
+        image.draft("RGB", (max(1, int(width * factor)), max(1, int(height * factor))))

@@ -9,6 +9,9 @@ interface.
     llamacpp  a GGUF file through llama-cpp-python, where it is installed (gym.infer.llamacpp_engine)
     auto  fast where it runs, else hf (the reason is logged)
 
+A vision-language model is served by gym.infer.vision_engine (transformers' generate, one request at a time)
+under `hf` and `auto`; fast, vllm and llamacpp serve text models only and say so (`multimodal_backend`).
+
 To add a backend: a class with `submit`, `load` and `shutdown` (the `Engine` protocol), a value in
 ModelArguments.infer_backend, and a branch below.
 """
@@ -53,12 +56,34 @@ def fast_unsupported(model: Any) -> str | None:
     return unsupported_reason(model)
 
 
+def multimodal_backend(model_args: ModelArguments, model_path: str) -> None:
+    """A vision-language model runs on the transformers engine only: a ConfigError naming the fix for any other
+    backend, or an infer_dtype only the fast engine has. Checked before the model loads."""
+    backend, dtype = model_args.infer_backend, model_args.infer_dtype
+    if backend not in ("auto", "hf"):
+        raise ConfigError(f"infer_backend: {backend} serves text models only, and {model_path} is a vision-language "
+                          "model. Use infer_backend: hf (or auto, which picks it).")
+    if dtype in QUANTIZED:
+        raise ConfigError(f"infer_dtype: {dtype} is the fast engine's format, which serves text models only; "
+                          f"{model_path} is a vision-language model: use a float infer_dtype (auto, bfloat16, ...).")
+
+
 def build_engine(model_args: ModelArguments, *, model: Any, tokenizer: Any, model_path: str, adapters: list[str],
                  stop_token_ids: list[int], max_batch_size: int = 16, max_waiting: int = 256,
-                 variants: VariantSource | None = None) -> Engine:
+                 variants: VariantSource | None = None, multimodal: bool = False) -> Engine:
     """The engine for a loaded model (fast, hf), a model path (vllm, which loads it itself) or a GGUF file
-    (llamacpp: `model_path` is that file). `variants`: per-user deltas served beside the base (fast only)."""
+    (llamacpp: `model_path` is that file). `variants`: per-user deltas served beside the base (fast only).
+    `multimodal`: the model is a vision-language model (gym.infer.vision_engine)."""
     backend = model_args.infer_backend
+    if multimodal:
+        multimodal_backend(model_args, model_path)
+        if variants is not None:
+            raise ConfigError("Variants are served by the fast engine, which serves text models only; this is a "
+                              "vision-language model.")
+        from gym.infer.vision_engine import MultimodalEngine
+
+        logger.info("Serving a vision-language model with transformers' generate, one request at a time.")
+        return MultimodalEngine(model, tokenizer, stop_token_ids, max_waiting=max_waiting)
     if variants is not None and backend not in ("auto", "fast"):
         raise ConfigError(f"Variants are served by the fast engine (one base, a delta per row); infer_backend: "
                           f"{backend} cannot. Use infer_backend: auto or fast.")

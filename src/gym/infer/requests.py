@@ -71,6 +71,17 @@ class Finished:
 
 Event = Piece | Finished
 
+Media = dict[str, torch.Tensor]
+"""A multimodal prompt's media, as the model's processor made them (`pixel_values`, `image_sizes`, ...), beside
+prompt ids in which each image is already expanded into its image tokens."""
+
+
+def refuse_media(media: Media | None) -> None:
+    """Engines for text models say so to a request that carries media, rather than answer without them."""
+    if media:
+        raise ConfigError("This engine serves text models only; a request with images needs a vision-language model, "
+                          "which Gym serves with infer_backend: hf (or auto).")
+
 
 class Request:
     """One generation: fed by the engine thread, read by the caller through `events` or a callback."""
@@ -78,10 +89,11 @@ class Request:
     _ids = itertools.count()
 
     def __init__(self, prompt_ids: list[int], params: SamplingParams,
-                 sink: Callable[[Event], None] | None = None) -> None:
+                 sink: Callable[[Event], None] | None = None, media: Media | None = None) -> None:
         self.id = next(self._ids)
         self.prompt_ids = list(prompt_ids)
         self.params = params
+        self.media = media  # the processor's tensors for the prompt's image tokens (gym.infer.vision_engine)
         self.generated: list[int] = []
         self.text = ""  # emitted so far
         self.cancelled = False
@@ -117,7 +129,8 @@ class Request:
 
 
 def admit(prompt_ids: list[int], params: SamplingParams, sink: Callable[[Event], None] | None, *, running: bool,
-          queued: int, limit: int, queued_as: str, variant: Any = None, matcher: Matcher | None = None) -> Request:
+          queued: int, limit: int, queued_as: str, variant: Any = None, matcher: Matcher | None = None,
+          media: Media | None = None) -> Request:
     """A new Request, if the engine takes it: not after shutdown (EngineStopped), not past `limit` requests
     already `queued_as` (EngineBusy, HTTP 429). `matcher`: the engine's matcher for params.constraint (an
     engine that gives none does not constrain decoding, and a constrained request is refused rather than
@@ -134,7 +147,7 @@ def admit(prompt_ids: list[int], params: SamplingParams, sink: Callable[[Event],
         raise EngineStopped("the engine is shutting down")
     if queued >= limit:
         raise EngineBusy(f"{queued} requests are {queued_as}; retry later")
-    request = Request(prompt_ids, params, sink)
+    request = Request(prompt_ids, params, sink, media)
     request.variant = variant
     request.matcher = matcher
     return request
@@ -144,7 +157,9 @@ class Engine(Protocol):
     """The interface of every inference engine (gym.infer.hf_engine, gym.infer.vllm_engine)."""
 
     def submit(self, prompt_ids: list[int], params: SamplingParams,
-               sink: Callable[[Event], None] | None = None) -> Request: ...
+               sink: Callable[[Event], None] | None = None, media: Media | None = None) -> Request:
+        """`media`: a multimodal prompt's tensors; only an engine serving a vision-language model takes them
+        (the others raise ConfigError, gym.infer.requests.refuse_media)."""
 
     @property
     def load(self) -> dict[str, int]: ...

@@ -23,7 +23,7 @@ from vllm import SamplingParams as VllmSampling
 from vllm.lora.request import LoRARequest
 
 from gym.core.errors import ConfigError
-from gym.infer.requests import Event, Finished, Piece, Request, SamplingParams, admit
+from gym.infer.requests import Event, Finished, Media, Piece, Request, SamplingParams, admit, refuse_media
 
 logger = logging.getLogger(__name__)
 
@@ -56,7 +56,8 @@ class VllmEngine:
         self._engine = asyncio.run_coroutine_threadsafe(start(), self._loop).result()
 
     def submit(self, prompt_ids: list[int], params: SamplingParams,
-               sink: Callable[[Event], None] | None = None) -> Request:
+               sink: Callable[[Event], None] | None = None, media: Media | None = None) -> Request:
+        refuse_media(media)  # Gym hands vLLM token ids only; its multimodal inputs are not wired up
         with self._lock:
             request = admit(prompt_ids, params, sink, running=self._running, queued=len(self._tasks),
                             limit=self.max_waiting, queued_as="in flight")

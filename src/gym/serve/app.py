@@ -11,6 +11,11 @@ template family's format come back as `message.tool_calls` with `finish_reason: 
 that may be a call is held back until the answer ends, then sent as `delta.tool_calls` (a call's id, name and whole
 arguments in its first chunk), so no client ever sees a raw call as content.
 
+A vision-language model also takes `image_url` content parts in user messages: data: URLs always, file:// and
+http(s) URLs only as the server's MediaPolicy allows (gym.serve.media: --media-dir, --allow-remote-media). Each
+image is checked (gym.data.media.load_image: a real image, not truncated, under the pixel limit) before anything
+decodes it; every bad one is a 400 naming its field, and a text model is sent none.
+
 Every failure answers OpenAI's error JSON with a 4xx status (400 bad value or a variant that cannot be
 loaded, 401 key, 404 route or model, 422 malformed body, 429 queue full, 503 shutting down); the engine's
 bounded queue is what keeps memory bounded under load. `usage` counts the prompt's ids and every generated token,
@@ -20,6 +25,7 @@ end-of-turn token included.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
 import json
 import time
@@ -35,13 +41,22 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from transformers import AutoConfig
 
 from gym.core.errors import ConfigError
+from gym.data.media import MediaError, load_image
 from gym.infer.chat import ChatModel, ChatTurn
 from gym.infer.fast.bank import VariantBank, VariantNotFound, VariantUnavailable
 from gym.infer.grammar import Constraint
-from gym.infer.requests import EngineBusy, EngineStopped, Event, Finished, Piece, SamplingParams
+from gym.infer.requests import EngineBusy, EngineStopped, Event, Finished, Media, Piece, SamplingParams
 from gym.infer.tool_choice import CallStream, RequestFieldError
 from gym.serve.limits import DEFAULT_MAX_BODY_BYTES, BodyLimit, check_text_length
-from gym.serve.protocol import ApiError, ChatCompletionRequest, CompletionRequest, TokenizeRequest, _Request
+from gym.serve.media import MediaPolicy
+from gym.serve.protocol import (
+    ApiError,
+    ChatCompletionRequest,
+    CompletionRequest,
+    TokenizeRequest,
+    _Request,
+    image_urls,
+)
 from gym.tfgrpo.library import ExperienceLibrary, with_experiences
 
 _STATUS_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
@@ -51,12 +66,14 @@ _STATUS_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404:
 
 
 def create_app(chat_model: ChatModel, model_name: str, api_key: str | None = None,
-               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, experiences: ExperienceLibrary | None = None) -> FastAPI:
+               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, experiences: ExperienceLibrary | None = None,
+               media: MediaPolicy | None = None) -> FastAPI:
     """The app for one loaded ChatModel. `api_key` (if set) is required as a bearer token on /v1, /tokenize
     and /openapi.json (the browser pages /docs and /redoc, which cannot send it, are then off). `experiences`:
     a Training-Free GRPO library appended to the system prompt of every chat request (base and variants alike),
-    as the library was shown in training; /v1/completions take raw text and are left as sent."""
-    server = _Server(chat_model, model_name)
+    as the library was shown in training; /v1/completions take raw text and are left as sent. `media`: where
+    image URLs may be read from (default: data: URLs only)."""
+    server = _Server(chat_model, model_name, media or MediaPolicy())
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -130,10 +147,15 @@ def create_app(chat_model: ChatModel, model_name: str, api_key: str | None = Non
         check_text_length([(f"messages.{i}.content", m.text()) for i, m in enumerate(body.messages)],
                           server.context_length)
         messages, system = body.conversation()
+        urls = body.image_urls()
+        # Fetching, checking and expanding images is blocking work (files, the network, the processor): off the loop.
+        images = await asyncio.to_thread(server.load_images, urls) if urls else []
         try:
-            turn = chat_model.prepare(messages, with_experiences(system, experiences), tools=body.tools,
-                                      tool_choice=body.tool_choice, parallel_tool_calls=body.parallel_tool_calls,
-                                      response_format=body.response_format)
+            prepare = functools.partial(chat_model.prepare, messages, with_experiences(system, experiences),
+                                        tools=body.tools, tool_choice=body.tool_choice,
+                                        parallel_tool_calls=body.parallel_tool_calls,
+                                        response_format=body.response_format)
+            turn = await asyncio.to_thread(prepare, images=images) if images else prepare()
         except RequestFieldError as e:
             raise ApiError(400, str(e), param=e.field) from None
         params = server.params(body, len(turn.prompt), max_tokens=body.max_completion_tokens or body.max_tokens,
@@ -160,8 +182,11 @@ def create_app(chat_model: ChatModel, model_name: str, api_key: str | None = Non
         check_text_length([("messages" if body.messages else "prompt", t) for t in texts], server.context_length)
         if body.messages is not None:
             messages, system = ChatCompletionRequest(model=model_name, messages=body.messages).conversation()
+            urls = image_urls(body.messages)
+            images = await asyncio.to_thread(server.load_images, urls) if urls else []
             try:
-                tokens = chat_model.prepare(messages, with_experiences(system, experiences), tools=body.tools).prompt
+                tokens = (await asyncio.to_thread(chat_model.prepare, messages, with_experiences(system, experiences),
+                                                  tools=body.tools, images=images)).prompt
             except RequestFieldError as e:
                 raise ApiError(400, str(e), param=e.field) from None
         else:
@@ -172,9 +197,10 @@ def create_app(chat_model: ChatModel, model_name: str, api_key: str | None = Non
 
 
 class _Server:
-    def __init__(self, chat_model: ChatModel, model_name: str) -> None:
+    def __init__(self, chat_model: ChatModel, model_name: str, media: MediaPolicy) -> None:
         self.chat_model = chat_model
         self.model_name = model_name
+        self.media = media
         self.created = int(time.time())
         self.context_length = _context_length(chat_model)
         engine_variants = getattr(chat_model.engine, "variants", None)
@@ -210,6 +236,20 @@ class _Server:
             except VariantUnavailable as exc:
                 raise _unloadable(name, exc) from None
         return user
+
+    def load_images(self, urls: list[tuple[str, str]]) -> list[Any]:
+        """Each (field, url) -> the image, opened but not decoded, once the policy allowed reading it and
+        gym.data.media found it sound; a 400 naming the field otherwise. Blocking: run it in a thread."""
+        if self.chat_model.media is None:
+            raise ApiError(400, f"{urls[0][0]}: the model is a text model ({self.model_name}); it takes no images. "
+                                "Send text only, or serve a vision-language model.", param=urls[0][0])
+        images = []
+        for where, url in urls:
+            try:
+                images.append(load_image(self.media.fetch(url, where), where=where))
+            except MediaError as e:
+                raise ApiError(400, str(e), param=e.where) from None
+        return images
 
     def encode_prompts(self, prompt: str | list[str] | list[int]) -> list[list[int]]:
         if isinstance(prompt, str):
@@ -254,7 +294,8 @@ class _Server:
         """Completions for `prompts`; a chat completion's one prompt is `turn`'s, whose tool format reads calls."""
         chat = turn is not None
         jobs = [(prompt, p) for prompt in prompts for p in params]  # choice index = prompt index * n + j
-        events, handles = self._submit(jobs, getattr(body, "constrained_by", None))
+        events, handles = self._submit(jobs, getattr(body, "constrained_by", None),
+                                       media=turn.media if turn is not None else None)
         kind = "chatcmpl" if chat else "cmpl"
         response_id = f"{kind}-{uuid.uuid4().hex}"
         prompt_tokens = sum(len(p) for p in prompts)
@@ -300,10 +341,10 @@ class _Server:
                 "created": int(time.time()), "model": self.model_name, "choices": choices,
                 "usage": _usage(prompt_tokens, completion_tokens)}
 
-    def _submit(self, jobs: list[tuple[list[int], SamplingParams]], constrained_by: str | None = None
-                ) -> tuple[asyncio.Queue[tuple[int, Event]], list[Any]]:
+    def _submit(self, jobs: list[tuple[list[int], SamplingParams]], constrained_by: str | None = None,
+                media: Media | None = None) -> tuple[asyncio.Queue[tuple[int, Event]], list[Any]]:
         """Submit every job; `constrained_by`: the request field that asked for constrained decoding (named in the
-        400 of an engine that cannot do it)."""
+        400 of an engine that cannot do it); `media`: the images' tensors every job's prompt holds the tokens of."""
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()
         handles = []
@@ -315,7 +356,9 @@ class _Server:
 
         try:
             for index, (prompt, params) in enumerate(jobs):
-                handles.append(self.chat_model.engine.submit(prompt, params, sink=sink_for(index)))
+                # media only where there are some: a text request reaches the engine exactly as before images
+                extra: dict[str, Any] = {"media": media} if media else {}
+                handles.append(self.chat_model.engine.submit(prompt, params, sink=sink_for(index), **extra))
         except EngineBusy as exc:
             for handle in handles:
                 handle.cancel()
@@ -407,9 +450,11 @@ def _unloadable(model: str, exc: Exception) -> ApiError:
 
 def _where(problem: Any) -> str:
     """A validation error's location as the client wrote it: `messages.0.content.0.text` (without pydantic's
-    `body` prefix and the union member it tried, such as `list[TextPart]`)."""
+    `body` prefix and the union member it tried, such as `list[...]` or a content part's model, `TextPart`: field
+    names are lower case, models CamelCase)."""
     parts = [str(part) for part in problem.get("loc", ()) if part != "body"]
-    return ".".join(part for part in parts if "[" not in part and part not in ("str", "int", "float", "bool"))
+    return ".".join(part for part in parts if "[" not in part and part not in ("str", "int", "float", "bool")
+                    and not part[:1].isupper())
 
 
 def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
@@ -422,5 +467,7 @@ def _context_length(chat_model: ChatModel) -> int:
     if config is None:
         config = AutoConfig.from_pretrained(chat_model.model_path,
                                             trust_remote_code=chat_model.model_args.trust_remote_code)
+    if hasattr(config, "get_text_config"):  # a vision-language model keeps its context on the language model's config
+        config = config.get_text_config()
     length = getattr(config, "max_position_embeddings", None)
     return int(length) if length else int(min(chat_model.tokenizer.model_max_length, 1 << 20))

@@ -1,29 +1,40 @@
 """`gym api [CONFIG] [--host H] [--port P] ...`: the OpenAI-compatible server.
 
+Images (vision-language models): data: URLs always; `--media-dir DIR` lets clients name files inside DIR as
+file:// URLs, `--allow-remote-media` lets them name http(s) URLs, fetched at most `--max_media_bytes` each
+(gym.serve.media).
+
 The config's `serving:` block (gym.config.aliases) sets the batch size and how many requests are admitted
 at once (the queue is what the batch leaves of it); a flag given on the command line wins over it.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from gym.config.aliases import server_options
 from gym.config.files import parse_cli_args, take_option
 from gym.core.errors import ConfigError
 from gym.core.network import check_port_number
+from gym.serve.media import DEFAULT_MAX_MEDIA_BYTES, MediaPolicy
 
 OPTIONS: dict[str, str | None] = {
     "--host": "127.0.0.1", "--port": "8000", "--api-key": None, "--max_batch_size": "16", "--max_waiting": "256",
     "--served_model_name": None, "--max_body_bytes": str(4 << 20), "--variants": None, "--experiences": None,
+    "--media-dir": None, "--max_media_bytes": str(DEFAULT_MAX_MEDIA_BYTES),
 }
+FLAGS = ("--allow-remote-media",)
 
 
 USAGE = """usage: gym api [CONFIG] [key=value ...] [--host 127.0.0.1] [--port 8000] [--api-key KEY]
                [--max_batch_size 16] [--max_waiting 256] [--served_model_name NAME] [--max_body_bytes N]
-               [--variants STORE] [--experiences FILE]
+               [--variants STORE] [--experiences FILE] [--media-dir DIR] [--allow-remote-media]
+               [--max_media_bytes N]
 
 An OpenAI-compatible server (/v1/chat/completions, /v1/completions, /v1/models, /tokenize) for the model CONFIG
 names, as `gym chat` loads it. --variants STORE serves each user's variant as BASE:USER in the same batches.
-See docs/serving.md."""
+A vision-language model takes image_url parts: data: URLs; file:// URLs only inside --media-dir DIR; http(s)
+URLs only with --allow-remote-media (at most --max_media_bytes each, 10 s). See docs/serving.md."""
 
 
 def main(argv: list[str]) -> int:
@@ -33,6 +44,8 @@ def main(argv: list[str]) -> int:
     given: dict[str, str | None] = {}
     for name in OPTIONS:
         given[name], argv = take_option(argv, name)
+    flags = {flag: flag in argv for flag in FLAGS}
+    argv = [arg for arg in argv if arg not in FLAGS]
     config = parse_cli_args(argv)
     block = server_options(config)
     if given["--max_batch_size"] is None and "batch_size" in block:
@@ -46,10 +59,12 @@ def main(argv: list[str]) -> int:
                               "it counts every request admitted at once, decoding or queued.")
         values["--max_waiting"] = str(block["max_concurrent"] - batch)
     try:
-        port, batch, waiting, body = (int(values[k] or "") for k in ("--port", "--max_batch_size", "--max_waiting",
-                                                                     "--max_body_bytes"))
+        port, batch, waiting, body, media_bytes = (int(values[k] or "") for k in (
+            "--port", "--max_batch_size", "--max_waiting", "--max_body_bytes", "--max_media_bytes"))
     except ValueError:
-        raise ConfigError("--port, --max_batch_size, --max_waiting and --max_body_bytes take whole numbers.") from None
+        raise ConfigError("--port, --max_batch_size, --max_waiting, --max_body_bytes and --max_media_bytes take whole "
+                          "numbers.") from None
+    media = media_policy(values["--media-dir"], flags["--allow-remote-media"], media_bytes)
     check_port_number(port)  # at once; whether the port is free is known when serve() binds it, before loading
     try:
         import fastapi  # noqa: F401
@@ -60,5 +75,14 @@ def main(argv: list[str]) -> int:
 
     serve(config, host=values["--host"] or "127.0.0.1", port=port, api_key=values["--api-key"],
           max_batch_size=batch, max_waiting=waiting, model_name=values["--served_model_name"], max_body_bytes=body,
-          variants=values["--variants"], experiences=values["--experiences"])
+          variants=values["--variants"], experiences=values["--experiences"], media=media)
     return 0
+
+
+def media_policy(media_dir: str | None, allow_remote: bool, max_bytes: int) -> MediaPolicy:
+    """The image URL rules from the flags; a --media-dir that is not a folder fails now, not at the first image."""
+    if media_dir is not None and not Path(media_dir).expanduser().is_dir():
+        raise ConfigError(f"--media-dir {media_dir}: no such folder.")
+    if max_bytes < 1:
+        raise ConfigError("--max_media_bytes must be at least 1.")
+    return MediaPolicy(Path(media_dir) if media_dir else None, allow_remote=allow_remote, max_bytes=max_bytes)

@@ -7,6 +7,9 @@ than silently dropped: a client that asked for them would otherwise get an answe
 Tools (`tools`, `tool_choice`, `parallel_tool_calls`) and structured outputs (`response_format`) are passed to
 the ChatModel as OpenAI wrote them (gym.infer.tool_choice reads them and names the field it cannot use); the
 messages, tool calls and tool results included, are read by gym.data.messages, as training reads a dataset.
+
+A user message's content may hold `image_url` parts (for a vision-language model): each becomes an `<image>`
+placeholder where it stands in the text, and its URL is fetched by gym.serve.media under the server's rules.
 """
 
 from __future__ import annotations
@@ -103,11 +106,34 @@ class TextPart(BaseModel):
     _text = field_validator("*")(valid_text)
 
 
+class ImageURL(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    url: str
+    detail: str | None = None  # OpenAI's low/high/auto: accepted; the model's processor decides the resolution
+
+    _text = field_validator("*")(valid_text)
+
+
+class ImagePart(BaseModel):
+    type: Literal["image_url"]
+    image_url: ImageURL | str
+
+    _text = field_validator("*")(valid_text)
+
+    @property
+    def url(self) -> str:
+        return self.image_url if isinstance(self.image_url, str) else self.image_url.url
+
+
+IMAGE_PLACEHOLDER = "<image>"  # gym.data.media's placeholder, which the model's processor expands
+
+
 class Message(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
+    content: str | list[TextPart | ImagePart] | None = None
     # An assistant's calls (OpenAI's shape; gym.data.tools reads them and says what is wrong with one) and the id
     # of the call a tool message answers.
     tool_calls: list[dict[str, Any]] | None = None
@@ -116,9 +142,17 @@ class Message(BaseModel):
     _text = field_validator("*")(valid_text)
 
     def text(self) -> str:
+        """The text, with an image placeholder where each image part is."""
         if isinstance(self.content, list):
-            return "".join(part.text for part in self.content)
+            return "".join(part.text if isinstance(part, TextPart) else IMAGE_PLACEHOLDER for part in self.content)
         return self.content or ""
+
+    def image_urls(self, index: int) -> list[tuple[str, str]]:
+        """(field, url) of each image part; `index`: the message's place in the request, for the field's name."""
+        if not isinstance(self.content, list):
+            return []
+        return [(f"messages.{index}.content.{j}.image_url", part.url)
+                for j, part in enumerate(self.content) if isinstance(part, ImagePart)]
 
     def openai(self) -> dict[str, Any]:
         message: dict[str, Any] = {"role": self.role, "content": self.text()}
@@ -133,6 +167,10 @@ def conversation(messages: list[Message]) -> tuple[list[InternalMessage], str | 
     """(messages, system): every system/developer message becomes the system prompt, as training saw it; the rest,
     tool calls and results included, become gym.data.messages' turns. The last turn must ask for an answer: a user
     message, or tool results."""
+    for i, m in enumerate(messages):
+        if m.role != "user" and m.image_urls(i):
+            raise ApiError(400, f"messages.{i}: images go in user messages; a {m.role} message holds text only.",
+                           param=f"messages.{i}.content")
     system = [m.text() for m in messages if m.role in ("system", "developer")]
     # The system prompt stays first, so an error's message index is the client's when it sent one system message
     # at the start (as clients do).
@@ -168,6 +206,10 @@ class ChatCompletionRequest(_Request):
     def conversation(self) -> tuple[list[InternalMessage], str | None]:
         return conversation(self.messages)
 
+    def image_urls(self) -> list[tuple[str, str]]:
+        """(field, url) of every image part, in the order their placeholders appear in the prompt."""
+        return image_urls(self.messages)
+
     @property
     def constrained_by(self) -> str | None:
         """The field that asks for constrained decoding (named when the engine cannot do it)."""
@@ -176,6 +218,10 @@ class ChatCompletionRequest(_Request):
         if self.response_format and self.response_format.get("type") != "text":
             return "response_format"
         return None
+
+
+def image_urls(messages: list[Message]) -> list[tuple[str, str]]:
+    return [found for i, m in enumerate(messages) for found in m.image_urls(i)]
 
 
 class CompletionRequest(_Request):

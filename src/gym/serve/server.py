@@ -28,6 +28,7 @@ from gym.personalization.source import StoreSource
 from gym.personalization.store import VariantStore
 from gym.serve.app import create_app
 from gym.serve.limits import DEFAULT_MAX_BODY_BYTES
+from gym.serve.media import MediaPolicy
 from gym.tfgrpo.library import ExperienceLibrary
 
 logger = logging.getLogger(__name__)
@@ -56,9 +57,10 @@ def served_model_name(chat_model: ChatModel, explicit: str | None = None) -> str
 def serve(config: dict[str, Any], *, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
           max_batch_size: int = 16, max_waiting: int = 256, model_name: str | None = None,
           max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, variants: str | None = None,
-          experiences: str | None = None, graceful_seconds: float = 30.0) -> None:
+          experiences: str | None = None, graceful_seconds: float = 30.0, media: MediaPolicy | None = None) -> None:
     """`variants`: a variant store (gym.personalization) whose users' variants answer as `<model>:<user>`.
-    `experiences`: a Training-Free GRPO library (experiences.json) added to every chat's system prompt."""
+    `experiences`: a Training-Free GRPO library (experiences.json) added to every chat's system prompt.
+    `media`: where a vision-language model's image URLs may be read from (default: data: URLs only)."""
     api_key = api_key or os.environ.get("GYM_API_KEY") or None
     library = ExperienceLibrary.load(experiences) if experiences else None  # a bad file fails before the model loads
     source = variant_source(variants) if variants else None
@@ -69,7 +71,7 @@ def serve(config: dict[str, Any], *, host: str = "127.0.0.1", port: int = 8000, 
             check_store_base(source.store, chat_model.model)
         _ = chat_model.engine  # start the engine now: a backend that cannot start fails before the port opens
         name = served_model_name(chat_model, model_name)
-        app = create_app(chat_model, name, api_key, max_body_bytes=max_body_bytes, experiences=library)
+        app = create_app(chat_model, name, api_key, max_body_bytes=max_body_bytes, experiences=library, media=media)
         if library is not None:
             logger.info("Every chat request gets the %d experiences of %s in its system prompt.", len(library),
                         experiences)
