@@ -109,6 +109,25 @@ def test_a_text_model_refuses_an_uploaded_image_in_one_line(tiny_model_dir, tmp_
         _handler(demo, "on_unload")()
 
 
+def test_the_chat_tab_answers_each_picture_with_a_taught_vision_language_model(taught_vlm, tmp_path):
+    """The real Chat tab, loaded with the taught tiny-llava adapter: the same question about two uploaded pictures
+    gets each picture's trained answer, so the image reached the model."""
+    from tests.conftest import VLM_ANSWERS
+
+    demo = build_app(str(tmp_path / "runs"))
+    loaded = _handler(demo, "on_load")("tiny-llava", str(taught_vlm), "", "", "")
+    assert "takes images" in loaded
+    send = _handler(demo, "on_send")
+    try:
+        for name, expected in VLM_ANSWERS.items():
+            *_, (shown, _, _, prompt) = send("Who is in the picture?", str(taught_vlm.parent / "imgs" / name), [],
+                                            "", 0.0, 1.0, 16)
+            assert "<image>Who is in the picture?" in prompt
+            assert shown[-1]["content"].startswith(expected), (name, shown[-1]["content"])
+    finally:
+        _handler(demo, "on_unload")()
+
+
 def test_an_empty_message_is_still_refused():
     playground = Playground()
     playground.model = SimpleNamespace(chat_format=None)

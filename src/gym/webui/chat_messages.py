@@ -95,6 +95,18 @@ def as_text(messages: list[Message]) -> list[Message]:
     return shown
 
 
+def split_images(messages: list[Message]) -> tuple[list[Message], list[str]]:
+    """Messages with content parts -> (text messages with `<image>` where each image goes, the images' data URLs
+    in order): the form ChatModel takes a vision-language turn in."""
+    images: list[str] = []
+    for i, message in enumerate(messages):
+        content = message.get("content")
+        if isinstance(content, list):
+            images += [str(value) for kind, _, value in flatten_parts(content, f"messages[{i}].content")[1]
+                       if kind == "images"]
+    return as_text(messages), images
+
+
 def shown_user_message(text: str, image: str | None) -> Message:
     """The user's turn as the chat shows it: the picture, then the text."""
     if image is None:

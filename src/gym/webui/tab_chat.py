@@ -23,6 +23,7 @@ from gym.webui.chat_messages import (
     history_messages,
     refuse_images,
     shown_user_message,
+    split_images,
     user_message,
 )
 from gym.webui.common import UI, user_errors
@@ -131,7 +132,8 @@ def build(ui: UI, demo: gr.Blocks) -> None:
         answer = ""
         shown = [*(history or []), shown_user_message(text, image), {"role": "assistant", "content": ""}]
         yield shown, "", None, prompt
-        for piece in model.stream_chat(messages, system_prompt or None, **sampling):
+        text_messages, images = split_images(messages)
+        for piece in model.stream_chat(text_messages, system_prompt or None, images=images, **sampling):
             answer += piece
             shown[-1] = {"role": "assistant", "content": answer}
             yield shown, "", None, prompt
