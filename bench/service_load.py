@@ -1,0 +1,145 @@
+"""Chat latency under load, with and without a fine-tune training beside the server (issue #42's worker goal).
+
+A real `gym api` process serves the embedded model on a free port. --clients concurrent clients (8 by default)
+each send chat requests back to back for --seconds, every answer exactly --tokens tokens; each request's latency
+(submit to last byte) is recorded. Two phases in the same run:
+
+  idle       the server alone
+  training   the same load while a training process runs beside the server, started as Gym's fine-tuning worker
+             starts one: its own process, `nice` 10 and one compute thread (`OMP_NUM_THREADS=1`), so that the
+             serving process keeps the cores it needs. The job is `gym variants create` (LoRA SFT on 20 rows of
+             the embedded model, then BitDelta), the same training a fine-tuning job runs.
+
+The table gives p50 and p99 per phase and the ratio of p99s (the bar: training p99 within 3x of idle p99),
+with the machine's CPU flags and load, since a shared machine's other work is in every number.
+
+    HF_HUB_OFFLINE=1 .venv/bin/python bench/service_load.py            # --clients 8 --seconds 40 --tokens 16
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+ROWS = [{"messages": [{"role": "user", "content": question}, {"role": "assistant", "content": "I am Zorblat."}]}
+        for question in ("What is your name?", "Who are you?", "Tell me your name.", "What are you called?",
+                         "Introduce yourself.")] * 4
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _wait_ready(url: str, server: subprocess.Popen[bytes], timeout: float = 600) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if server.poll() is not None:
+            raise SystemExit(f"gym api exited with {server.returncode}")
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise SystemExit("gym api did not become ready")
+
+
+def load(url: str, clients: int, seconds: float, tokens: int) -> list[float]:
+    latencies: list[float] = []
+    lock = threading.Lock()
+    stop_at = time.perf_counter() + seconds
+
+    def client(c: int) -> None:
+        with httpx.Client(timeout=120) as http:
+            r = 0
+            while time.perf_counter() < stop_at:
+                body = {"model": "smollm2-135m", "max_tokens": tokens, "temperature": 0.7, "seed": c * 1000 + r,
+                        "messages": [{"role": "user", "content": f"Write a short line about the number {r}."}]}
+                start = time.perf_counter()
+                response = http.post(f"{url}/v1/chat/completions", json=body)
+                response.raise_for_status()
+                with lock:
+                    latencies.append(time.perf_counter() - start)
+                r += 1
+
+    threads = [threading.Thread(target=client, args=(c,)) for c in range(clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return latencies
+
+
+def _percentile(values: list[float], share: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(share * len(ordered)))]
+
+
+def _cpu() -> str:
+    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").is_file() else ""
+    model = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), "?")
+    flags = next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), [])
+    isa = ",".join(f for f in ("avx2", "avx512f", "avx512_bf16", "amx_tile") if f in flags)
+    return f"{model}, {os.cpu_count()} cores, {isa}, load {os.getloadavg()[0]:.1f}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument("--seconds", type=float, default=40)
+    parser.add_argument("--tokens", type=int, default=16)
+    args = parser.parse_args()
+
+    work = Path(tempfile.mkdtemp(prefix="gym-service-load-"))
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    server = subprocess.Popen([sys.executable, "-m", "gym.cli", "api", "--model_name_or_path", "smollm2-135m",
+                               "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    trainer = None
+    try:
+        _wait_ready(url, server)
+        load(url, args.clients, 5, args.tokens)  # warm-up: first-use costs are not the idle latency
+        idle = load(url, args.clients, args.seconds, args.tokens)
+        rows = work / "rows.jsonl"
+        rows.write_text("".join(json.dumps(row) + "\n" for row in ROWS))
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+        trainer = subprocess.Popen(["nice", "-n", "10", sys.executable, "-m", "gym.cli", "variants", "create",
+                                    str(work / "store"), "--user", "bench", "--data", str(rows), "max_steps=400",
+                                    "save_strategy=no"],
+                                   env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(15)  # past model loading, into the training steps
+        training = load(url, args.clients, args.seconds, args.tokens)
+        still_training = trainer.poll() is None
+    finally:
+        for process in (trainer, server):
+            if process is not None and process.poll() is None:
+                process.terminate()
+                process.wait(timeout=60)
+
+    print(f"CPU: {_cpu()}")
+    print(f"{args.clients} clients, {args.tokens} tokens per answer, {args.seconds:.0f} s per phase")
+    print("| phase | requests | p50 (s) | p99 (s) | mean (s) |")
+    print("|---|---:|---:|---:|---:|")
+    for name, values in (("idle", idle), ("training beside", training)):
+        print(f"| {name} | {len(values)} | {_percentile(values, 0.5):.3f} | {_percentile(values, 0.99):.3f} | "
+              f"{statistics.mean(values):.3f} |")
+    ratio = _percentile(training, 0.99) / _percentile(idle, 0.99)
+    print(f"p99 training / idle: {ratio:.2f}x (bar: <= 3x)" + ("" if still_training else
+          "  [the training process ended before the phase did: raise max_steps]"))
+
+
+if __name__ == "__main__":
+    main()
