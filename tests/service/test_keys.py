@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import openai
 import pytest
+from tests.service.conftest import gym_keys, new_key
 
 from gym.service.service import open_service
-from tests.service.conftest import gym_keys, new_key
 
 
 def test_create_prints_the_key_last_and_list_never_shows_it(tmp_path):

@@ -10,9 +10,9 @@ import urllib.request
 
 import openai
 import pytest
+from tests.service.conftest import new_key
 
 from gym.service.service import open_service
-from tests.service.conftest import new_key
 
 HELLO = [{"role": "user", "content": "Say hello."}]
 
