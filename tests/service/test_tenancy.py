@@ -40,8 +40,8 @@ def keyed(variant_store, variant_chat, serve_app):
     """A server on the store before any key exists (anyone may use it), then the store's keys."""
     url = serve_app(variant_chat, service=open_service(variant_store.root), api_key=None)
     open_before = ({m.id for m in _client(url, "anything").models.list().data}, _get(url, "/docs"))
-    keys = {"alice": new_key(variant_store.root, "--user", "alice"), "bob": new_key(variant_store.root, "--user", "bob"),
-            "carol": new_key(variant_store.root, "--user", "carol"), "admin": new_key(variant_store.root, "--admin")}
+    keys = {user: new_key(variant_store.root, "--user", user) for user in ("alice", "bob", "carol")}
+    keys["admin"] = new_key(variant_store.root, "--admin")
     return url, keys, open_before
 
 
