@@ -14,10 +14,10 @@ from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import FileResponse
+from fastapi.responses import FileResponse, JSONResponse
 from python_multipart.multipart import MultipartParser, parse_options_header
 
-from gym.core.errors import DataError
+from gym.core.errors import DataError, GymError
 from gym.serve.protocol import ApiError
 from gym.serve.tenancy import Caller
 from gym.service.files import FileInUse, FileNotFound, FileStore, FileTooLarge, Upload
@@ -31,20 +31,17 @@ DRAIN_BYTES = 16 << 20  # after a refusal, read this much more so the client (st
 def file_routes(files: FileStore) -> APIRouter:
     router = APIRouter()
 
-    @router.post("/v1/files")
-    async def upload(request: Request, who: Caller) -> dict[str, Any]:
+    @router.post("/v1/files", response_model=None)
+    async def upload(request: Request, who: Caller) -> dict[str, Any] | JSONResponse:
         declared = request.headers.get("content-length", "")
         if declared.isdigit() and int(declared) > files.limits.max_bytes + FORM_SLACK:
-            raise ApiError(413, f"The file is over the server's limit of {files.limits.max_bytes} bytes.",
-                           param="file", code="file_too_large")
+            return _refuse(FileTooLarge(f"The file is over the server's limit of {files.limits.max_bytes} bytes."))
         form = _StreamingForm(request, files, who)
         try:
             info = await form.receive()
         except (FileTooLarge, DataError) as exc:
             await form.drain()
-            status = 413 if isinstance(exc, FileTooLarge) else 400
-            raise ApiError(status, str(exc), param="file",
-                           code="file_too_large" if status == 413 else "invalid_file") from None
+            return _refuse(exc, whole=form.ended)
         return info.openai()
 
     @router.get("/v1/files")
@@ -83,6 +80,14 @@ def file_routes(files: FileStore) -> APIRouter:
     return router
 
 
+def _refuse(exc: GymError, whole: bool = False) -> JSONResponse:
+    """The 4xx of a refused upload. Unless the whole body was read, the connection is closed after it: otherwise the
+    server would go on reading (and dropping) the rest of a 1 GB body to keep the connection for another request."""
+    status, code = (413, "file_too_large") if isinstance(exc, FileTooLarge) else (400, "invalid_file")
+    error = ApiError(status, str(exc), param="file", code=code)
+    return JSONResponse(error.body(), status_code=status, headers={} if whole else {"Connection": "close"})
+
+
 async def _found(call: Callable[[Principal, str], Any], who: Principal, file_id: str) -> Any:
     try:
         return await asyncio.to_thread(call, who, file_id)
@@ -101,7 +106,7 @@ class _StreamingForm:
         self._headers: dict[bytes, bytes] = {}
         self._header = b""
         self._received = 0
-        self._ended = False  # the body's last chunk was read
+        self.ended = False  # the body's last chunk was read
 
     async def receive(self) -> Any:
         kind, options = parse_options_header(self.request.headers.get("content-type", ""))
@@ -112,7 +117,7 @@ class _StreamingForm:
             "on_header_end": self._header_end, "on_headers_finished": self._headers_done,
             "on_part_data": self._data})
         try:
-            while not self._ended:
+            while not self.ended:
                 chunk = await self._next()
                 if self._received > self.files.limits.max_bytes + FORM_SLACK:
                     raise FileTooLarge(f"The file is over the server's limit of {self.files.limits.max_bytes} bytes.")
@@ -134,7 +139,7 @@ class _StreamingForm:
         """Read and drop some more of a refused body so that the client, still sending, reads the answer; then
         stop (the connection is closed after the answer). Read from `receive` itself: the stream that was
         being read cannot be iterated again."""
-        while not self._ended and self._received < self.files.limits.max_bytes + DRAIN_BYTES:
+        while not self.ended and self._received < self.files.limits.max_bytes + DRAIN_BYTES:
             try:
                 await self._next()
             except DataError:
@@ -143,11 +148,11 @@ class _StreamingForm:
     async def _next(self) -> bytes:
         message = await self.request.receive()
         if message["type"] != "http.request":
-            self._ended = True
+            self.ended = True
             raise DataError("The client went away before the file was whole.")
         body: bytes = message.get("body", b"")
         self._received += len(body)
-        self._ended = not message.get("more_body", False)
+        self.ended = not message.get("more_body", False)
         return body
 
     # python-multipart callbacks (run in a worker thread, one chunk at a time)
