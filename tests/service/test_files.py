@@ -225,3 +225,22 @@ def test_a_store_without_keys_takes_files_from_anyone(tmp_path, tiny_chat, serve
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=30)
     made = client.files.create(file=("t.jsonl", jsonl(CHAT)), purpose="fine-tune")
     assert [f.id for f in client.files.list().data] == [made.id]
+
+
+@pytest.mark.parametrize("body", [b"--x\r\nnot a part header\r\n\r\n", b"garbage without any boundary",
+                                  b'--x\r\nContent-Disposition: form-data; name="file"; filename="t.jsonl"\r\n\r\n'
+                                  + jsonl(CHAT)])
+def test_a_malformed_or_truncated_multipart_body_is_a_400_and_stores_nothing(served, body):
+    url, keys, _, service = served
+    before = stored(service)
+    response = httpx.post(f"{url}/v1/files", content=body, headers={
+        "Authorization": f"Bearer {keys['alice']}", "Content-Type": "multipart/form-data; boundary=x"})
+    assert response.status_code == 400, response.text
+    assert stored(service) == before
+
+
+def test_the_key_is_checked_before_the_body_is_read(served):
+    url, _, _, service = served
+    response = httpx.post(f"{url}/v1/files", files={"file": ("t.jsonl", jsonl(CHAT))}, data={"purpose": "fine-tune"},
+                          headers={"Authorization": "Bearer sk-gym-wrong"})
+    assert response.status_code == 401

@@ -15,6 +15,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse, JSONResponse
+from python_multipart.exceptions import ParseError
 from python_multipart.multipart import MultipartParser, parse_options_header
 
 from gym.core.errors import DataError, GymError
@@ -107,6 +108,7 @@ class _StreamingForm:
         self._header = b""
         self._received = 0
         self.ended = False  # the body's last chunk was read
+        self.complete = False  # the parser saw the closing boundary
 
     async def receive(self) -> Any:
         kind, options = parse_options_header(self.request.headers.get("content-type", ""))
@@ -115,7 +117,7 @@ class _StreamingForm:
         parser = MultipartParser(options[b"boundary"], {
             "on_part_begin": self._begin, "on_header_field": self._field, "on_header_value": self._value,
             "on_header_end": self._header_end, "on_headers_finished": self._headers_done,
-            "on_part_data": self._data})
+            "on_part_data": self._data, "on_end": self._end})
         try:
             while not self.ended:
                 chunk = await self._next()
@@ -124,6 +126,17 @@ class _StreamingForm:
                 if chunk:
                     await asyncio.to_thread(parser.write, chunk)  # the upload writes to disk: off the event loop
             parser.finalize()
+        except ParseError as exc:
+            if self.upload is not None:
+                self.upload.abort()
+            raise DataError(f"The body is not valid multipart/form-data ({exc}).") from None
+        except BaseException:
+            if self.upload is not None:
+                self.upload.abort()
+            raise
+        try:
+            if not self.complete:  # a truncated body must not pass for a shorter file
+                raise DataError("The multipart body ended before its closing boundary.")
             if self.upload is None:
                 raise DataError("file: missing; send the file in a form field named `file`.")
             purpose = self.fields.get("purpose", b"").decode("utf-8", "replace")
@@ -182,6 +195,9 @@ class _StreamingForm:
             filename = options.get(b"filename", b"upload.jsonl").decode("utf-8", "replace")
             # purpose is checked against the form's own field once the body has ended (it may come after the file)
             self.upload = self.files.upload(self.who, filename, "fine-tune")
+
+    def _end(self) -> None:
+        self.complete = True
 
     def _data(self, data: bytes, start: int, end: int) -> None:
         name = self._part.get("name")
