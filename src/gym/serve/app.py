@@ -100,8 +100,7 @@ def create_app(chat_model: ChatModel, model_name: str, api_key: str | None = Non
     # /v1/files streams its own body under its own (larger) limit; every other route's is read here.
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes, exempt=("/v1/files",) if service is not None else ())
 
-    app.state.gate = gate
-    authorize = caller
+    app.state.gate = gate  # what the `Caller` dependency of every keyed route asks (gym.serve.tenancy)
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError) -> JSONResponse:
@@ -132,7 +131,7 @@ def create_app(chat_model: ChatModel, model_name: str, api_key: str | None = Non
         return JSONResponse(error.body(), status_code=500)
 
     if not public_docs:
-        @app.get("/openapi.json", dependencies=[Depends(authorize)], include_in_schema=False)
+        @app.get("/openapi.json", dependencies=[Depends(caller)], include_in_schema=False)
         async def openapi() -> dict[str, Any]:
             return app.openapi()
 
