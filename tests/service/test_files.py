@@ -141,8 +141,21 @@ def test_a_long_line_is_refused_as_it_arrives(served):
     assert stored(service) == before
 
 
-def test_the_default_limits_refuse_a_10_mb_line():
-    assert FileLimits().max_line_bytes < 10 << 20 < FileLimits().max_bytes
+def test_the_default_limits_refuse_a_10_mb_line_at_4_mib(tmp_path):
+    from gym.core.errors import DataError
+    from gym.service.keys import Principal
+
+    (tmp_path / "store").mkdir()
+    files = open_service(tmp_path / "store").files
+    upload = files.upload(Principal(user_id="alice", admin=False), "long.jsonl", "fine-tune")
+    sent = 0
+    with pytest.raises(DataError, match="line 2: longer than the server's limit of 4194304 bytes"):
+        upload.write(b'{"messages": []}\n')
+        for _ in range(10):
+            upload.write(b"x" * (1 << 20))
+            sent += 1 << 20
+    assert sent == 4 << 20  # stopped within the chunk that passed the limit, not at the end of the line
+    assert list(files.root.iterdir()) == []
 
 
 def _multipart_length(total: int, boundary: str) -> int:
