@@ -126,7 +126,9 @@ def _pg_bin() -> Path | None:
 def postgres_url():
     """A PostgreSQL server of this test session's own, in a temporary folder on a free port; its URL. Skipped
     where the server's binaries or psycopg are missing. The server refuses to run as root: then as `postgres`."""
-    pytest.importorskip("psycopg", reason="psycopg is not installed (pip install 'zoo-gym[postgres]')")
+    # ImportError too, not only a missing module: psycopg without its libpq ("no pq wrapper available") is no driver
+    pytest.importorskip("psycopg", reason="psycopg is not usable (pip install 'zoo-gym[postgres]')",
+                        exc_type=ImportError)
     bin_dir = _pg_bin()
     if bin_dir is None:
         pytest.skip("PostgreSQL's server binaries (initdb, pg_ctl) are not installed")
