@@ -57,3 +57,19 @@ def test_a_revoked_key_is_refused_on_the_next_request(tmp_path, tiny_chat, serve
     assert refused.value.body["code"] == "invalid_api_key"
     code, listing, _ = gym_keys("list", str(store))
     assert listing.strip().splitlines()[1].split("\t")[3] != "-"
+
+
+def test_a_database_that_cannot_be_reached_fails_closed_with_a_503(tmp_path, tiny_chat, serve_app):
+    """No key can be checked, so nothing is served (never an open door), and the client is told to retry."""
+    from sqlalchemy import create_engine
+
+    from gym.service.db import Database
+
+    (tmp_path / "store").mkdir()
+    service = open_service(tmp_path / "store")
+    service.db = Database(create_engine(f"sqlite:///{tmp_path}/no/such/folder/service.db"), "sqlite:///gone")
+    url = serve_app(tiny_chat, service=service)
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="anything", max_retries=0, timeout=30)
+    with pytest.raises(openai.InternalServerError) as caught:
+        client.models.list()
+    assert caught.value.status_code == 503 and caught.value.body["code"] == "database_unavailable"

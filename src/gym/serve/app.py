@@ -64,6 +64,7 @@ from gym.serve.protocol import (
     image_urls,
 )
 from gym.serve.tenancy import Caller, Gate, caller, refused
+from gym.service.db import DatabaseUnavailable
 from gym.service.keys import Principal
 from gym.service.service import Service
 from gym.tfgrpo.library import ExperienceLibrary, with_experiences
@@ -105,6 +106,12 @@ def create_app(chat_model: ChatModel, model_name: str, api_key: str | None = Non
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError) -> JSONResponse:
         return JSONResponse(exc.body(), status_code=exc.status)
+
+    @app.exception_handler(DatabaseUnavailable)
+    async def database_unavailable(request: Request, exc: DatabaseUnavailable) -> JSONResponse:
+        # fail closed: no key can be checked, so nothing is answered; a client's retry may find it back
+        error = ApiError(503, str(exc), type="service_unavailable", code="database_unavailable")
+        return JSONResponse(error.body(), status_code=503)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:

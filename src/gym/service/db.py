@@ -28,7 +28,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, OperationalError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 
-from gym.core.errors import ConfigError
+from gym.core.errors import ConfigError, GymError
 
 DB_FILE = "service.db"
 BUSY_TIMEOUT_MS = 30_000  # a writer waits this long for another (a worker's heartbeat, a key being revoked)
@@ -36,6 +36,10 @@ BUSY_TIMEOUT_MS = 30_000  # a writer waits this long for another (a worker's hea
 
 def now() -> int:
     return int(time.time())
+
+
+class DatabaseUnavailable(GymError):
+    """The database cannot be reached, or stayed locked past the busy timeout: retry later (HTTP 503)."""
 
 
 class Base(DeclarativeBase):
@@ -149,6 +153,10 @@ class Database:
             try:
                 yield session
                 session.commit()
+            except OperationalError as exc:  # the server is down, or SQLite stayed locked past the busy timeout
+                session.rollback()
+                raise DatabaseUnavailable(f"The service database ({self.url}) is unavailable: "
+                                          f"{str(exc.orig).strip() or type(exc.orig).__name__}.") from None
             except BaseException:
                 session.rollback()
                 raise
