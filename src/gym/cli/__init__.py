@@ -44,6 +44,7 @@ commands:
   delta compress|apply|inspect|eval [options]      a fine-tune as a compressed delta (`gym delta -h`)
   soup init|contribute|status|aggregate|rewards    community merge of many users' deltas (`gym soup -h`)
   variants create|add|list|delete|chat|export STORE  per-user fine-tunes as 1-bit deltas (`gym variants -h`)
+  keys create|list|revoke STORE [--user U | --admin]  API keys and tenants of `gym api --variants STORE` (`gym keys -h`)
   tfgrpo train|eval CONFIG [key=value ...]         Training-Free GRPO: learn a library of lessons in the prompt
   export CONFIG --export_dir DIR [--format hf]     the trained model for other tools (`gym export -h`)
   merge CONFIG [key=value ...]                     linear/TIES/DARE merges of fine-tunes of one base (`gym merge -h`)
@@ -295,6 +296,14 @@ def cmd_variants(argv: list[str]) -> int:
     return variants_main(argv)
 
 
+def cmd_keys(argv: list[str]) -> int:
+    if importlib.util.find_spec("sqlalchemy") is None:
+        raise ConfigError("gym keys needs SQLAlchemy: pip install 'zoo-gym[serve]'.")
+    from gym.cli.keys import main as keys_main
+
+    return keys_main(argv)
+
+
 def cmd_soup(argv: list[str]) -> int:
     from gym.cli.soup import main as soup_main
 
@@ -398,6 +407,7 @@ COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "delta": cmd_delta,
     "soup": cmd_soup,
     "variants": cmd_variants,
+    "keys": cmd_keys,
     "tfgrpo": cmd_tfgrpo,
     "export": cmd_export,
     "merge": cmd_merge,

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import time
 import uuid
@@ -36,6 +35,10 @@ from typing import Any
 
 from gym.core.errors import ConfigError, GymError, OutputError
 from gym.core.files import OutputLock, refuse_file_in_path, remove_stale_temps, temp_path
+
+# The user id rule lives in core: the service (keys, files) names the same users without loading the store's
+# torch-backed readers. Re-exported here, where variant code has always imported it.
+from gym.core.names import MAX_USER_ID, USER_ID_PATTERN, check_user_id  # noqa: F401
 from gym.infer.fast.deltas import ParamDelta
 from gym.personalization.base import Shapes, adapter_base, base_shapes, check_shapes, describe_base
 from gym.personalization.loading import deltas_from_adapter, deltas_from_file
@@ -45,25 +48,10 @@ ADAPTER_DIR = "adapter"
 MANIFEST = "manifest.json"
 STORE_FILE = "store.json"
 VERSIONS = ".versions"
-MAX_USER_ID = 128
-_USER_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@+-]*")
 
 
 class VariantError(GymError):
     """A variant that does not exist, cannot be created, or does not belong to this store."""
-
-
-def check_user_id(user_id: str) -> str:
-    """A user id is a name: letters, digits and . _ @ + -, starting with a letter or digit, at most 128
-    characters, never '..' (so it can name a folder and never escape the store)."""
-    if not isinstance(user_id, str) or not user_id:
-        raise ConfigError(f"user id {user_id!r}: give a non-empty string.")
-    if len(user_id) > MAX_USER_ID:
-        raise ConfigError(f"user id {user_id[:40]!r}...: {len(user_id)} characters, at most {MAX_USER_ID}.")
-    if not _USER_ID.fullmatch(user_id) or ".." in user_id:
-        raise ConfigError(f"user id {user_id!r}: use letters, digits and . _ @ + - (starting with a letter or "
-                          "digit, no '..', no path separators).")
-    return user_id
 
 
 @dataclass
@@ -176,7 +164,8 @@ class VariantStore:
     def users(self) -> list[str]:
         if not self.root.is_dir():
             return []
-        return sorted(p.name for p in self.root.iterdir() if (p / MANIFEST).is_file() and _USER_ID.fullmatch(p.name))
+        return sorted(p.name for p in self.root.iterdir()
+                      if (p / MANIFEST).is_file() and USER_ID_PATTERN.fullmatch(p.name))
 
     def list(self) -> list[VariantRecord]:
         return [self.get(user) for user in self.users()]

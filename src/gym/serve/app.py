@@ -16,17 +16,21 @@ http(s) URLs only as the server's MediaPolicy allows (gym.serve.media: --media-d
 image is checked (gym.data.media.load_image: a real image, not truncated, under the pixel limit) before anything
 decodes it; every bad one is a 400 naming its field, and a text model is sent none.
 
+Tenants (gym.serve.tenancy, docs/service.md): a variant store whose database holds API keys answers only
+requests with one; a user's key sees the base and that user's own variant (another user's is a 404, as a model
+that does not exist), an admin's sees all. The same store's files are served as OpenAI's Files API
+(gym.serve.files).
+
 Every failure answers OpenAI's error JSON with a 4xx status (400 bad value or a variant that cannot be
-loaded, 401 key, 404 route or model, 422 malformed body, 429 queue full, 503 shutting down); the engine's
-bounded queue is what keeps memory bounded under load. `usage` counts the prompt's ids and every generated token,
-end-of-turn token included.
+loaded, 401 key, 404 route, model or file, 409 a file in use, 422 malformed body, 429 queue full, 503 shutting
+down); the engine's bounded queue is what keeps memory bounded under load. `usage` counts the prompt's ids and
+every generated token, end-of-turn token included.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
-import hmac
 import json
 import time
 import uuid
@@ -36,7 +40,8 @@ from typing import Any
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
+from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from transformers import AutoConfig
 
@@ -47,6 +52,7 @@ from gym.infer.fast.bank import VariantBank, VariantNotFound, VariantUnavailable
 from gym.infer.grammar import Constraint
 from gym.infer.requests import EngineBusy, EngineStopped, Event, Finished, Media, Piece, SamplingParams
 from gym.infer.tool_choice import CallStream, RequestFieldError
+from gym.serve.files import file_routes
 from gym.serve.limits import DEFAULT_MAX_BODY_BYTES, BodyLimit, check_text_length
 from gym.serve.media import MediaPolicy
 from gym.serve.protocol import (
@@ -57,22 +63,28 @@ from gym.serve.protocol import (
     _Request,
     image_urls,
 )
+from gym.serve.tenancy import Caller, Gate, caller, refused
+from gym.service.db import DatabaseUnavailable
+from gym.service.keys import Principal
+from gym.service.service import Service
 from gym.tfgrpo.library import ExperienceLibrary, with_experiences
 
 _STATUS_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-                 405: "invalid_request_error", 413: "invalid_request_error", 422: "invalid_request_error",
+                 405: "invalid_request_error", 409: "invalid_request_error", 413: "invalid_request_error",
+                 422: "invalid_request_error",
                  429: "rate_limit_error", 500: "server_error",
                  503: "service_unavailable"}
 
 
 def create_app(chat_model: ChatModel, model_name: str, api_key: str | None = None,
                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, experiences: ExperienceLibrary | None = None,
-               media: MediaPolicy | None = None) -> FastAPI:
+               media: MediaPolicy | None = None, service: Service | None = None) -> FastAPI:
     """The app for one loaded ChatModel. `api_key` (if set) is required as a bearer token on /v1, /tokenize
     and /openapi.json (the browser pages /docs and /redoc, which cannot send it, are then off). `experiences`:
     a Training-Free GRPO library appended to the system prompt of every chat request (base and variants alike),
     as the library was shown in training; /v1/completions take raw text and are left as sent. `media`: where
-    image URLs may be read from (default: data: URLs only)."""
+    image URLs may be read from (default: data: URLs only). `service`: the variant store's database and files
+    (gym.service): its API keys make the server multi-tenant (gym.serve.tenancy) and /v1/files serves its files."""
     server = _Server(chat_model, model_name, media or MediaPolicy())
 
     @asynccontextmanager
@@ -80,23 +92,26 @@ def create_app(chat_model: ChatModel, model_name: str, api_key: str | None = Non
         yield
         await asyncio.to_thread(chat_model.close)  # the engine finishes its step and releases waiters
 
-    public_docs = api_key is None
+    gate = Gate(api_key, service.db if service is not None else None)
+    # A store's keys may appear while the server runs: its docs pages are then answered per request below.
+    public_docs = api_key is None and service is None
     app = FastAPI(title="Gym", lifespan=lifespan, openapi_url="/openapi.json" if public_docs else None,
                   docs_url="/docs" if public_docs else None, redoc_url="/redoc" if public_docs else None)
     app.state.server = server
-    app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
+    # /v1/files streams its own body under its own (larger) limit; every other route's is read here.
+    app.add_middleware(BodyLimit, max_bytes=max_body_bytes, exempt=("/v1/files",) if service is not None else ())
 
-    def authorize(request: Request) -> None:
-        if api_key is None:
-            return
-        scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), api_key.encode()):
-            raise ApiError(401, "Invalid or missing API key: send 'Authorization: Bearer <key>'.",
-                           type="authentication_error", code="invalid_api_key")
+    app.state.gate = gate  # what the `Caller` dependency of every keyed route asks (gym.serve.tenancy)
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError) -> JSONResponse:
         return JSONResponse(exc.body(), status_code=exc.status)
+
+    @app.exception_handler(DatabaseUnavailable)
+    async def database_unavailable(request: Request, exc: DatabaseUnavailable) -> JSONResponse:
+        # fail closed: no key can be checked, so nothing is answered; a client's retry may find it back
+        error = ApiError(503, str(exc), type="service_unavailable", code="database_unavailable")
+        return JSONResponse(error.body(), status_code=503)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -123,26 +138,44 @@ def create_app(chat_model: ChatModel, model_name: str, api_key: str | None = Non
         return JSONResponse(error.body(), status_code=500)
 
     if not public_docs:
-        @app.get("/openapi.json", dependencies=[Depends(authorize)], include_in_schema=False)
+        @app.get("/openapi.json", dependencies=[Depends(caller)], include_in_schema=False)
         async def openapi() -> dict[str, Any]:
             return app.openapi()
+
+    if service is not None:
+        # The browser pages cannot send a key: they are there while the server needs none, 401 once it does.
+        def open_pages() -> None:
+            if not gate.open:
+                raise refused()
+
+        @app.get("/docs", dependencies=[Depends(open_pages)], include_in_schema=False)
+        async def docs() -> HTMLResponse:
+            return get_swagger_ui_html(openapi_url="/openapi.json", title="Gym")
+
+        @app.get("/redoc", dependencies=[Depends(open_pages)], include_in_schema=False)
+        async def redoc() -> HTMLResponse:
+            return get_redoc_html(openapi_url="/openapi.json", title="Gym")
+
+        app.include_router(file_routes(service.files))
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
         return {"status": "ok", "model": model_name, **chat_model.engine.load}
 
-    @app.get("/v1/models", dependencies=[Depends(authorize)])
-    async def models() -> dict[str, Any]:
+    @app.get("/v1/models")
+    async def models(who: Caller) -> dict[str, Any]:
         variants = server.variants.names() if server.variants is not None else []
-        return {"object": "list", "data": [server.model_card()] + [server.model_card(user) for user in variants]}
+        mine = [user for user in variants if who.may_see(user)]  # a user's key lists that user's variant only
+        return {"object": "list", "data": [server.model_card()] + [server.model_card(user) for user in mine]}
 
-    @app.get("/v1/models/{name:path}", dependencies=[Depends(authorize)])
-    async def model(name: str) -> dict[str, Any]:
-        return server.model_card(server.check_model(name))
+    @app.get("/v1/models/{name:path}")
+    async def model(name: str, who: Caller) -> dict[str, Any]:
+        return server.model_card(server.check_model(name, who))
 
-    @app.post("/v1/chat/completions", dependencies=[Depends(authorize)])
-    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
-        variant = await server.load_variant(body.model)
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, request: Request,
+                               who: Caller) -> Any:
+        variant = await server.load_variant(body.model, who)
         body.refuse_unsupported()
         check_text_length([(f"messages.{i}.content", m.text()) for i, m in enumerate(body.messages)],
                           server.context_length)
@@ -162,9 +195,9 @@ def create_app(chat_model: ChatModel, model_name: str, api_key: str | None = Non
                                variant=variant, constraint=turn.constraint)
         return await server.respond(body, [turn.prompt], params, request, turn=turn)
 
-    @app.post("/v1/completions", dependencies=[Depends(authorize)])
-    async def completions(body: CompletionRequest, request: Request) -> Any:
-        variant = await server.load_variant(body.model)
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request, who: Caller) -> Any:
+        variant = await server.load_variant(body.model, who)
         body.refuse_unsupported()
         texts = [body.prompt] if isinstance(body.prompt, str) else [p for p in body.prompt if isinstance(p, str)]
         check_text_length([("prompt", t) for t in texts], server.context_length)
@@ -172,10 +205,10 @@ def create_app(chat_model: ChatModel, model_name: str, api_key: str | None = Non
         params = server.params(body, max(len(p) for p in prompts), max_tokens=body.max_tokens, variant=variant)
         return await server.respond(body, prompts, params, request)
 
-    @app.post("/tokenize", dependencies=[Depends(authorize)])
-    async def tokenize(body: TokenizeRequest) -> dict[str, Any]:
+    @app.post("/tokenize")
+    async def tokenize(body: TokenizeRequest, who: Caller) -> dict[str, Any]:
         if body.model is not None:
-            server.check_model(body.model)
+            server.check_model(body.model, who)
         if (body.messages is None) == (body.prompt is None):
             raise ApiError(400, "Give either messages or prompt.", param="messages")
         texts = [m.text() for m in body.messages or []] + ([body.prompt] if body.prompt else [])
@@ -212,20 +245,21 @@ class _Server:
         return {"id": f"{self.model_name}:{variant}", "object": "model", "created": self.created, "owned_by": "gym",
                 "root": self.model_name, "parent": self.model_name}
 
-    def check_model(self, name: str) -> str | None:
-        """The variant `name` asks for (None: the base); 404 for a model this server does not serve."""
+    def check_model(self, name: str, who: Principal) -> str | None:
+        """The variant `name` asks for (None: the base); 404 for a model this server does not serve, and for
+        another user's variant (a 403 would tell a caller which users have one)."""
         if name == self.model_name:
             return None
         base, _, user = name.rpartition(":")  # user ids never hold ':'
-        if base == self.model_name and self.variants is not None and self.variants.has(user):
+        if base == self.model_name and self.variants is not None and who.may_see(user) and self.variants.has(user):
             return user
         served = f"'{self.model_name}'" + (f" and its variants '{self.model_name}:<user>'" if self.variants else "")
         raise ApiError(404, f"The model '{name}' does not exist; this server serves {served}.",
                        param="model", code="model_not_found")
 
-    async def load_variant(self, name: str) -> str | None:
+    async def load_variant(self, name: str, who: Principal) -> str | None:
         """check_model, with the variant loaded (off the event loop: a first use reads its file)."""
-        user = self.check_model(name)
+        user = self.check_model(name, who)
         if user is not None:
             assert self.variants is not None
             try:

@@ -17,11 +17,13 @@ from gym.config.files import parse_cli_args, take_option
 from gym.core.errors import ConfigError
 from gym.core.network import check_port_number
 from gym.serve.media import DEFAULT_MAX_MEDIA_BYTES, MediaPolicy
+from gym.service.limits import FileLimits
 
 OPTIONS: dict[str, str | None] = {
     "--host": "127.0.0.1", "--port": "8000", "--api-key": None, "--max_batch_size": "16", "--max_waiting": "256",
     "--served_model_name": None, "--max_body_bytes": str(4 << 20), "--variants": None, "--experiences": None,
-    "--media-dir": None, "--max_media_bytes": str(DEFAULT_MAX_MEDIA_BYTES),
+    "--media-dir": None, "--max_media_bytes": str(DEFAULT_MAX_MEDIA_BYTES), "--db": None,
+    "--max_file_bytes": str(FileLimits.max_bytes), "--file_quota_bytes": str(FileLimits.quota_bytes),
 }
 FLAGS = ("--allow-remote-media",)
 
@@ -29,12 +31,16 @@ FLAGS = ("--allow-remote-media",)
 USAGE = """usage: gym api [CONFIG] [key=value ...] [--host 127.0.0.1] [--port 8000] [--api-key KEY]
                [--max_batch_size 16] [--max_waiting 256] [--served_model_name NAME] [--max_body_bytes N]
                [--variants STORE] [--experiences FILE] [--media-dir DIR] [--allow-remote-media]
-               [--max_media_bytes N]
+               [--max_media_bytes N] [--db URL] [--max_file_bytes N] [--file_quota_bytes N]
 
 An OpenAI-compatible server (/v1/chat/completions, /v1/completions, /v1/models, /tokenize) for the model CONFIG
 names, as `gym chat` loads it. --variants STORE serves each user's variant as BASE:USER in the same batches.
 A vision-language model takes image_url parts: data: URLs; file:// URLs only inside --media-dir DIR; http(s)
-URLs only with --allow-remote-media (at most --max_media_bytes each, 10 s). See docs/serving.md."""
+URLs only with --allow-remote-media (at most --max_media_bytes each, 10 s). See docs/serving.md.
+
+With --variants STORE the store's API keys (`gym keys create STORE --user U`) make the server multi-tenant, and
+/v1/files takes fine-tuning files (at most --max_file_bytes each, --file_quota_bytes per user). The keys and files
+are recorded in STORE/service.db, or in the database --db URL names (postgresql://...). See docs/service.md."""
 
 
 def main(argv: list[str]) -> int:
@@ -59,23 +65,32 @@ def main(argv: list[str]) -> int:
                               "it counts every request admitted at once, decoding or queued.")
         values["--max_waiting"] = str(block["max_concurrent"] - batch)
     try:
-        port, batch, waiting, body, media_bytes = (int(values[k] or "") for k in (
-            "--port", "--max_batch_size", "--max_waiting", "--max_body_bytes", "--max_media_bytes"))
+        port, batch, waiting, body, media_bytes, file_bytes, quota = (int(values[k] or "") for k in (
+            "--port", "--max_batch_size", "--max_waiting", "--max_body_bytes", "--max_media_bytes",
+            "--max_file_bytes", "--file_quota_bytes"))
     except ValueError:
-        raise ConfigError("--port, --max_batch_size, --max_waiting, --max_body_bytes and --max_media_bytes take whole "
-                          "numbers.") from None
+        raise ConfigError("--port, --max_batch_size, --max_waiting, --max_body_bytes, --max_media_bytes, "
+                          "--max_file_bytes and --file_quota_bytes take whole numbers.") from None
+    if given["--db"] and not values["--variants"]:
+        raise ConfigError("--db names the database of a variant store's keys and files: give --variants STORE too.")
+    if file_bytes < 1 or quota < 1:
+        raise ConfigError("--max_file_bytes and --file_quota_bytes must be at least 1.")
     media = media_policy(values["--media-dir"], flags["--allow-remote-media"], media_bytes)
     check_port_number(port)  # at once; whether the port is free is known when serve() binds it, before loading
     try:
         import fastapi  # noqa: F401
+        import python_multipart  # noqa: F401
+        import sqlalchemy  # noqa: F401
         import uvicorn  # noqa: F401
     except ImportError:
-        raise ConfigError("gym api needs FastAPI and uvicorn: pip install 'zoo-gym[serve]'.") from None
+        raise ConfigError("gym api needs FastAPI, uvicorn, SQLAlchemy and python-multipart: pip install "
+                          "'zoo-gym[serve]'.") from None
     from gym.serve.server import serve
 
     serve(config, host=values["--host"] or "127.0.0.1", port=port, api_key=values["--api-key"],
           max_batch_size=batch, max_waiting=waiting, model_name=values["--served_model_name"], max_body_bytes=body,
-          variants=values["--variants"], experiences=values["--experiences"], media=media)
+          variants=values["--variants"], experiences=values["--experiences"], media=media, db=values["--db"],
+          file_limits=FileLimits(max_bytes=file_bytes, quota_bytes=quota))
     return 0
 
 

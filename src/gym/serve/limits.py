@@ -20,12 +20,13 @@ class BodyLimit:
     """ASGI middleware: 413 for a body over `max_bytes`, by its Content-Length or, for a chunked body, as
     soon as the bytes received pass the limit; either way before the app reads or parses any of it."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int, exempt: tuple[str, ...] = ()) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.exempt = exempt  # paths whose routes stream their bodies under limits of their own (uploads)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] != "http" or scope.get("path") in self.exempt:
             await self.app(scope, receive, send)
             return
         declared = dict(scope.get("headers") or []).get(b"content-length")

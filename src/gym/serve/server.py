@@ -29,6 +29,9 @@ from gym.personalization.store import VariantStore
 from gym.serve.app import create_app
 from gym.serve.limits import DEFAULT_MAX_BODY_BYTES
 from gym.serve.media import MediaPolicy
+from gym.service.files import FileLimits
+from gym.service.keys import any_keys
+from gym.service.service import Service, open_service
 from gym.tfgrpo.library import ExperienceLibrary
 
 logger = logging.getLogger(__name__)
@@ -57,13 +60,17 @@ def served_model_name(chat_model: ChatModel, explicit: str | None = None) -> str
 def serve(config: dict[str, Any], *, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
           max_batch_size: int = 16, max_waiting: int = 256, model_name: str | None = None,
           max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, variants: str | None = None,
-          experiences: str | None = None, graceful_seconds: float = 30.0, media: MediaPolicy | None = None) -> None:
+          experiences: str | None = None, graceful_seconds: float = 30.0, media: MediaPolicy | None = None,
+          db: str | None = None, file_limits: FileLimits | None = None) -> None:
     """`variants`: a variant store (gym.personalization) whose users' variants answer as `<model>:<user>`.
     `experiences`: a Training-Free GRPO library (experiences.json) added to every chat's system prompt.
-    `media`: where a vision-language model's image URLs may be read from (default: data: URLs only)."""
+    `media`: where a vision-language model's image URLs may be read from (default: data: URLs only).
+    `db`: the database of the store's keys and files (default: `<variants>/service.db`; docs/service.md)."""
     api_key = api_key or os.environ.get("GYM_API_KEY") or None
     library = ExperienceLibrary.load(experiences) if experiences else None  # a bad file fails before the model loads
     source = variant_source(variants) if variants else None
+    # the database opens (and a bad --db fails) before the port is taken and the model loads
+    service = open_service(source.store.root, db, file_limits) if source is not None else None
     sockets = bind_sockets(host, port)  # bound, not listening: clients are refused until the model is ready
     try:
         chat_model = ChatModel(config, max_batch_size=max_batch_size, max_waiting=max_waiting, variants=source)
@@ -71,12 +78,13 @@ def serve(config: dict[str, Any], *, host: str = "127.0.0.1", port: int = 8000, 
             check_store_base(source.store, chat_model.model)
         _ = chat_model.engine  # start the engine now: a backend that cannot start fails before the port opens
         name = served_model_name(chat_model, model_name)
-        app = create_app(chat_model, name, api_key, max_body_bytes=max_body_bytes, experiences=library, media=media)
+        app = create_app(chat_model, name, api_key, max_body_bytes=max_body_bytes, experiences=library, media=media,
+                         service=service)
         if library is not None:
             logger.info("Every chat request gets the %d experiences of %s in its system prompt.", len(library),
                         experiences)
         logger.info("Serving '%s' on http://%s:%d/v1 (auth: %s, batch up to %d, queue %d)", name, host, port,
-                    "bearer key" if api_key else "none", max_batch_size, max_waiting)
+                    _auth(api_key, service), max_batch_size, max_waiting)
         # uvicorn annotates timeout_graceful_shutdown as int, but only hands it to asyncio.wait_for (any float).
         server = DrainingServer(uvicorn.Config(app, host=host, port=port, log_level="info", access_log=False,
                                                timeout_graceful_shutdown=graceful_seconds))  # type: ignore[arg-type]
@@ -85,6 +93,12 @@ def serve(config: dict[str, Any], *, host: str = "127.0.0.1", port: int = 8000, 
         for sock in sockets:  # uvicorn closes them on shutdown; an error before it started leaves them to us
             sock.close()
     logger.info("Stopped.")
+
+
+def _auth(api_key: str | None, service: Service | None) -> str:
+    if service is not None and any_keys(service.db):
+        return f"the store's keys ({service.db.url})" + (" and --api-key as an admin key" if api_key else "")
+    return "bearer key" if api_key else "none"
 
 
 def variant_source(store_path: str) -> StoreSource:

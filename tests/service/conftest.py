@@ -1,0 +1,170 @@
+"""Fixtures for the service (keys, tenants, files): a variant store with two users' variants (tiny BitDeltas),
+a ChatModel serving it, live `gym api` apps on 127.0.0.1 (uvicorn threads: the real openai client, and bodies
+streamed as they would be over the network), `gym keys` run as a user would, and a PostgreSQL server of its
+own when the binaries and psycopg are there."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import pwd
+import shutil
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def gym_keys(*argv: str) -> tuple[int, str, str]:
+    """`gym keys ...` in this process: (exit status, stdout, stderr)."""
+    from gym.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(["keys", *argv])
+        except SystemExit as exit_:  # argparse's usage errors
+            code = int(exit_.code or 0)
+    return code, out.getvalue(), err.getvalue()
+
+
+def new_key(store: Path, *who: str) -> str:
+    code, out, err = gym_keys("create", str(store), *who)
+    assert code == 0, err
+    return out.split()[-1]
+
+
+@pytest.fixture(scope="module")
+def serve_app():
+    """serve_app(chat_model, service=..., api_key=..., **create_app options) -> base URL of a running server."""
+    import uvicorn
+
+    from gym.serve.app import create_app
+
+    servers = []
+
+    def start(chat_model, name: str = "tiny", api_key: str | None = None, **options) -> str:
+        port = free_port()
+        server = uvicorn.Server(uvicorn.Config(create_app(chat_model, name, api_key, **options), host="127.0.0.1",
+                                               port=port, log_level="warning"))
+        thread = threading.Thread(target=server.run, daemon=True)
+        thread.start()
+        deadline = time.time() + 30
+        while not server.started:
+            assert thread.is_alive() and time.time() < deadline, "the server did not start"
+            time.sleep(0.02)
+        servers.append((server, thread))
+        return f"http://127.0.0.1:{port}"
+
+    yield start
+    for server, thread in servers:
+        server.should_exit = True
+        thread.join(30)
+
+
+def bitdelta(tiny_model_dir, folder: Path, seed: int) -> Path:
+    """A BitDelta of the tiny model nudged by noise of `seed`: a variant that answers unlike the base."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from gym.delta.bitdelta import BitDeltaConfig, BitDeltaQuantizer
+
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    tuned = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for _, param in tuned.named_parameters():
+            param.add_(torch.randn(param.shape, generator=g) * 0.05)
+    return BitDeltaQuantizer(BitDeltaConfig(distill_steps=0)).compress(
+        base, tuned, base_name=str(tiny_model_dir), progress=False).save(folder / f"delta-{seed}.safetensors")
+
+
+@pytest.fixture(scope="module")
+def variant_store(tiny_model_dir, tmp_path_factory):
+    """A store holding alice's and bob's variants (and no keys yet)."""
+    from gym.personalization.store import VariantStore
+
+    folder = tmp_path_factory.mktemp("service")
+    store = VariantStore(folder / "store")
+    store.add("alice", delta=bitdelta(tiny_model_dir, folder, 1))
+    store.add("bob", delta=bitdelta(tiny_model_dir, folder, 2))
+    return store
+
+
+@pytest.fixture(scope="module")
+def variant_chat(tiny_model_dir, variant_store):
+    from gym.infer.chat import ChatModel
+    from gym.personalization.source import StoreSource
+
+    chat = ChatModel({"model_name_or_path": str(tiny_model_dir), "infer_dtype": "float32", "max_new_tokens": 6},
+                     max_batch_size=8, variants=StoreSource(variant_store))
+    yield chat
+    chat.close()
+
+
+# -- PostgreSQL ----------------------------------------------------------------------------------------------------
+def _pg_bin() -> Path | None:
+    for candidate in sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True):
+        if (candidate / "initdb").is_file() and (candidate / "pg_ctl").is_file():
+            return candidate
+    found = shutil.which("initdb")
+    return Path(found).parent if found and shutil.which("pg_ctl") else None
+
+
+@pytest.fixture(scope="session")
+def postgres_url():
+    """A PostgreSQL server of this test session's own, in a temporary folder on a free port; its URL. Skipped
+    where the server's binaries or psycopg are missing. The server refuses to run as root: then as `postgres`."""
+    # ImportError too, not only a missing module: psycopg without its libpq ("no pq wrapper available") is no driver
+    pytest.importorskip("psycopg", reason="psycopg is not usable (pip install 'zoo-gym[postgres]')",
+                        exc_type=ImportError)
+    bin_dir = _pg_bin()
+    if bin_dir is None:
+        pytest.skip("PostgreSQL's server binaries (initdb, pg_ctl) are not installed")
+    as_user: list[str] = []
+    if os.geteuid() == 0:
+        try:
+            owner = pwd.getpwnam("postgres")
+        except KeyError:
+            pytest.skip("running as root and there is no `postgres` user to run the server as")
+        as_user = ["runuser", "-u", "postgres", "--"]
+    root = Path(tempfile.mkdtemp(prefix="gym-pg-"))
+    data = root / "data"
+    if as_user:
+        os.chown(root, owner.pw_uid, owner.pw_gid)
+    port = free_port()
+    run = {"check": True, "capture_output": True, "text": True, "timeout": 120}
+    try:
+        subprocess.run([*as_user, str(bin_dir / "initdb"), "-D", str(data), "-U", "gym", "--auth=trust",
+                        "-E", "UTF8"], **run)
+        subprocess.run([*as_user, str(bin_dir / "pg_ctl"), "-D", str(data), "-l", str(root / "log"), "-w", "-o",
+                        f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=off", "start"], **run)
+    except subprocess.CalledProcessError as exc:
+        shutil.rmtree(root, ignore_errors=True)
+        pytest.skip(f"could not start a PostgreSQL server: {exc.stderr or exc.stdout}")
+    try:
+        yield f"postgresql://gym@127.0.0.1:{port}/postgres"
+    finally:
+        subprocess.run([*as_user, str(bin_dir / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop"],
+                       capture_output=True, timeout=60)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def tiny_chat(tiny_model_dir):
+    from gym.infer.chat import ChatModel
+
+    chat = ChatModel({"model_name_or_path": str(tiny_model_dir), "max_new_tokens": 6}, max_batch_size=8)
+    yield chat
+    chat.close()
