@@ -117,8 +117,7 @@ def main() -> None:
         rows.write_text("".join(json.dumps(row) + "\n" for row in ROWS))
         env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
         trainer = subprocess.Popen(["nice", "-n", "10", sys.executable, "-m", "gym.cli", "variants", "create",
-                                    str(work / "store"), "--user", "bench", "--data", str(rows), "max_steps=400",
-                                    "save_strategy=no"],
+                                    str(work / "store"), "--user", "bench", "--data", str(rows), "max_steps=400"],
                                    env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         time.sleep(15)  # past model loading, into the training steps
         training = load(url, args.clients, args.seconds, args.tokens)
