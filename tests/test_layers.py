@@ -26,7 +26,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("infer", ("gym.infer",)),
     ("jobs", ("gym.train", "gym.delta", "gym.soup", "gym.personalization", "gym.tfgrpo", "gym.eval",
               "gym.export", "gym.merge")),
-    ("workflows", ("gym.workflows", "gym.tune")),
+    ("workflows", ("gym.workflows", "gym.tune", "gym.service")),
     ("doors", ("gym", "gym.cli", "gym.python_api", "gym.hparams", "gym.quantization", "gym.serve", "gym.webui")),
 ]
 
