@@ -111,12 +111,13 @@ class Hyperparameters:
         hyper.check()
         return hyper
 
-    def check(self, method: Method = Method.SUPERVISED) -> None:
+    def check(self, method: Method | None = None) -> None:
+        """Each value "auto" or of its type and positive; with the job's `method`, beta only for dpo."""
         _auto_or(self.n_epochs, "n_epochs", int)
         _auto_or(self.batch_size, "batch_size", int)
         _auto_or(self.learning_rate_multiplier, "learning_rate_multiplier", float)
         _auto_or(self.beta, "beta", float)
-        if self.beta != "auto" and method is not Method.DPO:
+        if self.beta != "auto" and method is Method.SUPERVISED:
             raise ConfigError("hyperparameters.beta is a dpo hyperparameter; remove it or use method dpo.")
 
 
