@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -122,6 +123,7 @@ def test_bad_specs_are_one_clear_error(tmp_path):
     assert JobSpec(**base, suffix="x" * MAX_SUFFIX).suffix  # 64 is allowed
     spec = JobSpec(**base, hyperparameters={"n_epochs": 2, "learning_rate_multiplier": 0.5})
     assert JobSpec(**spec.to_dict()) == spec  # what a queue stores gives the same spec back
+    assert pickle.loads(pickle.dumps(spec)) == spec  # and what a worker process is handed
     keys = training_keys(spec, rows=16)
     assert keys["num_train_epochs"] == 2 and keys["learning_rate"] == pytest.approx(2.5e-4)
     auto = training_keys(JobSpec(**base), rows=16)
