@@ -197,7 +197,8 @@ def test_a_dpo_job_succeeds_on_preference_rows(tmp_path, tiny_model_dir):
     file = write_jsonl(tmp_path / "prefs.jsonl", [preference_row(q) for q in QUESTIONS[:12]])
     events = Events()
     spec = tiny_spec(tiny_model_dir, file, method="dpo", suffix="pref",
-                     hyperparameters=Hyperparameters(n_epochs=1, batch_size=4, beta=0.2), training={"cutoff_len": 128})
+                     hyperparameters=Hyperparameters(n_epochs=1, batch_size=4, beta=0.2), training={"cutoff_len": 128},
+                     delta_options={"distill_steps": 2})  # BitDelta distils on the chosen answers
     result = run_job(spec, tmp_path / "store", tmp_path / "work", events)
     assert result.status is JobStatus.SUCCEEDED, result.error
     assert result.hyperparameters["beta"] == 0.2 and [m["step"] for m in events.metrics()] == [1, 2, 3]
@@ -239,7 +240,7 @@ run_job(spec, sys.argv[2], sys.argv[3], on_event)
 def test_a_killed_job_resumes_from_its_checkpoint_and_publishes_once(tmp_path, tiny_model_dir):
     file = write_jsonl(tmp_path / "train.jsonl", [chat_row(q) for q in QUESTIONS])
     spec = tiny_spec(tiny_model_dir, file, training={"cutoff_len": 128, "max_steps": 10, "save_strategy": "steps",
-                                                     "save_steps": 2})
+                                                     "save_steps": 2}, delta_method="int8", delta_options={})
     store, work = tmp_path / "store", tmp_path / "work"
     (tmp_path / "spec.json").write_text(json.dumps(spec.to_dict()))
     (tmp_path / "worker.py").write_text(WORKER)
@@ -267,6 +268,7 @@ def test_a_killed_job_resumes_from_its_checkpoint_and_publishes_once(tmp_path, t
                                                         for m in events.messages())
     assert [m["step"] for m in events.metrics()] == list(range(resumed + 1, 11))  # the rest of the steps, once
     assert VariantStore(store).users() == [spec.variant]
+    assert VariantStore(store).get(spec.variant).method == "deltaquant-int8"  # the delta method the spec chose
 
     again = Events()  # the same job run once more (a worker restarted after publishing): the variant is the result
     assert run_job(spec, store, work, again).status is JobStatus.SUCCEEDED
