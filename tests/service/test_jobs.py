@@ -232,7 +232,7 @@ def on_event(level, message, data):
     with open(sys.argv[4], "a") as f:
         f.write(json.dumps(openai_event(level, message, data)) + "\\n")
     if data and "train_loss" in data:
-        time.sleep(0.5)  # a slow sink (a database write): the test's kill lands in the middle of training
+        time.sleep(1.0)  # a slow sink (a database write): the test's kill lands in the middle of training
 run_job(spec, sys.argv[2], sys.argv[3], on_event)
 """
 
