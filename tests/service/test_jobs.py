@@ -239,8 +239,10 @@ run_job(spec, sys.argv[2], sys.argv[3], on_event)
 
 def test_a_killed_job_resumes_from_its_checkpoint_and_publishes_once(tmp_path, tiny_model_dir):
     file = write_jsonl(tmp_path / "train.jsonl", [chat_row(q) for q in QUESTIONS])
+    validation = write_jsonl(tmp_path / "valid.jsonl", [chat_row(f"Name {i}?") for i in range(3)])
     spec = tiny_spec(tiny_model_dir, file, training={"cutoff_len": 128, "max_steps": 10, "save_strategy": "steps",
-                                                     "save_steps": 2}, delta_method="int8", delta_options={})
+                                                     "save_steps": 2}, delta_method="int8", delta_options={},
+                     validation_file=validation)
     store, work = tmp_path / "store", tmp_path / "work"
     (tmp_path / "spec.json").write_text(json.dumps(spec.to_dict()))
     (tmp_path / "worker.py").write_text(WORKER)
@@ -269,6 +271,7 @@ def test_a_killed_job_resumes_from_its_checkpoint_and_publishes_once(tmp_path, t
     assert [m["step"] for m in events.metrics()] == list(range(resumed + 1, 11))  # the rest of the steps, once
     assert VariantStore(store).users() == [spec.variant]
     assert VariantStore(store).get(spec.variant).method == "deltaquant-int8"  # the delta method the spec chose
+    assert result.gain_kept is not None and any("on 3 held-out rows" in m for m in events.messages())
 
     again = Events()  # the same job run once more (a worker restarted after publishing): the variant is the result
     assert run_job(spec, store, work, again).status is JobStatus.SUCCEEDED

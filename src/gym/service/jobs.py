@@ -265,9 +265,10 @@ def _answer(path: str, line: int, value: Any, where: str) -> dict[str, Any]:
     return {"role": "assistant", "content": answer["content"]}
 
 
-def read_training_file(path: str | Path, method: Method | str) -> list[dict[str, Any]]:
+def read_training_file(path: str | Path, method: Method | str, minimum: int = MIN_ROWS) -> list[dict[str, Any]]:
     """OpenAI's JSONL -> rows Gym's openai formatting reads: {"messages", "tools"?} for supervised,
-    {"messages", "chosen", "rejected"} for dpo. Every problem names the file and the line."""
+    {"messages", "chosen", "rejected"} for dpo. Every problem names the file and the line; fewer than `minimum`
+    rows (OpenAI's 10 for a training file) is one too."""
     method, path = _method(method), str(path)
     try:
         text = Path(path).read_text(encoding="utf-8")
@@ -300,8 +301,8 @@ def read_training_file(path: str | Path, method: Method | str) -> list[dict[str,
         if not any(m.get("role") == "assistant" for m in messages):
             raise DataError(f"{path}, line {line}: no assistant message, so nothing to learn.")
         rows.append({"messages": messages, **({"tools": row["tools"]} if row.get("tools") else {})})
-    if len(rows) < MIN_ROWS:
-        raise DataError(f"{path} has {len(rows)} example(s); a fine-tuning job needs at least {MIN_ROWS}.")
+    if len(rows) < minimum:
+        raise DataError(f"{path} has {len(rows)} example(s); a fine-tuning job needs at least {minimum}.")
     return rows
 
 
@@ -472,8 +473,8 @@ def _train_and_publish(spec: JobSpec, store: Any, work: Path, emit: EventSink, c
     held_out = None
     if spec.validation_file is not None:
         emit("info", f"Validating validation file: {spec.validation_file}", None)
-        held_out = read_training_file(spec.validation_file, spec.method) if spec.method is Method.SUPERVISED \
-            else None  # dpo: no gain kept is measured (the trainer measures it on SFT rows)
+        validation = read_training_file(spec.validation_file, spec.method, minimum=1)
+        held_out = validation if spec.method is Method.SUPERVISED else None  # dpo: the gain kept is SFT rows' only
     if cancelled():
         raise JobCancelled("cancelled before training")
     trained = len(rows)
