@@ -25,8 +25,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("building blocks", ("gym.data", "gym.models", "gym.rewards")),
     ("infer", ("gym.infer",)),
     ("jobs", ("gym.train", "gym.delta", "gym.soup", "gym.personalization", "gym.tfgrpo", "gym.eval",
-              "gym.export", "gym.merge")),
-    ("workflows", ("gym.workflows", "gym.tune", "gym.service")),
+              "gym.export", "gym.merge", "gym.service")),
+    ("workflows", ("gym.workflows", "gym.tune")),
     ("doors", ("gym", "gym.cli", "gym.python_api", "gym.hparams", "gym.quantization", "gym.serve", "gym.webui")),
 ]
 
@@ -47,6 +47,8 @@ JOB_USES: dict[str, set[str]] = {
     "gym.personalization": {"gym.delta", "gym.train"},
     "gym.export": {"gym.delta", "gym.personalization"},
     "gym.eval": {"gym.delta", "gym.personalization"},
+    # The service (keys, files, jobs) names users as variant stores do and runs the same training job as `gym train`.
+    "gym.service": {"gym.personalization", "gym.train"},
 }
 
 def layer_of(module: str) -> int:

@@ -338,8 +338,7 @@ def training_keys(spec: JobSpec, rows: int) -> dict[str, Any]:
 
 def _delta_config(method: str, options: dict[str, Any]) -> Any:
     """The delta compression a variant is stored with: BitDelta by default, or a DeltaQuant method."""
-    from gym.delta.bitdelta import BitDeltaConfig
-    from gym.delta.deltaquant import DeltaQuantConfig
+    from gym.personalization import BitDeltaConfig, DeltaQuantConfig  # the variant job's options (gym.delta's)
 
     if not isinstance(options, dict):
         raise ConfigError(f"delta_options must be an object, got {type(options).__name__}.")
