@@ -10,6 +10,9 @@ training key can be overridden), extracts the delta from the base, compresses it
 (its scales distilled on the user's own rows) and stores it (gym.personalization.store). With 10 or
 more SFT rows, a fifth of them (at most 20) is held out and the record says how much of the
 fine-tune's loss gain on them the 1-bit delta keeps.
+
+A job runner (gym.service.jobs) passes `work_dir` (the training run is kept there, so a killed process resumes
+from its last checkpoint), its own held-out rows, and may choose DeltaQuant instead of BitDelta.
 """
 
 from __future__ import annotations
@@ -19,12 +22,15 @@ import logging
 import random
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from gym.core.errors import ConfigError
 from gym.delta.bitdelta import BitDeltaConfig, BitDeltaQuantizer
+from gym.delta.deltaquant import DeltaQuantConfig, DeltaQuantizer
 from gym.delta.weights import load_model
 from gym.personalization.store import (
     DELTA_FILE,
@@ -73,48 +79,71 @@ def _write_dataset(folder: Path, name: str, rows: list[dict[str, Any]], *, ranki
         if entry["formatting"] == "alpaca":  # {instruction or prompt, input?, chosen, rejected}: TRL's and ours
             prompt = "instruction" if "instruction" in rows[0] else "prompt"
             entry["columns"] = {"prompt": prompt, "query": "input", "chosen": "chosen", "rejected": "rejected"}
+        else:  # a conversation with its answers as message objects under chosen / rejected
+            entry["columns"] = {"chosen": "chosen", "rejected": "rejected"}
     info[name] = entry
     info_path.write_text(json.dumps(info, indent=2))
 
 
 def _calibration_rows(preferences: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Preference pairs as SFT rows of their chosen answers: what BitDelta distils its scales on."""
-    rows = []
+    rows: list[dict[str, Any]] = []
     for pair in preferences:
-        if "messages" in pair or "conversations" in pair:
+        if "messages" in pair:  # OpenAI-shaped: the conversation, then the chosen answer as its last turn
+            chosen = pair.get("chosen")
+            chosen = chosen[-1] if isinstance(chosen, list) and chosen else chosen
+            if isinstance(chosen, dict) and chosen.get("content"):
+                rows.append({"messages": [*pair["messages"], {"role": "assistant", "content": chosen["content"]}]})
+            continue
+        if "conversations" in pair:
             continue
         rows.append({"instruction": pair.get("instruction", pair.get("prompt", "")), "input": pair.get("input", ""),
                      "output": pair.get("chosen", "")})
-    return [row for row in rows if row["output"]]
+    return [row for row in rows if "messages" in row or row["output"]]
+
+
+@contextmanager
+def _work_folder(work_dir: str | Path | None) -> Iterator[Path]:
+    """`work_dir` kept as it is (a run there can be resumed), or a temporary folder removed afterwards."""
+    if work_dir is not None:
+        path = Path(work_dir)
+        path.mkdir(parents=True, exist_ok=True)
+        yield path
+        return
+    with tempfile.TemporaryDirectory(prefix="gym-variant-") as scratch:
+        yield Path(scratch)
 
 
 class PersonalizedTrainer:
     """Per-user variants of one base model. `config`: BitDelta's options (its `calibration` defaults to the
-    user's own rows); `store`: the variant folder (default `$GYM_HOME/variants/<base>`); `training`: keys
-    every variant's training run gets (create_variant's overrides come on top)."""
+    user's own rows), or DeltaQuant's for a variant of 2 to 8 bits a weight; `store`: the variant folder (default
+    `$GYM_HOME/variants/<base>`); `training`: keys every variant's training run gets (create_variant's overrides
+    come on top)."""
 
-    def __init__(self, base_model: str = "smollm2-135m", config: BitDeltaConfig | None = None,
+    def __init__(self, base_model: str = "smollm2-135m", config: BitDeltaConfig | DeltaQuantConfig | None = None,
                  store: str | Path | None = None, **training: Any) -> None:
         self.base_model = base_model
-        self.config = config or BitDeltaConfig(distill_steps=50, calibration="user-rows")
+        self.config: BitDeltaConfig | DeltaQuantConfig = config or BitDeltaConfig(distill_steps=50,
+                                                                                 calibration="user-rows")
         self.store = VariantStore(store if store is not None else default_store(base_model))
         self.training = training
 
     # -- creating ------------------------------------------------------------------------------------
     def create_variant(self, user_id: str, data: Any = None, preferences: Any = None, *, replace_existing: bool = False,
+                       work_dir: str | Path | None = None, held_out: list[dict[str, Any]] | None = None,
                        **overrides: Any) -> VariantRecord:
         """Fine-tune, compress and store `user_id`'s variant. `data`: SFT rows (a list of alpaca-style dicts
         or conversations, a dataset name, or a file); `preferences`: chosen/rejected pairs (trained with
-        dpo). `overrides`: any training key (max_steps=30, finetuning_type="full", ...)."""
+        dpo). `overrides`: any training key (max_steps=30, finetuning_type="full", ...). `work_dir`: where the
+        training run goes and stays (its checkpoints; resume it with resume_from_checkpoint=True), instead of a
+        temporary folder; `held_out`: SFT rows to measure the gain kept on, instead of a fifth of `data`'s."""
         check_user_id(user_id)
         if (data is None) == (preferences is None):
             raise ConfigError("create_variant needs exactly one of data= (SFT rows) or preferences= (chosen/rejected "
                               "pairs).")
         started = time.perf_counter()
-        with self.store.creating(user_id, replace=replace_existing) as folder, \
-                tempfile.TemporaryDirectory(prefix="gym-variant-") as scratch:
-            work = Path(scratch)
-            dataset, dataset_dir, held_out, calibration = self._datasets(work, data, preferences)
+        with self.store.creating(user_id, replace=replace_existing) as folder, _work_folder(work_dir) as work:
+            dataset, dataset_dir, held, calibration = self._datasets(work, data, preferences, held_out)
             keys = {**TRAINING_DEFAULTS, **self.training, **overrides}
             keys.update(model_name_or_path=self.base_model, stage="dpo" if preferences is not None else "sft",
                         dataset=dataset, dataset_dir=dataset_dir, output_dir=str(work / "run"),
@@ -122,19 +151,13 @@ class PersonalizedTrainer:
             keys.setdefault("report_to", "none")
             run_dir = self._train(keys)
             base, tuned, tokenizer, base_path = self._models(run_dir)
-            config = self.config
-            if config.distill_steps and config.calibration in (None, "user-rows"):
-                if calibration is None:
-                    raise ConfigError("BitDelta's scale distillation needs SFT-style rows: give config.calibration "
-                                      "(a dataset name or file) or distill_steps=0.")
-                config = replace(config, calibration=calibration[0], calibration_dir=calibration[1])
-            result = BitDeltaQuantizer(config).compress(base, tuned, tokenizer=tokenizer, base_name=self.base_model,
-                                                        progress=False)
+            quantizer, method = self._quantizer(calibration)
+            result = quantizer.compress(base, tuned, tokenizer=tokenizer, base_name=self.base_model, progress=False)
             delta_path = result.save(folder / DELTA_FILE)
-            gain, losses = (None, {}) if held_out is None else self._gain(base_path, tuned, delta_path, held_out,
-                                                                          tokenizer, keys)
+            gain, losses = (None, {}) if held is None else self._gain(base_path, tuned, delta_path, held, tokenizer,
+                                                                      keys)
             record = VariantRecord(
-                user=user_id, base=dict(result.header.get("base", {})), method="bitdelta",
+                user=user_id, base=dict(result.header.get("base", {})), method=method,
                 bytes=delta_path.stat().st_size, created=now(), seconds=round(time.perf_counter() - started, 1),
                 training={k: v for k, v in keys.items() if k not in ("dataset", "dataset_dir", "output_dir")},
                 gain_kept=gain, losses=losses)
@@ -142,8 +165,20 @@ class PersonalizedTrainer:
         logger.info("Variant %s: %d bytes in %.0f s.", user_id, record.bytes, record.seconds)
         return record
 
-    def _datasets(self, work: Path, data: Any, preferences: Any) -> tuple[str, str, tuple[str, str] | None,
-                                                                          tuple[str, str] | None]:
+    def _quantizer(self, calibration: tuple[str, str] | None) -> tuple[BitDeltaQuantizer | DeltaQuantizer, str]:
+        """(the quantizer of self.config, the method the record names). BitDelta distils on the user's rows."""
+        config = self.config
+        if isinstance(config, DeltaQuantConfig):
+            return DeltaQuantizer(config), f"deltaquant-{getattr(config.method, 'value', config.method)}"
+        if config.distill_steps and config.calibration in (None, "user-rows"):
+            if calibration is None:
+                raise ConfigError("BitDelta's scale distillation needs SFT-style rows: give config.calibration "
+                                  "(a dataset name or file) or distill_steps=0.")
+            config = replace(config, calibration=calibration[0], calibration_dir=calibration[1])
+        return BitDeltaQuantizer(config), "bitdelta"
+
+    def _datasets(self, work: Path, data: Any, preferences: Any, given_held_out: list[dict[str, Any]] | None = None,
+                  ) -> tuple[str, str, tuple[str, str] | None, tuple[str, str] | None]:
         """(dataset, dataset_dir, held-out (dataset, dir) or None, calibration (dataset, dir) or None)."""
         if preferences is not None:
             if not isinstance(preferences, list):
@@ -156,8 +191,8 @@ class PersonalizedTrainer:
         if not isinstance(data, list):
             return str(data), "data", None, (str(data), "data")  # a dataset name or file: used as it is
         rows = list(data)
-        held: list[dict[str, Any]] = []
-        if len(rows) >= HELD_OUT_MIN_ROWS:
+        held: list[dict[str, Any]] = list(given_held_out or [])
+        if not held and len(rows) >= HELD_OUT_MIN_ROWS:
             random.Random(0).shuffle(rows)
             count = min(20, max(2, len(rows) // 5))
             held, rows = rows[:count], rows[count:]
