@@ -103,7 +103,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=16)
     parser.add_argument("--priority", choices=["idle", "nice"], default="idle",
                         help="the training process's CPU priority: SCHED_IDLE (runs only on cores the server leaves "
-                             "idle) or nice 19")
+                             "idle) or nice 10")
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="gym-service-load-"))
@@ -119,7 +119,7 @@ def main() -> None:
         rows = work / "rows.jsonl"
         rows.write_text("".join(json.dumps(row) + "\n" for row in ROWS))
         env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-        lower = ["chrt", "--idle", "0"] if args.priority == "idle" else ["nice", "-n", "19"]
+        lower = ["chrt", "--idle", "0"] if args.priority == "idle" else ["nice", "-n", "10"]
         trainer = subprocess.Popen([*lower, sys.executable, "-m", "gym.cli", "variants", "create",
                                     str(work / "store"), "--user", "bench", "--data", str(rows), "max_steps=400"],
                                    env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
