@@ -1,0 +1,141 @@
+"""OpenAI's fine-tuning API on `gym api --variants STORE`, through the real openai client: the routes and their
+refusals against a live app (no worker: jobs stay queued), then whole jobs run by real worker processes: a job
+that teaches the embedded model a name and is served at once as its ft: model, and a server killed with -9
+mid-job whose job, after a restart, finishes once."""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import openai
+import pytest
+from sqlalchemy import func, select
+from tests.service.conftest import gym_keys, new_key
+from tests.service.test_jobs import QUESTIONS, chat_row, preference_row
+
+from gym.service.db import Job
+from gym.service.queue import JobLimits
+from gym.service.service import open_service
+
+QUOTA = 5
+
+
+def jsonl(rows: list[dict]) -> bytes:
+    return "".join(json.dumps(r) + "\n" for r in rows).encode()
+
+
+# -- the routes (no worker) ---------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def served(tmp_path_factory, tiny_chat, serve_app):
+    store = tmp_path_factory.mktemp("fine-tuning") / "store"
+    keys = {who: new_key(store, "--user", who) for who in ("alice", "bob", "carol")}
+    keys["admin"] = new_key(store, "--admin")
+    service = open_service(store, job_limits=JobLimits(max_queued=QUOTA))
+    url = serve_app(tiny_chat, service=service)
+    clients = {who: openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0, timeout=60)
+               for who, key in keys.items()}
+    return url, keys, clients, service
+
+
+def upload(client: openai.OpenAI, rows: list[dict]) -> str:
+    return client.files.create(file=("train.jsonl", jsonl(rows)), purpose="fine-tune").id
+
+
+def test_create_retrieve_list_events_and_cancel(served):
+    _, _, clients, _ = served
+    alice = clients["alice"]
+    file = upload(alice, [chat_row(q) for q in QUESTIONS])
+    job = alice.fine_tuning.jobs.create(model="tiny", training_file=file, suffix="zorb", seed=7,
+                                        method={"type": "supervised",
+                                                "supervised": {"hyperparameters": {"n_epochs": 2, "batch_size": 4}}})
+    assert job.id.startswith("ftjob-") and job.status == "queued" and job.model == "tiny"
+    assert job.training_file == file and job.seed == 7 and job.fine_tuned_model is None
+    assert job.method.type == "supervised" and job.method.supervised.hyperparameters.n_epochs == 2
+    assert alice.fine_tuning.jobs.retrieve(job.id).status == "queued"
+    assert job.id in [j.id for j in alice.fine_tuning.jobs.list(limit=100)]
+    events = [e.message for e in alice.fine_tuning.jobs.list_events(job.id)]
+    assert events == ["Files validated, job queued", "Validating training file"]  # newest first, as OpenAI lists
+    assert list(alice.fine_tuning.jobs.checkpoints.list(job.id)) == []
+
+    legacy = alice.fine_tuning.jobs.create(model="tiny", training_file=file, hyperparameters={"n_epochs": 1})
+    assert legacy.hyperparameters.n_epochs == 1 and legacy.method.type == "supervised"
+    page = alice.fine_tuning.jobs.list(limit=1)
+    assert [j.id for j in page.data] == [legacy.id] and page.has_more  # newest first, paginated with `after`
+    assert [j.id for j in alice.fine_tuning.jobs.list(limit=1, after=legacy.id).data] == [job.id]
+
+    for made in (job, legacy):
+        assert alice.fine_tuning.jobs.cancel(made.id).status == "cancelled"
+    with pytest.raises(openai.BadRequestError, match="already ended"):
+        alice.fine_tuning.jobs.cancel(job.id)
+    assert alice.fine_tuning.jobs.list_events(job.id).data[0].message == "Fine-tuning job cancelled"
+
+
+def test_a_preference_file_for_a_dpo_job_and_the_wrong_file_for_it(served):
+    _, _, clients, _ = served
+    alice = clients["alice"]
+    prefs = upload(alice, [preference_row(q) for q in QUESTIONS[:12]])
+    dpo = alice.fine_tuning.jobs.create(model="tiny", training_file=prefs,
+                                        method={"type": "dpo", "dpo": {"hyperparameters": {"beta": 0.2}}})
+    assert dpo.status == "queued" and dpo.method.dpo.hyperparameters.beta == 0.2
+    alice.fine_tuning.jobs.cancel(dpo.id)
+    wrong = alice.fine_tuning.jobs.create(model="tiny", training_file=prefs)  # supervised on preference rows
+    assert wrong.status == "failed" and wrong.error.code == "invalid_training_file"
+    assert "chat rows" in wrong.error.message
+
+
+def test_hostile_requests_are_refused(served):
+    url, keys, clients, _ = served
+    alice, bob = clients["alice"], clients["bob"]
+    file = upload(alice, [chat_row(q) for q in QUESTIONS])
+    job = alice.fine_tuning.jobs.create(model="tiny", training_file=file)
+
+    with pytest.raises(openai.NotFoundError, match="No such file"):  # another user's file, as a missing one
+        bob.fine_tuning.jobs.create(model="tiny", training_file=file)
+    for call in (bob.fine_tuning.jobs.retrieve, bob.fine_tuning.jobs.cancel, bob.fine_tuning.jobs.list_events,
+                 bob.fine_tuning.jobs.checkpoints.list):
+        with pytest.raises(openai.NotFoundError):
+            call(job.id)
+    assert job.id not in [j.id for j in bob.fine_tuning.jobs.list()]
+    assert job.id in [j.id for j in clients["admin"].fine_tuning.jobs.list(limit=100)]  # admins see all
+
+    with pytest.raises(openai.NotFoundError, match="'gpt-4o-mini' cannot be fine-tuned here"):
+        alice.fine_tuning.jobs.create(model="gpt-4o-mini", training_file=file)
+    with pytest.raises(openai.BadRequestError, match="n_epochs must be positive"):
+        alice.fine_tuning.jobs.create(model="tiny", training_file=file, hyperparameters={"n_epochs": -1})
+    with pytest.raises(openai.BadRequestError, match="suffix"):
+        alice.fine_tuning.jobs.create(model="tiny", training_file=file, suffix="../x")
+    with pytest.raises(openai.BadRequestError, match="method.type 'ppo'"):
+        alice.fine_tuning.jobs.create(model="tiny", training_file=file, method={"type": "ppo"})
+    with pytest.raises(openai.NotFoundError):
+        alice.fine_tuning.jobs.retrieve("ftjob-doesnotexist")
+
+    alice.fine_tuning.jobs.cancel(job.id)
+
+
+def test_a_revoked_key_gets_401(served, tmp_path):
+    url, _, _, service = served
+    key = new_key(service.store, "--user", "dave")
+    dave = openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0, timeout=60)
+    assert dave.fine_tuning.jobs.list().data == []
+    _, out, _ = gym_keys("list", str(service.store))
+    key_id = next(line.split()[0] for line in out.splitlines() if "dave" in line)
+    assert gym_keys("revoke", str(service.store), key_id)[0] == 0
+    with pytest.raises(openai.AuthenticationError):
+        dave.fine_tuning.jobs.list()
+
+
+def test_a_burst_of_creations_stops_at_the_quota(served):
+    url, keys, clients, service = served
+    file = upload(clients["carol"], [chat_row(q) for q in QUESTIONS])
+    body = {"model": "tiny", "training_file": file}
+    with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {keys['carol']}"}, timeout=60) as http:
+        with ThreadPoolExecutor(8) as pool:
+            statuses = list(pool.map(lambda _: http.post("/v1/fine_tuning/jobs", json=body).status_code,
+                                     range(1000)))
+        refused = http.post("/v1/fine_tuning/jobs", json=body)
+    assert statuses.count(200) == QUOTA and statuses.count(429) == 1000 - QUOTA
+    assert refused.json()["error"]["type"] == "rate_limit_error" and "waiting" in refused.json()["error"]["message"]
+    with service.db.session() as session:  # nothing beyond the quota was stored
+        assert session.scalar(select(func.count()).select_from(Job).where(Job.user_id == "carol")) == QUOTA
