@@ -6,6 +6,7 @@ mid-job whose job, after a restart, finishes once."""
 from __future__ import annotations
 
 import json
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -16,8 +17,11 @@ from tests.service.conftest import gym_keys, new_key
 from tests.service.test_jobs import QUESTIONS, chat_row, preference_row
 
 from gym.service.db import Job
-from gym.service.queue import JobLimits
+from gym.service.jobs import parse_fine_tuned_model
+from gym.service.limits import JobLimits
+from gym.service.queue import ENDED
 from gym.service.service import open_service
+from gym.service.worker import WorkerPool
 
 QUOTA = 5
 
@@ -139,3 +143,52 @@ def test_a_burst_of_creations_stops_at_the_quota(served):
     assert refused.json()["error"]["type"] == "rate_limit_error" and "waiting" in refused.json()["error"]["message"]
     with service.db.session() as session:  # nothing beyond the quota was stored
         assert session.scalar(select(func.count()).select_from(Job).where(Job.user_id == "carol")) == QUOTA
+
+
+# -- jobs run by worker processes ---------------------------------------------------------------------------------
+def wait_for(client: openai.OpenAI, job_id: str, seconds: float, until: tuple[str, ...] = ENDED) -> object:
+    deadline = time.monotonic() + seconds
+    while True:
+        job = client.fine_tuning.jobs.retrieve(job_id)
+        if job.status in until:
+            return job
+        assert time.monotonic() < deadline, f"job {job_id} still {job.status} after {seconds} s"
+        time.sleep(0.5)
+
+
+def test_a_worker_runs_the_job_and_its_model_is_served_to_its_owner_only(tiny_model_dir, variant_store,
+                                                                        variant_chat, serve_app):
+    keys = {who: new_key(variant_store.root, "--user", who) for who in ("alice", "bob")}
+    service = open_service(variant_store.root)
+    url = serve_app(variant_chat, service=service)
+    alice, bob = (openai.OpenAI(base_url=f"{url}/v1", api_key=keys[who], max_retries=0, timeout=60)
+                  for who in ("alice", "bob"))
+    pool = WorkerPool(service.jobs, 1, db_url=None, base_path=str(tiny_model_dir),
+                      options={"training": {"cutoff_len": 64, "max_steps": 4}, "delta_options": {"distill_steps": 0}})
+    pool.start()
+    try:
+        file = upload(alice, [chat_row(q) for q in QUESTIONS])
+        job = alice.fine_tuning.jobs.create(model="tiny", training_file=file, suffix="zorb",
+                                            hyperparameters={"n_epochs": 1, "batch_size": 4})
+        done = wait_for(alice, job.id, 240)
+    finally:
+        pool.stop()
+    assert done.status == "succeeded", done.error
+    assert done.fine_tuned_model == f"ft:tiny:alice:zorb:{job.id.removeprefix('ftjob-')}"
+    assert done.hyperparameters.n_epochs == 1 and done.finished_at is not None
+    events = list(alice.fine_tuning.jobs.list_events(job.id, limit=100))
+    metrics = [e.data for e in reversed(events) if e.type == "metrics"]
+    assert [m["step"] for m in metrics] == [1, 2, 3, 4] and all(m["train_loss"] > 0 for m in metrics)
+    assert events[0].message == "The job has successfully completed"
+    assert not service.jobs.work_dir(job.id).exists()  # an ended job's folder is removed
+
+    model = done.fine_tuned_model
+    answer = alice.chat.completions.create(model=model, messages=[{"role": "user", "content": "Hi"}], max_tokens=4)
+    assert answer.choices[0].message.content is not None
+    assert model in [m.id for m in alice.models.list()] and alice.models.retrieve(model).id == model
+    with pytest.raises(openai.NotFoundError):  # another user: as a model that does not exist
+        bob.chat.completions.create(model=model, messages=[{"role": "user", "content": "Hi"}], max_tokens=4)
+    with pytest.raises(openai.NotFoundError):
+        bob.models.retrieve(model)
+    assert model not in [m.id for m in bob.models.list()]
+    assert f"tiny:{parse_fine_tuned_model(model).variant}" not in [m.id for m in alice.models.list()]

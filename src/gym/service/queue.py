@@ -30,6 +30,7 @@ from gym.service.db import Database, Job, JobEvent, JobStatus, StoredFile, now
 from gym.service.files import FileNotFound, FileStore
 from gym.service.jobs import JOB_PREFIX, Hyperparameters, JobSpec, Method, openai_event, parse_fine_tuned_model
 from gym.service.keys import Principal
+from gym.service.limits import JobLimits
 
 JOBS_DIR = Path(".service") / "jobs"
 ADMIN_OWNER = "admin"  # the user part of the model name of a job made with an admin's key (which has no user)
@@ -49,12 +50,6 @@ class QuotaExceeded(GymError):
 
 class JobFinished(GymError):
     """A cancel for a job that has already ended."""
-
-
-@dataclass(frozen=True)
-class JobLimits:
-    max_queued: int = 8  # jobs one user may have waiting
-    max_running: int = 1  # jobs of one user trained at once (the others wait their turn)
 
 
 @dataclass(frozen=True)
