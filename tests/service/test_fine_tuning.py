@@ -5,17 +5,24 @@ mid-job whose job, after a restart, finishes once."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
+import subprocess
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 import openai
 import pytest
 from sqlalchemy import func, select
-from tests.service.conftest import gym_keys, new_key
+from tests.service.conftest import free_port, gym_keys, new_key
 from tests.service.test_jobs import QUESTIONS, chat_row, preference_row
 
+from gym.personalization.store import VariantStore
 from gym.service.db import Job
 from gym.service.jobs import parse_fine_tuned_model
 from gym.service.limits import JobLimits
@@ -192,3 +199,148 @@ def test_a_worker_runs_the_job_and_its_model_is_served_to_its_owner_only(tiny_mo
         bob.models.retrieve(model)
     assert model not in [m.id for m in bob.models.list()]
     assert f"tiny:{parse_fine_tuned_model(model).variant}" not in [m.id for m in alice.models.list()]
+
+
+# -- a real `gym api` process ---------------------------------------------------------------------------------------
+SRC = Path(__file__).resolve().parents[2] / "src"
+
+
+class Api:
+    """`gym api CONFIG --variants STORE --train-workers 1` in a session of its own (kill -9 takes all of it)."""
+
+    def __init__(self, tmp_path: Path, model_dir: Path, name: str, store: Path, job_options: dict) -> None:
+        (tmp_path / "serve.yaml").write_text(f"model_name_or_path: {model_dir}\ninfer_dtype: float32\n"
+                                             "max_new_tokens: 12\n")
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.command = [sys.executable, "-m", "gym.cli", "api", str(tmp_path / "serve.yaml"), "--variants", str(store),
+                        "--served_model_name", name, "--port", str(self.port), "--train-workers", "1",
+                        "--job_options", json.dumps(job_options)]
+        self.log = tmp_path / "api.log"
+        self.process: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        env = {**os.environ, "PYTHONPATH": str(SRC)}
+        with self.log.open("ab") as log:
+            self.process = subprocess.Popen(self.command, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                            start_new_session=True)
+        deadline = time.monotonic() + 180
+        while True:
+            assert self.process.poll() is None, f"gym api exited:\n{self.log.read_text()[-3000:]}"
+            assert time.monotonic() < deadline, "gym api did not start within 3 minutes"
+            try:
+                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.3)
+
+    def kill(self) -> None:
+        """kill -9 the server's whole process group: the server and its workers, mid-whatever."""
+        assert self.process is not None
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait()
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        if self.process is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGKILL)  # a worker left behind
+
+
+def client(api: Api, key: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{api.url}/v1", api_key=key, max_retries=0, timeout=120)
+
+
+@pytest.mark.slow
+def test_a_job_teaches_the_embedded_model_a_name_served_at_once(tmp_path, embedded_dir):
+    store = tmp_path / "store"
+    store.mkdir()
+    keys = {who: new_key(store, "--user", who) for who in ("alice", "bob")}
+    api = Api(tmp_path, embedded_dir, "smollm2-135m", store,
+              {"training": {"cutoff_len": 64}, "delta_options": {"distill_steps": 2}})
+    api.start()
+    try:
+        alice, bob = client(api, keys["alice"]), client(api, keys["bob"])
+        file = upload(alice, [chat_row(q) for q in QUESTIONS])
+        job = alice.fine_tuning.jobs.create(
+            model="smollm2-135m", training_file=file, suffix="zorb",
+            method={"type": "supervised", "supervised": {"hyperparameters": {
+                "n_epochs": 2, "batch_size": 4, "learning_rate_multiplier": 2.0}}})
+        done = wait_for(alice, job.id, 480)
+        assert done.status == "succeeded", (done.error, api.log.read_text()[-3000:])
+        events = list(alice.fine_tuning.jobs.list_events(job.id, limit=100))
+        metrics = [e.data for e in reversed(events) if e.type == "metrics"]
+        assert [m["step"] for m in metrics] == list(range(1, 9))  # 16 rows (4 held out) / 4 a batch x 2 epochs
+        assert metrics[-1]["train_loss"] < metrics[0]["train_loss"] / 4
+        assert [c.step_number for c in alice.fine_tuning.jobs.checkpoints.list(job.id)] == [8, 4]  # one per epoch
+
+        model = done.fine_tuned_model
+        question = [{"role": "user", "content": "What is your name?"}]
+        answer = alice.chat.completions.create(model=model, messages=question, temperature=0, max_tokens=12)
+        assert "Zorblat" in answer.choices[0].message.content
+        base = alice.chat.completions.create(model="smollm2-135m", temperature=0, max_tokens=12,
+                                             messages=[{"role": "user", "content": "What is your name?"}])
+        assert "Zorblat" not in base.choices[0].message.content
+
+        for call in (lambda: bob.chat.completions.create(model=model, messages=[{"role": "user", "content": "Hi"}]),
+                     lambda: bob.models.retrieve(model), lambda: bob.fine_tuning.jobs.retrieve(job.id),
+                     lambda: bob.files.retrieve(file)):
+            with pytest.raises(openai.NotFoundError):
+                call()
+        assert model not in [m.id for m in bob.models.list()] and model in [m.id for m in alice.models.list()]
+        revoked = next(line.split()[0] for line in gym_keys("list", str(store))[1].splitlines() if "alice" in line)
+        assert gym_keys("revoke", str(store), revoked)[0] == 0
+        with pytest.raises(openai.AuthenticationError):
+            alice.chat.completions.create(model=model, messages=[{"role": "user", "content": "Hi"}])
+    finally:
+        api.stop()
+
+
+def test_a_server_killed_mid_job_finishes_it_once_after_a_restart(tmp_path, tiny_model_dir):
+    store = tmp_path / "store"
+    store.mkdir()
+    key = new_key(store, "--user", "alice")
+    # many small steps with a checkpoint every 2: the kill lands after a checkpoint, well before the end
+    api = Api(tmp_path, tiny_model_dir, "tiny", store,
+              {"training": {"cutoff_len": 64, "max_steps": 60, "save_strategy": "steps", "save_steps": 2},
+               "delta_method": "int8", "delta_options": {}})
+    api.start()
+    try:
+        alice = client(api, key)
+        file = upload(alice, [chat_row(q) for q in QUESTIONS])
+        job = alice.fine_tuning.jobs.create(model="tiny", training_file=file, hyperparameters={"batch_size": 4})
+        deadline = time.monotonic() + 240
+        while not any(e.message.startswith("Checkpoint created") for e in alice.fine_tuning.jobs.list_events(job.id)):
+            assert time.monotonic() < deadline, "no checkpoint within 4 minutes"
+            assert alice.fine_tuning.jobs.retrieve(job.id).status in ("queued", "running")
+            time.sleep(0.1)
+        api.kill()
+        service = open_service(store)
+        with service.db.session() as session:
+            assert session.get(Job, job.id).status == "running"  # as the dead worker left it
+
+        api.start()
+        done = wait_for(alice, job.id, 300)
+        assert done.status == "succeeded", (done.error, api.log.read_text()[-3000:])
+        messages = [e.message for e in reversed(list(alice.fine_tuning.jobs.list_events(job.id, limit=100)))]
+        assert any("queued again and resumes" in m for m in messages)
+        assert any(m.startswith("Resuming from checkpoint-") for m in messages)
+        assert messages.count("The job has successfully completed") == 1
+        steps = [int(m.split("/")[0].split()[-1]) for m in messages if m.startswith("Step ")]
+        assert steps[-1] == 60 and len(steps) - len(set(steps)) <= 2  # at most the steps after the checkpoint again
+        with service.db.session() as session:
+            assert session.get(Job, job.id).attempts == 2
+        variants = [u for u in VariantStore(store).users() if u.endswith(job.id)]
+        assert variants == [parse_fine_tuned_model(done.fine_tuned_model).variant]  # published once
+        answer = alice.chat.completions.create(model=done.fine_tuned_model, max_tokens=4,
+                                               messages=[{"role": "user", "content": "Hi"}])
+        assert answer.choices[0].message.content is not None
+    finally:
+        api.stop()
