@@ -152,6 +152,42 @@ def test_a_burst_of_creations_stops_at_the_quota(served):
         assert session.scalar(select(func.count()).select_from(Job).where(Job.user_id == "carol")) == QUOTA
 
 
+# -- the queue's rules (no HTTP, no model) --------------------------------------------------------------------------
+def test_workers_respect_the_running_quota_and_dead_workers_jobs_are_requeued(tmp_path):
+    from gym.service.keys import Principal
+
+    store = tmp_path / "store"
+    store.mkdir()
+    service = open_service(store, job_limits=JobLimits(max_queued=5, max_running=1))
+    alice, bob = Principal("alice", False), Principal("bob", False)
+    files = {}
+    for who in (alice, bob):
+        upload_ = service.files.upload(who, "t.jsonl", "fine-tune")
+        upload_.write(jsonl([chat_row(q) for q in QUESTIONS]))
+        files[who.user_id] = upload_.finish().id
+    first, second = (service.jobs.create(alice, model="m", training_file=files["alice"]) for _ in range(2))
+    third = service.jobs.create(bob, model="m", training_file=files["bob"])
+    assert [service.jobs.claim("host:1").spec.job_id for _ in range(2)] == [first["id"], third["id"]]
+    assert service.jobs.claim("host:1") is None  # alice's second waits: her one running job is her quota
+    assert service.jobs.get(alice, second["id"])["status"] == "queued"
+
+    # The running job's cancel is asked: its worker learns it from its next heartbeat.
+    assert service.jobs.cancel(alice, first["id"])["status"] == "running"
+    assert service.jobs.beat(first["id"], "host:1") is True and service.jobs.beat(third["id"], "host:1") is False
+    # Both workers die: bob's job is queued again (with an event), alice's (cancel asked) is cancelled.
+    assert set(service.jobs.requeue_dead(alive=lambda worker: False)) == {first["id"], third["id"]}
+    assert service.jobs.get(alice, first["id"])["status"] == "cancelled"
+    assert service.jobs.get(bob, third["id"])["status"] == "queued"
+    assert "queued again" in service.jobs.events(bob, third["id"])[0]["message"]
+    # A live worker's job, or one of another host with a fresh heartbeat, stays where it is.
+    claimed = service.jobs.claim("host:2")
+    assert service.jobs.requeue_dead(alive=lambda worker: True) == []
+    assert service.jobs.requeue_dead(alive=lambda worker: None) == []
+    assert service.jobs.get(alice, claimed.spec.job_id)["status"] == "running"
+    service.jobs.finish(claimed.spec.job_id, "host:other", "succeeded")  # not this worker's: ignored
+    assert service.jobs.get(alice, claimed.spec.job_id)["status"] == "running"
+
+
 # -- jobs run by worker processes ---------------------------------------------------------------------------------
 def wait_for(client: openai.OpenAI, job_id: str, seconds: float, until: tuple[str, ...] = ENDED) -> object:
     deadline = time.monotonic() + seconds
