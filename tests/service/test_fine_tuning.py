@@ -234,7 +234,14 @@ def test_a_worker_runs_the_job_and_its_model_is_served_to_its_owner_only(tiny_mo
     with pytest.raises(openai.NotFoundError):
         bob.models.retrieve(model)
     assert model not in [m.id for m in bob.models.list()]
-    assert f"tiny:{parse_fine_tuned_model(model).variant}" not in [m.id for m in alice.models.list()]
+    entry = parse_fine_tuned_model(model).variant
+    assert f"tiny:{entry}" not in [m.id for m in alice.models.list()]
+    # a key whose user id spells the store entry does not reach the model through `tiny:<entry>`
+    sneaky = openai.OpenAI(base_url=f"{url}/v1", api_key=new_key(variant_store.root, "--user", entry), max_retries=0)
+    with pytest.raises(openai.NotFoundError):
+        sneaky.chat.completions.create(model=f"tiny:{entry}", messages=[{"role": "user", "content": "Hi"}])
+    with pytest.raises(openai.NotFoundError):
+        sneaky.chat.completions.create(model=model, messages=[{"role": "user", "content": "Hi"}])
 
 
 # -- a real `gym api` process ---------------------------------------------------------------------------------------

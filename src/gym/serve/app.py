@@ -280,7 +280,11 @@ class _Server:
                 if self.variants.has(entry):
                     return entry
         base, _, user = name.rpartition(":")  # user ids never hold ':'
-        if base == self.model_name and self.variants is not None and who.may_see(user) and self.variants.has(user):
+        # a job's entry (user+suffix+job id) answers by its ft: name only, which checks the job's owner: a key whose
+        # user id happened to spell an entry must not reach it this way
+        job_entry = "+" in user and not who.admin
+        if base == self.model_name and self.variants is not None and not job_entry and who.may_see(user) \
+                and self.variants.has(user):
             return user
         served = f"'{self.model_name}'" + (f" and its variants '{self.model_name}:<user>'" if self.variants else "")
         raise ApiError(404, f"The model '{name}' does not exist; this server serves {served}.",
