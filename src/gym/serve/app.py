@@ -19,7 +19,8 @@ decodes it; every bad one is a 400 naming its field, and a text model is sent no
 Tenants (gym.serve.tenancy, docs/service.md): a variant store whose database holds API keys answers only
 requests with one; a user's key sees the base and that user's own variant (another user's is a 404, as a model
 that does not exist), an admin's sees all. The same store's files are served as OpenAI's Files API
-(gym.serve.files).
+(gym.serve.files) and its jobs as OpenAI's fine-tuning API (gym.serve.fine_tuning); a job's model answers as its
+`ft:<base>:<user>:<suffix>:<id>` name as soon as the job succeeds, to its owner (and admins) only.
 
 Every failure answers OpenAI's error JSON with a 4xx status (400 bad value or a variant that cannot be
 loaded, 401 key, 404 route, model or file, 409 a file in use, 422 malformed body, 429 queue full, 503 shutting
@@ -53,6 +54,7 @@ from gym.infer.grammar import Constraint
 from gym.infer.requests import EngineBusy, EngineStopped, Event, Finished, Media, Piece, SamplingParams
 from gym.infer.tool_choice import CallStream, RequestFieldError
 from gym.serve.files import file_routes
+from gym.serve.fine_tuning import fine_tuning_routes
 from gym.serve.limits import DEFAULT_MAX_BODY_BYTES, BodyLimit, check_text_length
 from gym.serve.media import MediaPolicy
 from gym.serve.protocol import (
@@ -65,7 +67,9 @@ from gym.serve.protocol import (
 )
 from gym.serve.tenancy import Caller, Gate, caller, refused
 from gym.service.db import DatabaseUnavailable
+from gym.service.jobs import parse_fine_tuned_model
 from gym.service.keys import Principal
+from gym.service.queue import JobQueue
 from gym.service.service import Service
 from gym.tfgrpo.library import ExperienceLibrary, with_experiences
 
@@ -157,6 +161,8 @@ def create_app(chat_model: ChatModel, model_name: str, api_key: str | None = Non
             return get_redoc_html(openapi_url="/openapi.json", title="Gym")
 
         app.include_router(file_routes(service.files))
+        app.include_router(fine_tuning_routes(service.jobs, model_name))
+        server.jobs = service.jobs
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
@@ -164,13 +170,13 @@ def create_app(chat_model: ChatModel, model_name: str, api_key: str | None = Non
 
     @app.get("/v1/models")
     async def models(who: Caller) -> dict[str, Any]:
-        variants = server.variants.names() if server.variants is not None else []
-        mine = [user for user in variants if who.may_see(user)]  # a user's key lists that user's variant only
-        return {"object": "list", "data": [server.model_card()] + [server.model_card(user) for user in mine]}
+        mine = await asyncio.to_thread(server.listed, who)  # a user's key lists that user's models only
+        return {"object": "list", "data": [server.model_card()] + [server.model_card(name) for name in mine]}
 
     @app.get("/v1/models/{name:path}")
     async def model(name: str, who: Caller) -> dict[str, Any]:
-        return server.model_card(server.check_model(name, who))
+        variant = await asyncio.to_thread(server.check_model, name, who)
+        return server.model_card(None if variant is None else name)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request,
@@ -238,11 +244,27 @@ class _Server:
         self.context_length = _context_length(chat_model)
         engine_variants = getattr(chat_model.engine, "variants", None)
         self.variants: VariantBank | None = engine_variants if isinstance(engine_variants, VariantBank) else None
+        self.jobs: JobQueue | None = None  # the store's fine-tuning jobs: their models answer as ft:... names
 
-    def model_card(self, variant: str | None = None) -> dict[str, Any]:
-        if variant is None:
+    def listed(self, who: Principal) -> list[str]:
+        """The model ids `who` may use besides the base: `<base>:<user>` variants and fine-tuned `ft:` models."""
+        if self.variants is None:
+            return []
+        names = self.variants.names()
+        # a job's entry (user+suffix+job id) is listed under its ft: name, for its job's owner only
+        ids = [f"{self.model_name}:{user}" for user in names if "+" not in user and who.may_see(user)]
+        if self.jobs is not None:
+            entries = set(names)
+            ids += [name for name, owner in self.jobs.fine_tuned_models().items()
+                    if who.may_see(owner) and parse_fine_tuned_model(name).variant in entries
+                    and parse_fine_tuned_model(name).base == self.model_name]
+        return ids
+
+    def model_card(self, model_id: str | None = None) -> dict[str, Any]:
+        """A model object: the base (None), or a variant's or fine-tuned model's id as the client names it."""
+        if model_id is None:
             return {"id": self.model_name, "object": "model", "created": self.created, "owned_by": "gym"}
-        return {"id": f"{self.model_name}:{variant}", "object": "model", "created": self.created, "owned_by": "gym",
+        return {"id": model_id, "object": "model", "created": self.created, "owned_by": "gym",
                 "root": self.model_name, "parent": self.model_name}
 
     def check_model(self, name: str, who: Principal) -> str | None:
@@ -250,8 +272,19 @@ class _Server:
         another user's variant (a 403 would tell a caller which users have one)."""
         if name == self.model_name:
             return None
+        if name.startswith("ft:") and self.jobs is not None and self.variants is not None:
+            # a job's model: its owner (the job's user, not the name's) and admins only, once it succeeded
+            found, owner = self.jobs.owner_of_model(name)
+            if found and who.may_see(owner) and parse_fine_tuned_model(name).base == self.model_name:
+                entry = parse_fine_tuned_model(name).variant
+                if self.variants.has(entry):
+                    return entry
         base, _, user = name.rpartition(":")  # user ids never hold ':'
-        if base == self.model_name and self.variants is not None and who.may_see(user) and self.variants.has(user):
+        # a job's entry (user+suffix+job id) answers by its ft: name only, which checks the job's owner: a key whose
+        # user id happened to spell an entry must not reach it this way
+        job_entry = "+" in user and not who.admin
+        if base == self.model_name and self.variants is not None and not job_entry and who.may_see(user) \
+                and self.variants.has(user):
             return user
         served = f"'{self.model_name}'" + (f" and its variants '{self.model_name}:<user>'" if self.variants else "")
         raise ApiError(404, f"The model '{name}' does not exist; this server serves {served}.",
@@ -259,7 +292,7 @@ class _Server:
 
     async def load_variant(self, name: str, who: Principal) -> str | None:
         """check_model, with the variant loaded (off the event loop: a first use reads its file)."""
-        user = self.check_model(name, who)
+        user = await asyncio.to_thread(self.check_model, name, who)  # an ft: name is looked up in the database
         if user is not None:
             assert self.variants is not None
             try:

@@ -10,20 +10,23 @@ at once (the queue is what the batch leaves of it); a flag given on the command 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 from gym.config.aliases import server_options
 from gym.config.files import parse_cli_args, take_option
 from gym.core.errors import ConfigError
 from gym.core.network import check_port_number
 from gym.serve.media import DEFAULT_MAX_MEDIA_BYTES, MediaPolicy
-from gym.service.limits import FileLimits
+from gym.service.limits import FileLimits, JobLimits
 
 OPTIONS: dict[str, str | None] = {
     "--host": "127.0.0.1", "--port": "8000", "--api-key": None, "--max_batch_size": "16", "--max_waiting": "256",
     "--served_model_name": None, "--max_body_bytes": str(4 << 20), "--variants": None, "--experiences": None,
     "--media-dir": None, "--max_media_bytes": str(DEFAULT_MAX_MEDIA_BYTES), "--db": None,
     "--max_file_bytes": str(FileLimits.max_bytes), "--file_quota_bytes": str(FileLimits.quota_bytes),
+    "--train-workers": "1", "--max_queued_jobs": "8", "--max_running_jobs": "1", "--job_options": None,
 }
 FLAGS = ("--allow-remote-media",)
 
@@ -32,6 +35,7 @@ USAGE = """usage: gym api [CONFIG] [key=value ...] [--host 127.0.0.1] [--port 80
                [--max_batch_size 16] [--max_waiting 256] [--served_model_name NAME] [--max_body_bytes N]
                [--variants STORE] [--experiences FILE] [--media-dir DIR] [--allow-remote-media]
                [--max_media_bytes N] [--db URL] [--max_file_bytes N] [--file_quota_bytes N]
+               [--train-workers 1] [--max_queued_jobs 8] [--max_running_jobs 1] [--job_options JSON]
 
 An OpenAI-compatible server (/v1/chat/completions, /v1/completions, /v1/models, /tokenize) for the model CONFIG
 names, as `gym chat` loads it. --variants STORE serves each user's variant as BASE:USER in the same batches.
@@ -40,7 +44,10 @@ URLs only with --allow-remote-media (at most --max_media_bytes each, 10 s). See 
 
 With --variants STORE the store's API keys (`gym keys create STORE --user U`) make the server multi-tenant, and
 /v1/files takes fine-tuning files (at most --max_file_bytes each, --file_quota_bytes per user). The keys and files
-are recorded in STORE/service.db, or in the database --db URL names (postgresql://...). See docs/service.md."""
+are recorded in STORE/service.db, or in the database --db URL names (postgresql://...). /v1/fine_tuning/jobs
+queues fine-tuning jobs (at most --max_queued_jobs waiting and --max_running_jobs running per user), run by
+--train-workers processes beside the server (niced, one thread each); --job_options '{"training": {...},
+"delta_method": "bitdelta", "delta_options": {...}}' sets the operator's keys for every job. See docs/service.md."""
 
 
 def main(argv: list[str]) -> int:
@@ -71,6 +78,14 @@ def main(argv: list[str]) -> int:
     except ValueError:
         raise ConfigError("--port, --max_batch_size, --max_waiting, --max_body_bytes, --max_media_bytes, "
                           "--max_file_bytes and --file_quota_bytes take whole numbers.") from None
+    try:
+        workers, queued, running = (int(values[k] or "") for k in ("--train-workers", "--max_queued_jobs",
+                                                                      "--max_running_jobs"))
+    except ValueError:
+        raise ConfigError("--train-workers, --max_queued_jobs and --max_running_jobs take whole numbers.") from None
+    if workers < 0 or queued < 1 or running < 1:
+        raise ConfigError("--train-workers must be 0 or more; --max_queued_jobs and --max_running_jobs at least 1.")
+    job_options = _job_options(values["--job_options"])
     if given["--db"] and not values["--variants"]:
         raise ConfigError("--db names the database of a variant store's keys and files: give --variants STORE too.")
     if file_bytes < 1 or quota < 1:
@@ -90,8 +105,23 @@ def main(argv: list[str]) -> int:
     serve(config, host=values["--host"] or "127.0.0.1", port=port, api_key=values["--api-key"],
           max_batch_size=batch, max_waiting=waiting, model_name=values["--served_model_name"], max_body_bytes=body,
           variants=values["--variants"], experiences=values["--experiences"], media=media, db=values["--db"],
-          file_limits=FileLimits(max_bytes=file_bytes, quota_bytes=quota))
+          file_limits=FileLimits(max_bytes=file_bytes, quota_bytes=quota), train_workers=workers,
+          job_limits=JobLimits(max_queued=queued, max_running=running), job_options=job_options)
     return 0
+
+
+def _job_options(text: str | None) -> dict[str, Any]:
+    """--job_options: a JSON object of training (Gym training keys), delta_method and delta_options."""
+    if not text:
+        return {}
+    try:
+        options = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"--job_options: not JSON ({exc.msg}).") from None
+    known = {"training", "delta_method", "delta_options"}
+    if not isinstance(options, dict) or set(options) - known:
+        raise ConfigError(f"--job_options: a JSON object with {', '.join(sorted(known))} only.")
+    return options
 
 
 def media_policy(media_dir: str | None, allow_remote: bool, max_bytes: int) -> MediaPolicy:

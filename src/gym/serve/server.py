@@ -31,7 +31,9 @@ from gym.serve.limits import DEFAULT_MAX_BODY_BYTES
 from gym.serve.media import MediaPolicy
 from gym.service.files import FileLimits
 from gym.service.keys import any_keys
+from gym.service.limits import JobLimits
 from gym.service.service import Service, open_service
+from gym.service.worker import WorkerPool
 from gym.tfgrpo.library import ExperienceLibrary
 
 logger = logging.getLogger(__name__)
@@ -61,17 +63,21 @@ def serve(config: dict[str, Any], *, host: str = "127.0.0.1", port: int = 8000, 
           max_batch_size: int = 16, max_waiting: int = 256, model_name: str | None = None,
           max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, variants: str | None = None,
           experiences: str | None = None, graceful_seconds: float = 30.0, media: MediaPolicy | None = None,
-          db: str | None = None, file_limits: FileLimits | None = None) -> None:
+          db: str | None = None, file_limits: FileLimits | None = None, train_workers: int = 1,
+          job_limits: JobLimits | None = None, job_options: dict[str, Any] | None = None) -> None:
     """`variants`: a variant store (gym.personalization) whose users' variants answer as `<model>:<user>`.
     `experiences`: a Training-Free GRPO library (experiences.json) added to every chat's system prompt.
     `media`: where a vision-language model's image URLs may be read from (default: data: URLs only).
-    `db`: the database of the store's keys and files (default: `<variants>/service.db`; docs/service.md)."""
+    `db`: the database of the store's keys and files (default: `<variants>/service.db`; docs/service.md).
+    `train_workers`: processes that run the store's fine-tuning jobs (gym.service.worker); `job_limits`: each user's
+    quotas of waiting and running jobs; `job_options`: the operator's training keys and delta method for every job."""
     api_key = api_key or os.environ.get("GYM_API_KEY") or None
     library = ExperienceLibrary.load(experiences) if experiences else None  # a bad file fails before the model loads
     source = variant_source(variants) if variants else None
     # the database opens (and a bad --db fails) before the port is taken and the model loads
-    service = open_service(source.store.root, db, file_limits) if source is not None else None
+    service = open_service(source.store.root, db, file_limits, job_limits) if source is not None else None
     sockets = bind_sockets(host, port)  # bound, not listening: clients are refused until the model is ready
+    pool: WorkerPool | None = None
     try:
         chat_model = ChatModel(config, max_batch_size=max_batch_size, max_waiting=max_waiting, variants=source)
         if source is not None:
@@ -88,8 +94,15 @@ def serve(config: dict[str, Any], *, host: str = "127.0.0.1", port: int = 8000, 
         # uvicorn annotates timeout_graceful_shutdown as int, but only hands it to asyncio.wait_for (any float).
         server = DrainingServer(uvicorn.Config(app, host=host, port=port, log_level="info", access_log=False,
                                                timeout_graceful_shutdown=graceful_seconds))  # type: ignore[arg-type]
+        if service is not None:
+            # the workers train from the weights this server loaded; jobs a killed server left running go back first
+            pool = WorkerPool(service.jobs, train_workers, db_url=db, options=job_options,
+                              base_path=str(chat_model.model_args.model_name_or_path))
+            pool.start()
         server.run(ready_to_listen(sockets))
     finally:
+        if pool is not None:
+            pool.stop()
         for sock in sockets:  # uvicorn closes them on shutdown; an error before it started leaves them to us
             sock.close()
     logger.info("Stopped.")

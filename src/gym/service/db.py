@@ -114,6 +114,9 @@ class Job(Base):
     checkpoint: Mapped[str | None] = mapped_column(Text)
     worker_id: Mapped[str | None] = mapped_column(String(128))
     heartbeat: Mapped[int | None] = mapped_column(Integer)
+    # the owner asked to cancel a running job: its worker reads this between steps and stops there
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    result: Mapped[dict[str, Any] | None] = mapped_column(JSON)  # resolved hyperparameters, trained steps
 
     __table_args__ = (Index("ix_jobs_status_created", "status", "created_at"),)
 

@@ -1,4 +1,5 @@
-"""The service of one variant store: its database and its files, opened once by `gym api --variants STORE`."""
+"""The service of one variant store: its database, its files and its fine-tuning jobs, opened once by
+`gym api --variants STORE`."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 from gym.core.errors import ConfigError
 from gym.service.db import Database, open_database
 from gym.service.files import FileLimits, FileStore
+from gym.service.queue import JobLimits, JobQueue
 
 STALE_UPLOAD_SECONDS = 3600  # an upload's temporary file untouched this long was left by a server that died
 
@@ -18,9 +20,11 @@ class Service:
     store: Path
     db: Database
     files: FileStore
+    jobs: JobQueue
 
 
-def open_service(store_dir: str | Path, db_url: str | None = None, limits: FileLimits | None = None) -> Service:
+def open_service(store_dir: str | Path, db_url: str | None = None, limits: FileLimits | None = None,
+                 job_limits: JobLimits | None = None) -> Service:
     store = Path(store_dir).expanduser()
     if not store.is_dir():
         raise ConfigError(f"{store_dir}: no such store folder.")
@@ -33,4 +37,4 @@ def open_service(store_dir: str | Path, db_url: str | None = None, limits: FileL
                     temp.unlink()
             except OSError:
                 pass
-    return Service(store=store, db=db, files=files)
+    return Service(store=store, db=db, files=files, jobs=JobQueue(store, db, files, job_limits))
