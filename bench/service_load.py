@@ -7,8 +7,9 @@ each send chat requests back to back for --seconds, every answer exactly --token
   idle       the server alone
   training   the same load while a training process runs beside the server in its own process with one compute
              thread (`OMP_NUM_THREADS=1`), at SCHED_IDLE (--priority idle, as Gym's fine-tuning worker runs) or
-             nice 10 (--priority nice), so the serving process keeps the cores it needs. The job is `gym variants create` (LoRA SFT on 20 rows of
-             the embedded model, then BitDelta), the same training a fine-tuning job runs.
+             nice 10 (--priority nice), so the serving process keeps the cores it needs. The job is `gym variants
+             create` (LoRA SFT on 20 rows of the embedded model, then BitDelta), the training a fine-tuning job
+             runs.
 
 The table gives p50 and p99 per phase and the ratio of p99s (the bar: training p99 within 3x of idle p99),
 with the machine's CPU flags and load, since a shared machine's other work is in every number.

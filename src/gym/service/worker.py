@@ -3,10 +3,12 @@
     python -m gym.service.worker STORE [--base MODEL] [--options JSON]      (--db: $GYM_SERVICE_DB)
 
 `gym api --variants STORE --train-workers N` starts N of them (WorkerPool) beside the server. Each is a process of
-its own, `nice`d, with one compute thread (OMP_NUM_THREADS=1), so training never takes the cores serving answers
-with. A worker claims the oldest queued job in a write transaction (gym.service.queue), runs it with
-gym.service.jobs.run_job (events become rows as they come; a thread keeps the heartbeat fresh and reads the job's
-cancel request), records how it ended, removes the job's folder and takes the next.
+its own, at SCHED_IDLE (`nice`d where that is not available), with one compute thread (OMP_NUM_THREADS=1), so
+training never takes the cores serving answers with (bench/service_load.py: nice alone let a trainer cut a 2-core
+server's throughput 12x; SCHED_IDLE kept it, docs/benchmarks.md). A worker claims the oldest queued job in a
+write transaction (gym.service.queue), runs it with gym.service.jobs.run_job (events become rows as they come; a
+thread keeps the heartbeat fresh and reads the job's cancel request), records how it ended, removes the job's
+folder and takes the next.
 
 A worker killed at any point (even -9, the whole server with it) leaves its job `running` with a dead process
 and a stale heartbeat: the next server start (or the pool, when a worker exits) puts it back in the queue with an
@@ -150,6 +152,17 @@ class WorkerPool:
                 process.wait()
 
 
+def lower_priority() -> None:
+    """Serving first: under SCHED_IDLE the kernel runs this process only on a core nothing else wants. `nice` alone
+    is not enough: the server's decode threads wait on each other every step, so one of them descheduled for the
+    trainer holds the whole batch back."""
+    try:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    except (AttributeError, OSError):  # not Linux, or not allowed: the weaker lever
+        with contextlib.suppress(OSError):
+            os.nice(NICENESS)
+
+
 def main(argv: list[str]) -> int:
     import argparse
 
@@ -163,8 +176,7 @@ def main(argv: list[str]) -> int:
         options = json.loads(args.options)
     except json.JSONDecodeError as exc:
         raise ConfigError(f"--options: not JSON ({exc.msg}).") from None
-    with contextlib.suppress(OSError):
-        os.nice(NICENESS)  # serving first: training takes what the server leaves
+    lower_priority()
     import torch
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
