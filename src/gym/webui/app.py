@@ -35,7 +35,7 @@ def build_app(runs_dir: str | JobStore = "saves/webui", dataset_dir: str = "data
     _quiet_gradio()
     import gradio as gr
 
-    from gym.webui import tab_chat, tab_tools, tab_train
+    from gym.webui import tab_chat, tab_service, tab_tools, tab_train
 
     ui = UI(store=runs_dir if isinstance(runs_dir, JobStore) else JobStore(runs_dir), dataset_dir=dataset_dir)
     with gr.Blocks(title="Gym", analytics_enabled=False) as demo:
@@ -43,7 +43,8 @@ def build_app(runs_dir: str | JobStore = "saves/webui", dataset_dir: str = "data
                     f"`{ui.store.root}`", elem_classes="gym-title")
         tabs = [("Train", "train", tab_train.build), ("Chat", "chat", tab_chat.build),
                 ("Deltas & variants", "deltas", tab_tools.build_deltas), ("Soup", "soup", tab_tools.build_soup),
-                ("Export", "export", tab_tools.build_export), ("Evaluate", "evaluate", tab_tools.build_evaluate)]
+                ("Export", "export", tab_tools.build_export), ("Evaluate", "evaluate", tab_tools.build_evaluate),
+                ("Fine-tuning jobs", "service", lambda _ui, blocks: tab_service.build(blocks))]
         with gr.Tabs():
             for title, name, build in tabs:
                 with gr.Tab(title, elem_id=f"tab-{name}"):
