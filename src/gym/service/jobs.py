@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from gym.core.errors import ConfigError, DataError, GymError, as_gym_error
+from gym.service.db import JobStatus  # OpenAI's states, one definition; run_job returns the last three
 
 JOB_PREFIX = "ftjob-"
 MAX_SUFFIX = 64  # OpenAI's limit on a fine-tuned model's suffix
@@ -53,17 +54,6 @@ MAX_AUTO_EPOCHS = 25
 class Method(str, Enum):
     SUPERVISED = "supervised"
     DPO = "dpo"
-
-
-class JobStatus(str, Enum):
-    """OpenAI's job states. run_job returns one of the last three; the others are the caller's (queueing)."""
-
-    VALIDATING_FILES = "validating_files"
-    QUEUED = "queued"
-    RUNNING = "running"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
 
 
 class EventSink(Protocol):
