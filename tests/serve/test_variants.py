@@ -92,6 +92,16 @@ def test_models_lists_the_base_and_every_variant(served):
     assert client.models.retrieve("tiny:alice").id == "tiny:alice"
 
 
+def test_a_response_names_the_model_it_was_asked_for(served):
+    """OpenAI echoes the requested model: a client keying its logs or caches on `model` must see the variant."""
+    _, _, client, _, _ = served
+    assert client.chat.completions.create(model="tiny:alice", messages=HELLO, max_tokens=2).model == "tiny:alice"
+    chunks = list(client.chat.completions.create(model="tiny:alice", messages=HELLO, max_tokens=2, stream=True))
+    assert {chunk.model for chunk in chunks} == {"tiny:alice"}
+    assert client.completions.create(model="tiny:alice", prompt="Hi", max_tokens=2).model == "tiny:alice"
+    assert client.chat.completions.create(model="tiny", messages=HELLO, max_tokens=2).model == "tiny"
+
+
 def test_each_variant_answers_as_its_merged_model_in_one_mixed_batch(served, tiny_model_dir):
     _, _, client, merged, _ = served
     models = ["tiny", "tiny:alice", "tiny:bob@example.com"] * 2

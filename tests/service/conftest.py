@@ -15,6 +15,7 @@ import subprocess
 import tempfile
 import threading
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -39,8 +40,9 @@ def gym_keys(*argv: str) -> tuple[int, str, str]:
     return code, out.getvalue(), err.getvalue()
 
 
-def new_key(store: Path, *who: str) -> str:
-    code, out, err = gym_keys("create", str(store), *who)
+def new_key(store: Path, *who: str, db: str | None = None) -> str:
+    """`gym keys create STORE ...` (with `--db URL` when the database is not the store's SQLite): the new key."""
+    code, out, err = gym_keys("create", str(store), *who, *(["--db", db] if db else []))
     assert code == 0, err
     return out.split()[-1]
 
@@ -159,6 +161,30 @@ def postgres_url():
         subprocess.run([*as_user, str(bin_dir / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop"],
                        capture_output=True, timeout=60)
         shutil.rmtree(root, ignore_errors=True)
+
+
+def new_database(server: str) -> str:
+    """A fresh, empty database on `server` (a PostgreSQL URL): its URL."""
+    import psycopg
+
+    name = f"gym_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(server, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name}")
+    return server.rsplit("/", 1)[0] + f"/{name}"
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db_url(request, tmp_path):
+    """(store folder, URL or None): SQLite in the store, or a fresh database on the session's PostgreSQL server."""
+    if request.param == "sqlite":
+        return tmp_path, None
+    return tmp_path, new_database(request.getfixturevalue("postgres_url"))
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def module_db(request) -> str | None:
+    """One database for a whole module, run once per kind: None (SQLite in the store) or a PostgreSQL URL."""
+    return None if request.param == "sqlite" else new_database(request.getfixturevalue("postgres_url"))
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import uuid
 from pathlib import Path
 
 import pytest
@@ -15,20 +14,6 @@ from sqlalchemy import func, inspect, select
 from gym.core.errors import ConfigError
 from gym.service.db import ApiKey, Job, JobEvent, JobStatus, StoredFile, database_url, open_database
 from gym.service.keys import any_keys, authenticate, create_key, list_keys, revoke_key
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def db_url(request, tmp_path):
-    """(store folder, URL or None): SQLite in the store, or a fresh database on the session's PostgreSQL server."""
-    if request.param == "sqlite":
-        return tmp_path, None
-    server = request.getfixturevalue("postgres_url")
-    import psycopg
-
-    name = f"gym_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(server, autocommit=True) as conn:
-        conn.execute(f"CREATE DATABASE {name}")
-    return tmp_path, server.rsplit("/", 1)[0] + f"/{name}"
 
 
 def test_tables_are_made_on_first_open_and_reopening_finds_them(db_url):

@@ -39,15 +39,16 @@ def jsonl(rows: list[dict]) -> bytes:
 
 # -- the routes (no worker) ---------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def served(tmp_path_factory, tiny_chat, serve_app):
+def served(tmp_path_factory, tiny_chat, serve_app, module_db):
+    """A live server on each database: the store's SQLite, then a PostgreSQL server's (where one can start)."""
     store = tmp_path_factory.mktemp("fine-tuning") / "store"
-    keys = {who: new_key(store, "--user", who) for who in ("alice", "bob", "carol")}
-    keys["admin"] = new_key(store, "--admin")
-    service = open_service(store, job_limits=JobLimits(max_queued=QUOTA))
+    keys = {who: new_key(store, "--user", who, db=module_db) for who in ("alice", "bob", "carol")}
+    keys["admin"] = new_key(store, "--admin", db=module_db)
+    service = open_service(store, module_db, job_limits=JobLimits(max_queued=QUOTA))
     url = serve_app(tiny_chat, service=service)
     clients = {who: openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0, timeout=60)
                for who, key in keys.items()}
-    return url, keys, clients, service
+    return url, keys, clients, service, module_db
 
 
 def upload(client: openai.OpenAI, rows: list[dict]) -> str:
@@ -55,7 +56,7 @@ def upload(client: openai.OpenAI, rows: list[dict]) -> str:
 
 
 def test_create_retrieve_list_events_and_cancel(served):
-    _, _, clients, _ = served
+    _, _, clients, _, _ = served
     alice = clients["alice"]
     file = upload(alice, [chat_row(q) for q in QUESTIONS])
     job = alice.fine_tuning.jobs.create(model="tiny", training_file=file, suffix="zorb", seed=7,
@@ -84,7 +85,7 @@ def test_create_retrieve_list_events_and_cancel(served):
 
 
 def test_a_preference_file_for_a_dpo_job_and_the_wrong_file_for_it(served):
-    _, _, clients, _ = served
+    _, _, clients, _, _ = served
     alice = clients["alice"]
     prefs = upload(alice, [preference_row(q) for q in QUESTIONS[:12]])
     dpo = alice.fine_tuning.jobs.create(model="tiny", training_file=prefs,
@@ -97,7 +98,7 @@ def test_a_preference_file_for_a_dpo_job_and_the_wrong_file_for_it(served):
 
 
 def test_hostile_requests_are_refused(served):
-    url, keys, clients, _ = served
+    url, keys, clients, _, _ = served
     alice, bob = clients["alice"], clients["bob"]
     file = upload(alice, [chat_row(q) for q in QUESTIONS])
     job = alice.fine_tuning.jobs.create(model="tiny", training_file=file)
@@ -126,19 +127,20 @@ def test_hostile_requests_are_refused(served):
 
 
 def test_a_revoked_key_gets_401(served, tmp_path):
-    url, _, _, service = served
-    key = new_key(service.store, "--user", "dave")
+    url, _, _, service, db = served
+    on_db = ["--db", db] if db else []
+    key = new_key(service.store, "--user", "dave", db=db)
     dave = openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0, timeout=60)
     assert dave.fine_tuning.jobs.list().data == []
-    _, out, _ = gym_keys("list", str(service.store))
+    _, out, _ = gym_keys("list", str(service.store), *on_db)
     key_id = next(line.split()[0] for line in out.splitlines() if "dave" in line)
-    assert gym_keys("revoke", str(service.store), key_id)[0] == 0
+    assert gym_keys("revoke", str(service.store), key_id, *on_db)[0] == 0
     with pytest.raises(openai.AuthenticationError):
         dave.fine_tuning.jobs.list()
 
 
 def test_a_burst_of_creations_stops_at_the_quota(served):
-    url, keys, clients, service = served
+    url, keys, clients, service, _ = served
     file = upload(clients["carol"], [chat_row(q) for q in QUESTIONS])
     body = {"model": "tiny", "training_file": file}
     with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {keys['carol']}"}, timeout=60) as http:
@@ -153,12 +155,11 @@ def test_a_burst_of_creations_stops_at_the_quota(served):
 
 
 # -- the queue's rules (no HTTP, no model) --------------------------------------------------------------------------
-def test_workers_respect_the_running_quota_and_dead_workers_jobs_are_requeued(tmp_path):
+def test_workers_respect_the_running_quota_and_dead_workers_jobs_are_requeued(db_url):
     from gym.service.keys import Principal
 
-    store = tmp_path / "store"
-    store.mkdir()
-    service = open_service(store, job_limits=JobLimits(max_queued=5, max_running=1))
+    store, url = db_url
+    service = open_service(store, url, job_limits=JobLimits(max_queued=5, max_running=1))
     alice, bob = Principal("alice", False), Principal("bob", False)
     files = {}
     for who in (alice, bob):
@@ -186,6 +187,38 @@ def test_workers_respect_the_running_quota_and_dead_workers_jobs_are_requeued(tm
     assert service.jobs.get(alice, claimed.spec.job_id)["status"] == "running"
     service.jobs.finish(claimed.spec.job_id, "host:other", "succeeded")  # not this worker's: ignored
     assert service.jobs.get(alice, claimed.spec.job_id)["status"] == "running"
+
+
+def test_workers_claiming_at_once_take_each_job_once_within_the_running_quota(db_url):
+    """Eight workers race for the queue, each through its own connection: on PostgreSQL the claim's advisory lock,
+    on SQLite its write lock, must hand every job to exactly one worker and never run two of a user's at once."""
+    from gym.service.keys import Principal
+
+    store, url = db_url
+    service = open_service(store, url, job_limits=JobLimits(max_queued=20, max_running=1))
+    users = [Principal(f"user{i}", False) for i in range(6)]
+    made = []
+    for who in users:
+        upload_ = service.files.upload(who, "t.jsonl", "fine-tune")
+        upload_.write(jsonl([chat_row(q) for q in QUESTIONS]))
+        file = upload_.finish().id
+        made += [service.jobs.create(who, model="m", training_file=file)["id"] for _ in range(2)]
+
+    def claim_all(worker: int) -> list[str]:
+        taken = []
+        for _ in range(4):
+            claimed = service.jobs.claim(f"host:{worker}")
+            if claimed is not None:
+                taken.append(claimed.spec.job_id)
+        return taken
+
+    with ThreadPoolExecutor(8) as pool:
+        taken = [job for batch in pool.map(claim_all, range(8)) for job in batch]
+    assert len(taken) == len(set(taken)) == len(users)  # one each: every user's second job waits for the first
+    with service.db.session() as session:
+        owners = session.execute(select(Job.user_id, Job.attempts).where(Job.status == "running")).all()
+    assert sorted(owner for owner, _ in owners) == sorted(who.user_id for who in users)
+    assert {attempts for _, attempts in owners} == {1}
 
 
 # -- jobs run by worker processes ---------------------------------------------------------------------------------
@@ -227,7 +260,7 @@ def test_a_worker_runs_the_job_and_its_model_is_served_to_its_owner_only(tiny_mo
 
     model = done.fine_tuned_model
     answer = alice.chat.completions.create(model=model, messages=[{"role": "user", "content": "Hi"}], max_tokens=4)
-    assert answer.choices[0].message.content is not None
+    assert answer.choices[0].message.content is not None and answer.model == model
     assert model in [m.id for m in alice.models.list()] and alice.models.retrieve(model).id == model
     with pytest.raises(openai.NotFoundError):  # another user: as a model that does not exist
         bob.chat.completions.create(model=model, messages=[{"role": "user", "content": "Hi"}], max_tokens=4)
@@ -251,14 +284,15 @@ SRC = Path(__file__).resolve().parents[2] / "src"
 class Api:
     """`gym api CONFIG --variants STORE --train-workers 1` in a session of its own (kill -9 takes all of it)."""
 
-    def __init__(self, tmp_path: Path, model_dir: Path, name: str, store: Path, job_options: dict) -> None:
+    def __init__(self, tmp_path: Path, model_dir: Path, name: str, store: Path, job_options: dict,
+                 db: str | None = None) -> None:
         (tmp_path / "serve.yaml").write_text(f"model_name_or_path: {model_dir}\ninfer_dtype: float32\n"
                                              "max_new_tokens: 12\n")
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.command = [sys.executable, "-m", "gym.cli", "api", str(tmp_path / "serve.yaml"), "--variants", str(store),
                         "--served_model_name", name, "--port", str(self.port), "--train-workers", "1",
-                        "--job_options", json.dumps(job_options)]
+                        "--job_options", json.dumps(job_options), *(["--db", db] if db else [])]
         self.log = tmp_path / "api.log"
         self.process: subprocess.Popen | None = None
 
@@ -346,14 +380,15 @@ def test_a_job_teaches_the_embedded_model_a_name_served_at_once(tmp_path, embedd
         api.stop()
 
 
-def test_a_server_killed_mid_job_finishes_it_once_after_a_restart(tmp_path, tiny_model_dir):
+def test_a_server_killed_mid_job_finishes_it_once_after_a_restart(db_url, tiny_model_dir):
+    tmp_path, db = db_url
     store = tmp_path / "store"
     store.mkdir()
-    key = new_key(store, "--user", "alice")
+    key = new_key(store, "--user", "alice", db=db)
     # many small steps with a checkpoint every 2: the kill lands after a checkpoint, well before the end
     api = Api(tmp_path, tiny_model_dir, "tiny", store,
               {"training": {"cutoff_len": 64, "max_steps": 60, "save_strategy": "steps", "save_steps": 2},
-               "delta_method": "int8", "delta_options": {}})
+               "delta_method": "int8", "delta_options": {}}, db=db)
     api.start()
     try:
         alice = client(api, key)
@@ -365,7 +400,7 @@ def test_a_server_killed_mid_job_finishes_it_once_after_a_restart(tmp_path, tiny
             assert alice.fine_tuning.jobs.retrieve(job.id).status in ("queued", "running")
             time.sleep(0.1)
         api.kill()
-        service = open_service(store)
+        service = open_service(store, db)
         with service.db.session() as session:
             assert session.get(Job, job.id).status == "running"  # as the dead worker left it
 

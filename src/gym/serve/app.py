@@ -364,12 +364,14 @@ class _Server:
         events, handles = self._submit(jobs, getattr(body, "constrained_by", None),
                                        media=turn.media if turn is not None else None)
         kind = "chatcmpl" if chat else "cmpl"
+        # OpenAI echoes the model asked for: a variant's or an ft: model's own name, never only the base's
+        model = self.model_name if params[0].variant is None else body.model
         response_id = f"{kind}-{uuid.uuid4().hex}"
         prompt_tokens = sum(len(p) for p in prompts)
         echo = [self.chat_model.tokenizer.decode(p) if getattr(body, "echo", False) else "" for p in prompts]
         if body.stream:
             stream = self._stream(events, handles, jobs, response_id, turn, prompt_tokens, body.include_usage, echo,
-                                  len(params))
+                                  len(params), model)
             return StreamingResponse(stream, media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         finished: dict[int, Finished] = {}
@@ -405,7 +407,7 @@ class _Server:
                 choices.append({"index": index, "text": echo[index // len(params)] + done.text, "logprobs": None,
                                 "finish_reason": done.reason})
         return {"id": response_id, "object": "chat.completion" if chat else "text_completion",
-                "created": int(time.time()), "model": self.model_name, "choices": choices,
+                "created": int(time.time()), "model": model, "choices": choices,
                 "usage": _usage(prompt_tokens, completion_tokens)}
 
     def _submit(self, jobs: list[tuple[list[int], SamplingParams]], constrained_by: str | None = None,
@@ -451,12 +453,12 @@ class _Server:
 
     async def _stream(self, events: asyncio.Queue[tuple[int, Event]], handles: list[Any], jobs: list[Any],
                       response_id: str, turn: ChatTurn | None, prompt_tokens: int, include_usage: bool,
-                      echo: list[str], n: int) -> AsyncIterator[str]:
+                      echo: list[str], n: int, model: str) -> AsyncIterator[str]:
         chat = turn is not None
         calls: list[CallStream] = [turn.calls() for _ in jobs] if turn is not None else []
         created = int(time.time())
         base = {"id": response_id, "object": "chat.completion.chunk" if chat else "text_completion",
-                "created": created, "model": self.model_name}
+                "created": created, "model": model}
 
         def chunk(choices: list[dict[str, Any]], **extra: Any) -> str:
             usage = {"usage": None} if include_usage else {}
