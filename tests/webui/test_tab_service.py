@@ -52,3 +52,62 @@ def test_a_revoked_key_an_unknown_key_and_no_server_are_one_line(served):
         ServiceView("http://127.0.0.1:9", "sk-gym-x").models()
     with pytest.raises(GymError, match="API key"):
         ServiceView(url, " ")
+
+
+# -- gym webui --service URL: the page's login is the service's keys -------------------------------------------------
+def test_the_login_takes_a_key_with_its_own_user_id_only(served):
+    from gym.webui.tab_service import KeyLogin
+
+    url, keys, store = served
+    login = KeyLogin(url)
+    assert login("alice", keys["alice"]) and not login("bob", keys["alice"])  # a key files under its own name only
+    assert not login("alice", "sk-gym-not-a-key") and not login("admin", keys["alice"])
+    admin = new_key(store, "--admin")
+    assert login("admin", admin) and not login("alice", admin)
+    signed_in = type("Request", (), {"username": "alice"})()
+    assert login.view(signed_in).whoami() == {"object": "api_key", "id": login.view(signed_in).whoami()["id"],
+                                              "user": "alice", "admin": False}
+    with pytest.raises(GymError, match="Sign in again"):
+        login.view(type("Request", (), {"username": "carol"})())
+
+
+def test_the_service_page_signs_in_by_key_and_shows_that_key_s_jobs_only(served, tmp_path):
+    """A real page (`gym webui --service URL`) driven through Gradio's own client, as a browser's calls would be:
+    the wrong name for a key is refused at login, alice sees her job and talks to the base, and her key revoked,
+    the page's next action is refused."""
+    import socket
+
+    from gradio_client import Client
+
+    from gym.webui.app import serve
+
+    url, keys, store = served
+    rows = tmp_path / "train.jsonl"
+    rows.write_text("".join(json.dumps(chat_row(q)) + "\n" for q in QUESTIONS))
+    alice_key = new_key(store, "--user", "alice")
+    job_id = ServiceView(url, alice_key).create(str(rows), "tiny", "page", 1)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    demo, page = serve(port=port, block=False, service=url, runs_dir=str(tmp_path / "runs"))
+    try:
+        with pytest.raises(Exception, match="(?i)login|credentials|401|auth"):
+            Client(page, auth=("bob", alice_key), verbose=False)
+        alice = Client(page, auth=("alice", alice_key), verbose=False)
+        who, jobs, base, _ = alice.predict("ignored", "ignored", api_name="/on_sign_in")
+        assert who.startswith("Signed in as alice") and base == "tiny"
+        assert job_id in [row[0] for row in jobs["data"]]
+        shown = alice.predict("", "", job_id, api_name="/on_show")
+        assert shown[1].startswith(f"{job_id}: queued")
+        answer = alice.predict("", "", "tiny", "Hello", api_name="/on_ask")
+        assert isinstance(answer, str)
+        # the hidden server field is not obeyed: the page talks to its own service, whatever a caller sends
+        assert alice.predict("http://127.0.0.1:9", "sk-gym-x", "", api_name="/on_show")[0]["data"]
+
+        for line in gym_keys("list", str(store))[1].splitlines():  # every key of alice's, the login's among them
+            if "alice" in line:
+                assert gym_keys("revoke", str(store), line.split()[0])[0] == 0
+        with pytest.raises(Exception, match="refused the key"):
+            alice.predict("", "", job_id, api_name="/on_show")
+    finally:
+        demo.close()

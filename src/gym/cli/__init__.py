@@ -52,7 +52,7 @@ commands:
                                                    multiple choice, perplexity, verified generation, lm-eval
                                                    (`gym eval -h`); --compare A B: the difference, tested
   webui [--host 127.0.0.1] [--port 7860] [--auth user:pass] [--runs_dir saves/webui] [--dataset_dir data]
-        [--insecure-no-auth]
+        [--insecure-no-auth] [--service URL]
                                                    the web UI: train, watch, chat, compress, export, evaluate
   env                                              versions of Python, torch and the HF stack, and the device
   version                                          Gym's version
@@ -331,16 +331,17 @@ def cmd_eval(argv: list[str]) -> int:
 def cmd_webui(argv: list[str]) -> int:
     if "--help" in argv or "-h" in argv:
         print("usage: gym webui [--host 127.0.0.1] [--port 7860] [--auth user:password] [--runs_dir saves/webui]\n"
-              "                 [--dataset_dir data] [--share off] [--insecure-no-auth]\n\nThe web UI (docs/webui.md). "
-              "It binds to 127.0.0.1; a --host other machines can reach (0.0.0.0, a LAN address) needs --auth, or "
-              "--insecure-no-auth to serve it unprotected. Every job it starts is a `gym` command in its own folder "
-              "under --runs_dir.")
+              "                 [--dataset_dir data] [--share off] [--insecure-no-auth] [--service URL]\n\nThe web UI "
+              "(docs/webui.md). It binds to 127.0.0.1; a --host other machines can reach (0.0.0.0, a LAN address) "
+              "needs --auth, or --insecure-no-auth to serve it unprotected. Every job it starts is a `gym` command in "
+              "its own folder under --runs_dir.\n\n--service URL: the page of a `gym api --variants STORE` "
+              "server's fine-tuning service instead, where people sign in with their API keys (docs/service.md).")
         return 0
     insecure_no_auth = "--insecure-no-auth" in argv
     argv = [a for a in argv if a != "--insecure-no-auth"]
     values: dict[str, str | None] = {}
     for name, default in {"--host": "127.0.0.1", "--port": "7860", "--auth": None, "--runs_dir": "saves/webui",
-                          "--dataset_dir": "data", "--share": "off"}.items():
+                          "--dataset_dir": "data", "--share": "off", "--service": None}.items():
         values[name], argv = take_option(argv, name, default)
     if argv:
         raise ConfigError(f"gym webui: unknown argument {argv[0]!r} (see gym webui --help).")
@@ -362,7 +363,8 @@ def cmd_webui(argv: list[str]) -> int:
     from gym.webui.app import serve
 
     serve(host=values["--host"] or "127.0.0.1", port=port, auth=auth, runs_dir=values["--runs_dir"] or "saves/webui",
-          dataset_dir=values["--dataset_dir"] or "data", insecure_no_auth=insecure_no_auth)
+          dataset_dir=values["--dataset_dir"] or "data", insecure_no_auth=insecure_no_auth,
+          service=values["--service"])
     return 0
 
 

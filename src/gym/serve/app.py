@@ -173,6 +173,11 @@ def create_app(chat_model: ChatModel, model_name: str, api_key: str | None = Non
         mine = await asyncio.to_thread(server.listed, who)  # a user's key lists that user's models only
         return {"object": "list", "data": [server.model_card()] + [server.model_card(name) for name in mine]}
 
+    @app.get("/v1/me")
+    async def me(who: Caller) -> dict[str, Any]:
+        """Whose key this is (not an OpenAI route): what a front end signing a person in by key needs to know."""
+        return {"object": "api_key", "id": who.key_id, "user": who.user_id, "admin": who.admin}
+
     @app.get("/v1/models/{name:path}")
     async def model(name: str, who: Caller) -> dict[str, Any]:
         variant = await asyncio.to_thread(server.check_model, name, who)

@@ -52,6 +52,21 @@ def build_app(runs_dir: str | JobStore = "saves/webui", dataset_dir: str = "data
     return demo
 
 
+def build_service_app(login: Any) -> Any:
+    """`gym webui --service URL`: the page for a fine-tuning service's key holders, and nothing of this machine's
+    own (no Train, Export ... tabs, which would run commands here): the Fine-tuning jobs tab, signed in by key."""
+    _quiet_gradio()
+    import gradio as gr
+
+    from gym.webui import tab_service
+
+    with gr.Blocks(title="Gym", analytics_enabled=False) as demo:
+        gr.Markdown(f"# GYM\nFine-tuning service at `{login.url}` · v{__version__}", elem_classes="gym-title")
+        with gr.Tabs(), gr.Tab("Fine-tuning jobs", elem_id="tab-service"):
+            tab_service.build(demo, login)
+    return demo
+
+
 def check_exposure(host: str, auth: tuple[str, str] | None, insecure_no_auth: bool = False) -> None:
     """Refuse a page reachable from other machines without a password; with insecure_no_auth, say it once."""
     if auth is not None or is_loopback(host):
@@ -67,19 +82,32 @@ def check_exposure(host: str, auth: tuple[str, str] | None, insecure_no_auth: bo
 
 def serve(host: str = "127.0.0.1", port: int = 7860, auth: tuple[str, str] | None = None,
           runs_dir: str = "saves/webui", dataset_dir: str = "data", block: bool = True,
-          insecure_no_auth: bool = False) -> Any:
-    """Build and launch; with block=False, return (the app, its local URL) and leave it running in threads."""
-    check_exposure(host, auth, insecure_no_auth)
+          insecure_no_auth: bool = False, service: str | None = None) -> Any:
+    """Build and launch; with block=False, return (the app, its local URL) and leave it running in threads.
+    `service`: a `gym api --variants` server's URL: the page signs people in with that server's API keys."""
+    login: Any = None
+    if service is not None:
+        if auth is not None:
+            raise ConfigError("--service signs people in with the service's API keys; drop --auth.")
+        from gym.webui.tab_service import KeyLogin
+
+        login = KeyLogin(service)
+    else:
+        check_exposure(host, auth, insecure_no_auth)
     check_port(host, port)
     store = JobStore(runs_dir)
-    demo = build_app(store, dataset_dir)
+    demo = build_app(store, dataset_dir) if login is None else build_service_app(login)
     # Polling timers and long jobs must not queue behind each other.
     demo.queue(default_concurrency_limit=None)
+    message = ("Sign in with your API key: your user id as the user name (admin for an admin's key), the key as the "
+               "password.") if login is not None else None
     try:
-        _, url, _ = demo.launch(server_name=host, server_port=port, auth=auth, share=False, ssr_mode=False,
+        _, url, _ = demo.launch(server_name=host, server_port=port, auth=login or auth, auth_message=message,
+                                share=False, ssr_mode=False,
                                 mcp_server=False, pwa=False, footer_links=[], show_error=True, quiet=not block,
                                 prevent_thread_lock=not block, theme=theme(), css=CSS, js=FORCE_DARK,
-                                allowed_paths=[str(store.root)], enable_monitoring=False)
+                                allowed_paths=[] if login is not None else [str(store.root)],
+                                enable_monitoring=False)
     except OSError:
         check_port(host, port)  # another program took the port while the page was built: the same one line
         raise
