@@ -112,3 +112,27 @@ def test_database_urls():
         database_url("/s", "mysql://h/db")
     with pytest.raises(ConfigError, match="not a database URL"):
         database_url("/s", "::nope::")
+
+
+def test_a_database_of_an_earlier_gym_gains_the_columns_added_since(db_url):
+    """create_all never alters a table: a column added in a later Gym (here: jobs.metadata) is added on open,
+    and the rows already there keep their values."""
+    from gym.service.db import add_missing_columns
+
+    store, url = db_url
+    db = open_database(store, url)
+    with db.session(write=True) as session:
+        session.add(StoredFile(id="file-1", user_id="alice", filename="t.jsonl", purpose="fine-tune", bytes=10,
+                               rows=1, kind="chat"))
+        session.add(Job(id="ftjob-old", user_id="alice", model="tiny", training_file="file-1"))
+    with db.engine.begin() as conn:  # as an earlier Gym made it
+        conn.exec_driver_sql('ALTER TABLE jobs DROP COLUMN "metadata"')
+    assert "metadata" not in {c["name"] for c in inspect(db.engine).get_columns("jobs")}
+    assert add_missing_columns(db.engine) == ["jobs.metadata"]
+    assert add_missing_columns(db.engine) == []
+    with db.session(write=True) as session:
+        old = session.get(Job, "ftjob-old")
+        assert old.model == "tiny" and old.labels is None
+        old.labels = {"team": "a"}
+    with db.session() as session:
+        assert session.get(Job, "ftjob-old").labels == {"team": "a"}

@@ -71,11 +71,17 @@ def test_create_retrieve_list_events_and_cancel(served):
     assert events == ["Files validated, job queued", "Validating training file"]  # newest first, as OpenAI lists
     assert list(alice.fine_tuning.jobs.checkpoints.list(job.id)) == []
 
+    assert job.metadata is None
+    labelled = alice.fine_tuning.jobs.create(model="tiny", training_file=file, metadata={"team": "support"})
+    assert labelled.metadata == {"team": "support"}
+    assert alice.fine_tuning.jobs.retrieve(labelled.id).metadata == {"team": "support"}
+    alice.fine_tuning.jobs.cancel(labelled.id)
+
     legacy = alice.fine_tuning.jobs.create(model="tiny", training_file=file, hyperparameters={"n_epochs": 1})
     assert legacy.hyperparameters.n_epochs == 1 and legacy.method.type == "supervised"
     page = alice.fine_tuning.jobs.list(limit=1)
     assert [j.id for j in page.data] == [legacy.id] and page.has_more  # newest first, paginated with `after`
-    assert [j.id for j in alice.fine_tuning.jobs.list(limit=1, after=legacy.id).data] == [job.id]
+    assert [j.id for j in alice.fine_tuning.jobs.list(limit=2, after=legacy.id).data] == [labelled.id, job.id]
 
     for made in (job, legacy):
         assert alice.fine_tuning.jobs.cancel(made.id).status == "cancelled"
@@ -118,6 +124,10 @@ def test_hostile_requests_are_refused(served):
         alice.fine_tuning.jobs.create(model="tiny", training_file=file, hyperparameters={"n_epochs": -1})
     with pytest.raises(openai.BadRequestError, match="suffix"):
         alice.fine_tuning.jobs.create(model="tiny", training_file=file, suffix="../x")
+    with pytest.raises(openai.BadRequestError, match="metadata: at most 16 pairs"):
+        alice.fine_tuning.jobs.create(model="tiny", training_file=file, metadata={str(i): "x" for i in range(17)})
+    with pytest.raises(openai.BadRequestError, match="metadata.note: the value"):
+        alice.fine_tuning.jobs.create(model="tiny", training_file=file, metadata={"note": "x" * 513})
     with pytest.raises(openai.BadRequestError, match="method.type 'ppo'"):
         alice.fine_tuning.jobs.create(model="tiny", training_file=file, method={"type": "ppo"})
     with pytest.raises(openai.NotFoundError):
@@ -250,6 +260,7 @@ def test_a_worker_runs_the_job_and_its_model_is_served_to_its_owner_only(tiny_mo
     finally:
         pool.stop()
     assert done.status == "succeeded", done.error
+    assert done.trained_tokens is not None and done.trained_tokens > 0
     assert done.fine_tuned_model == f"ft:tiny:alice:zorb:{job.id.removeprefix('ftjob-')}"
     assert done.hyperparameters.n_epochs == 1 and done.finished_at is not None
     events = list(alice.fine_tuning.jobs.list_events(job.id, limit=100))

@@ -179,6 +179,10 @@ def test_a_supervised_job_teaches_a_name_and_publishes_the_variant(tmp_path, emb
     assert any(m.startswith("Checkpoint created at step") for m in messages)
     metrics = events.metrics()  # 16 rows (4 held out) / 4 a batch x 2 epochs
     assert [m["step"] for m in metrics] == list(range(1, 9)) and result.trained_steps == 8
+    from gym.train.outputs import read_log
+
+    seen = {e["step"]: e["num_input_tokens_seen"] for e in read_log(tmp_path / "work" / "run") if "loss" in e}
+    assert result.trained_tokens == seen[8] == 2 * seen[4] > 16 * 8  # two epochs over the same 16 rows
     assert metrics[-1]["train_loss"] < metrics[0]["train_loss"] / 4
     assert result.gain_kept is not None and any("of the fine-tune's loss gain" in m for m in messages)
     assert events.seen[-1]["message"] == "The job has successfully completed"
@@ -202,6 +206,7 @@ def test_a_dpo_job_succeeds_on_preference_rows(tmp_path, tiny_model_dir):
     result = run_job(spec, tmp_path / "store", tmp_path / "work", events)
     assert result.status is JobStatus.SUCCEEDED, result.error
     assert result.hyperparameters["beta"] == 0.2 and [m["step"] for m in events.metrics()] == [1, 2, 3]
+    assert result.trained_tokens is not None and result.trained_tokens > 12 * 8  # chosen and rejected, each row
     record = VariantStore(tmp_path / "store").get(spec.variant)
     assert record.training["stage"] == "dpo" and record.training["pref_beta"] == 0.2 and record.method == "bitdelta"
 

@@ -31,7 +31,7 @@ MAX_LIMIT = 100
 
 
 class CreateJob(BaseModel):
-    """The body OpenAI's client sends to create a job (integrations and metadata are taken and not used)."""
+    """The body OpenAI's client sends to create a job (integrations are taken and not used)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -59,7 +59,7 @@ def fine_tuning_routes(jobs: JobQueue, model_name: str) -> APIRouter:
             return await asyncio.to_thread(
                 jobs.create, who, model=body.model, training_file=body.training_file,
                 validation_file=body.validation_file, method=body.method, hyperparameters=body.hyperparameters,
-                suffix=body.suffix, seed=body.seed)
+                suffix=body.suffix, seed=body.seed, metadata=body.metadata)
         except FileNotFound as exc:
             param = "validation_file" if "validation_file" in str(exc) else "training_file"
             raise ApiError(404, str(exc), param=param, code="file_not_found") from None

@@ -23,9 +23,22 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import JSON, Boolean, Engine, ForeignKey, Index, Integer, String, Text, create_engine, event, text
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    Engine,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    create_engine,
+    event,
+    inspect,
+    text,
+)
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError, OperationalError
+from sqlalchemy.exc import ArgumentError, OperationalError, ProgrammingError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 
 from gym.core.errors import ConfigError, GymError
@@ -116,7 +129,9 @@ class Job(Base):
     heartbeat: Mapped[int | None] = mapped_column(Integer)
     # the owner asked to cancel a running job: its worker reads this between steps and stops there
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
-    result: Mapped[dict[str, Any] | None] = mapped_column(JSON)  # resolved hyperparameters, trained steps
+    result: Mapped[dict[str, Any] | None] = mapped_column(JSON)  # resolved hyperparameters, steps and tokens
+    # the creator's own labels (OpenAI's `metadata`); `metadata` itself is SQLAlchemy's on a declarative class
+    labels: Mapped[dict[str, str] | None] = mapped_column("metadata", JSON)
 
     __table_args__ = (Index("ix_jobs_status_created", "status", "created_at"),)
 
@@ -215,6 +230,7 @@ def open_database(store_dir: str | Path, url: str | None = None) -> Database:
                 raise ConfigError("A PostgreSQL --db needs psycopg: pip install 'zoo-gym[postgres]'.") from None
         try:
             Base.metadata.create_all(engine)
+            add_missing_columns(engine)
         except OperationalError as exc:
             engine.dispose()
             raise ConfigError(f"Cannot open the service database {make_url(full).render_as_string()}: "
@@ -222,6 +238,34 @@ def open_database(store_dir: str | Path, url: str | None = None) -> Database:
         database = Database(engine, make_url(full).render_as_string())
         _opened[full] = database
         return database
+
+
+def add_missing_columns(engine: Engine) -> list[str]:
+    """Bring a database made by an earlier Gym up to these tables: create_all makes missing tables but never
+    alters an existing one, so each column added since (always nullable, so old rows stay valid) is added here.
+    Returns "table.column" for each one added. Every process runs this on open; two at once are harmless (the
+    loser's ALTER fails on the existing column and is ignored)."""
+    added = []
+    found = inspect(engine)
+    for table in Base.metadata.sorted_tables:
+        if not found.has_table(table.name):
+            continue
+        have = {column["name"] for column in found.get_columns(table.name)}
+        for column in table.columns:
+            if column.name in have:
+                continue
+            if not column.nullable:
+                raise ConfigError(f"The service database lacks {table.name}.{column.name}, which cannot be added "
+                                  "to existing rows; migrate it by hand or start a new database.")
+            kind = column.type.compile(dialect=engine.dialect)
+            try:
+                with engine.begin() as conn:
+                    conn.exec_driver_sql(f'ALTER TABLE {table.name} ADD COLUMN "{column.name}" {kind}')
+            except (OperationalError, ProgrammingError):
+                if column.name not in {c["name"] for c in inspect(engine).get_columns(table.name)}:
+                    raise
+            added.append(f"{table.name}.{column.name}")
+    return added
 
 
 def _sqlite_pragmas(engine: Engine) -> None:

@@ -319,6 +319,7 @@ def training_keys(spec: JobSpec, rows: int) -> dict[str, Any]:
         "learning_rate": resolved["learning_rate_multiplier"] * BASE_LEARNING_RATE[spec.method.value],
         "seed": spec.seed, "logging_steps": 1, "save_strategy": "epoch",
         "save_total_limit": 3, "disable_tqdm": True, "report_to": "none",
+        "include_num_input_tokens_seen": "non_padding",  # OpenAI's trained_tokens; kept in checkpoints too
     }
     if "beta" in resolved:
         keys["pref_beta"] = resolved["beta"]
@@ -402,6 +403,7 @@ class JobResult:
     fine_tuned_model: str | None = None
     variant: str | None = None
     trained_steps: int = 0
+    trained_tokens: int | None = None  # tokens the training read (padding excluded), every epoch counted
     resumed_from_step: int | None = None
     gain_kept: float | None = None
     hyperparameters: dict[str, Any] = field(default_factory=dict)
@@ -498,13 +500,18 @@ def _train_and_publish(spec: JobSpec, store: Any, work: Path, emit: EventSink, c
             record = trainer.create_variant(spec.variant, data=rows, work_dir=work, held_out=held_out, **keys)
     steps = [int(e["step"]) for e in read_log(run_dir) if "loss" in e and "step" in e]
     result.trained_steps = max(steps, default=progress.get("step", 0))
+    # the count seen by the end (restored from the checkpoint on a resume); absent where the trainer could not
+    # tell its input tokens apart (then it is left unknown rather than guessed)
+    tokens = [int(e["num_input_tokens_seen"]) for e in read_log(run_dir) if e.get("num_input_tokens_seen")]
+    result.trained_tokens = max(tokens, default=None)
     result.gain_kept = record.gain_kept
     if record.gain_kept is not None:
         emit("info", f"The stored {record.method} variant keeps {record.gain_kept:.0%} of the fine-tune's loss gain "
              f"on {len(held_out or [])} held-out rows", {"gain_kept": record.gain_kept, "losses": record.losses})
     result.status = JobStatus.SUCCEEDED
     emit("info", "The job has successfully completed", {"fine_tuned_model": spec.fine_tuned_model,
-                                                        "trained_steps": result.trained_steps})
+                                                        "trained_steps": result.trained_steps,
+                                                        "trained_tokens": result.trained_tokens})
 
 
 __all__ = ["FineTunedModel", "Hyperparameters", "JobCancelled", "JobResult", "JobSpec", "JobStatus", "Method",

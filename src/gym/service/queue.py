@@ -74,11 +74,13 @@ class JobQueue:
     # -- the routes' side ------------------------------------------------------------------------------------------
     def create(self, who: Principal, *, model: str, training_file: str, validation_file: str | None = None,
                method: dict[str, Any] | None = None, hyperparameters: dict[str, Any] | None = None,
-               suffix: str | None = None, seed: int | None = None) -> dict[str, Any]:
+               suffix: str | None = None, seed: int | None = None,
+               metadata: dict[str, Any] | None = None) -> dict[str, Any]:
         """A new job for `who` on `model` (the served base, checked by the caller): validating_files, then queued
         once its files are the caller's and of the method's format. FileNotFound for a file the caller may not
         see, ConfigError for a bad value, QuotaExceeded past the caller's waiting jobs."""
         kind, hyper = _method(method, hyperparameters)
+        labels = check_metadata(metadata)
         job_id = ordered_job_id()
         # Every rule of the spec is checked now, so a job that cannot run is refused instead of queued.
         spec = JobSpec(job_id=job_id, user_id=who.user_id or ADMIN_OWNER, model=model, training_file=training_file,
@@ -102,7 +104,7 @@ class JobQueue:
                     found[param] = row
             job = Job(id=job_id, user_id=who.user_id, model=model, training_file=training_file,
                       validation_file=validation_file, method=_method_object(spec), suffix=suffix, seed=spec.seed,
-                      status=JobStatus.VALIDATING_FILES.value, created_at=now())
+                      status=JobStatus.VALIDATING_FILES.value, created_at=now(), labels=labels)
             session.add(job)
             session.add(JobEvent(job_id=job_id, message="Validating training file", created_at=now()))
             wrong = next((p for p, f in found.items() if f.kind != _KIND[spec.method]), None)
@@ -331,6 +333,27 @@ def _method_object(spec: JobSpec) -> dict[str, Any]:
     return {"type": kind, kind: {"hyperparameters": dict(vars(spec.hyperparameters))}}
 
 
+MAX_METADATA_PAIRS, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512  # OpenAI's limits
+
+
+def check_metadata(metadata: dict[str, Any] | None) -> dict[str, str] | None:
+    """A job's `metadata` as OpenAI takes it: at most 16 pairs, string keys of at most 64 characters and string
+    values of at most 512; a ConfigError naming the first pair that breaks a rule."""
+    if metadata is None:
+        return None
+    if not isinstance(metadata, dict):
+        raise ConfigError("metadata: an object of string keys and values.")
+    if len(metadata) > MAX_METADATA_PAIRS:
+        raise ConfigError(f"metadata: at most {MAX_METADATA_PAIRS} pairs, got {len(metadata)}.")
+    for key, value in metadata.items():
+        if not isinstance(key, str) or not 0 < len(key) <= MAX_METADATA_KEY:
+            raise ConfigError(f"metadata: key {key!r} must be a string of 1 to {MAX_METADATA_KEY} characters.")
+        if not isinstance(value, str) or len(value) > MAX_METADATA_VALUE:
+            raise ConfigError(f"metadata.{key}: the value must be a string of at most {MAX_METADATA_VALUE} "
+                              "characters.")
+    return dict(metadata)
+
+
 def _hyper_of(method: dict[str, Any] | None) -> dict[str, Any]:
     method = method or {"type": "supervised"}
     hyper = dict((method.get(method["type"]) or {}).get("hyperparameters") or {})
@@ -351,7 +374,8 @@ def job_object(job: Job) -> dict[str, Any]:
             "fine_tuned_model": job.fine_tuned_model, "finished_at": job.finished_at, "error": job.error,
             "hyperparameters": hyper, "method": method, "seed": job.seed, "suffix": job.suffix,
             "organization_id": job.user_id or ADMIN_OWNER, "result_files": [], "integrations": [],
-            "trained_tokens": None, "estimated_finish": None, "metadata": None,
+            "trained_tokens": (job.result or {}).get("trained_tokens"), "estimated_finish": None,
+            "metadata": job.labels,
             "user_provided_suffix": job.suffix}
 
 

@@ -65,7 +65,8 @@ def run_one(queue: JobQueue, claimed: Claimed, me: str) -> str:
                          cancel=cancel)
         status = result.status.value
         queue.finish(spec.job_id, me, status, fine_tuned_model=result.fine_tuned_model, error=result.error,
-                     result={"hyperparameters": result.hyperparameters, "trained_steps": result.trained_steps})
+                     result={"hyperparameters": result.hyperparameters, "trained_steps": result.trained_steps,
+                             "trained_tokens": result.trained_tokens})
     except Exception as exc:  # a bug in training: run_job emitted the failed event; the job fails, the worker goes on
         logger.exception("Job %s failed", spec.job_id)
         status = JobStatus.FAILED.value
