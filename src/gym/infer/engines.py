@@ -37,17 +37,29 @@ logger = logging.getLogger(__name__)
 QUANTIZED = ("int8", "int4")
 
 
+_said_reference = False
+
+
 def fast_dtype(model_args: ModelArguments) -> str:
-    """The weight format the fast engine serves: infer_dtype, with auto -> int8 (when the kernels built:
-    lossless enough, with a quarter of float32's bytes per token; tests/infer/fast/test_quality.py holds
-    it to that) or float32 (without them, where int8 would only be slower)."""
+    """The weight format the fast engine serves: infer_dtype, with auto -> int8 on every CPU (lossless enough,
+    with a quarter of float32's bytes per token; tests/infer/fast/test_quality.py holds it to that). The same
+    config gives the same format on every machine: where the kernels are not available, int8 runs on their
+    torch reference (slower), and that is said once, with why."""
+    global _said_reference
     if model_args.infer_dtype != "auto":
         return model_args.infer_dtype
     if torch.cuda.is_available():
         return "auto"  # a GPU serves the model in the dtype it was loaded in (bf16 where the GPU has it)
     from gym.infer.fast.kernels import kernel_status
 
-    return "int8" if kernel_status() is None else "float32"
+    missing = kernel_status()
+    if missing is not None and not _said_reference:
+        _said_reference = True
+        logger.warning("infer_dtype: auto serves int8, as on every CPU, but the fast engine's kernels are not "
+                       "available here (%s): int8 runs on their torch reference, several times slower. Set "
+                       "infer_dtype: float32 for more speed without them, or reinstall Gym with its kernels "
+                       "(docs/inference.md).", missing)
+    return "int8"
 
 
 def fast_unsupported(model: Any) -> str | None:
@@ -130,7 +142,7 @@ def _fast_engine(model_args: ModelArguments, model: Any, tokenizer: Any, stop_to
                               "serves bfloat16/float16/float32 (set infer_dtype: auto or one of those).")
         dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
     missing = kernel_status()
-    if missing is not None:
+    if missing is not None and not _said_reference:
         logger.warning("The fast engine's kernels are not available (%s); it runs their torch reference, slower.",
                        missing)
     logger.info("Fast engine: weights as %s%s.", dtype, " (infer_dtype: auto)" if model_args.infer_dtype == "auto"

@@ -1,5 +1,6 @@
-"""Run by tests/infer/fast/test_batch_invariance.py in a process of its own, once per kernel path (the native
-build, the AVX2 build, the torch reference): a row's logits, bit for bit, alone and in every kind of batch.
+"""Run by tests/infer/fast/test_batch_invariance.py in a process of its own, once per kernel path (the best
+variant this CPU runs, the AVX2 variant, the torch reference): a row's logits, bit for bit, alone and in every
+kind of batch.
 
     python batch_invariance_probe.py MODEL_DIR WORK_DIR      -> prints one JSON line: the path and what was checked
 

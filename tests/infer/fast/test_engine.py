@@ -302,3 +302,22 @@ def test_the_one_call_decode_step_equals_the_layer_by_layer_one(tiny, kind, dtyp
     for keys, reference in zip(fused.keys, walked.keys):
         for slot, prompt in enumerate(batch):
             assert torch.equal(keys[slot, :, :len(prompt)], reference[slot, :, :len(prompt)])
+
+
+def test_auto_serves_int8_on_every_cpu_and_says_once_why_it_runs_on_the_reference(monkeypatch, caplog):
+    """infer_dtype: auto must not give one machine other numbers than another for the same config: without the
+    kernels it is still int8 (on their torch reference), and the reason is said once."""
+    from gym.infer import engines
+    from gym.infer.fast import kernels
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(engines, "_said_reference", False)
+    monkeypatch.setattr(kernels, "_state", {"ok": False, "reason": "no C++ compiler (c++/g++/clang++) on PATH"})
+    args = ModelArguments(model_name_or_path="unused", infer_dtype="auto")
+    with caplog.at_level("WARNING", logger="gym.infer.engines"):
+        assert engines.fast_dtype(args) == "int8" and engines.fast_dtype(args) == "int8"
+    said = [r.getMessage() for r in caplog.records if "torch reference" in r.getMessage()]
+    assert len(said) == 1 and "no C++ compiler" in said[0] and "infer_dtype: float32" in said[0]
+    monkeypatch.setattr(kernels, "_state", {"ok": True, "reason": "", "origin": "prebuilt"})
+    assert engines.fast_dtype(args) == "int8"
+    assert engines.fast_dtype(ModelArguments(model_name_or_path="unused", infer_dtype="float32")) == "float32"

@@ -1,26 +1,28 @@
-"""The decode kernels (csrc/linear.cpp), compiled once per machine, and their reference in plain torch.
+"""The decode kernels (csrc/), built into the package at install time, and their reference in plain torch.
 
-The kernels are built with torch's C++ extension loader (g++ and ninja) the first time they are needed,
-for this CPU (`-march=native`) and this torch, into `$GYM_HOME/kernels/<key>`; later processes load the
-built library in milliseconds. `GYM_KERNEL_ISA=avx2` builds the AVX2 path instead (`-march=haswell`), so a
-machine with AVX-512 can run and test what an AVX2-only machine runs. Where there is no compiler, or the
-build fails, `kernel_status()` says why and every linear layer runs the torch reference below instead,
-which computes the same thing (activations quantized per block for int8/int4, like the kernels): correct,
-slower.
+`pip install` builds one library holding every instruction-set variant of the kernels (portable, AVX2,
+AVX-512, AVX-512 VNNI; gym.infer.fast.kernel_build is the recipe, setup.py runs it), and the library picks the
+best variant this CPU runs when it loads. No compiler is needed at run time. `GYM_KERNEL_ISA=avx2` (or
+avx512, avx512_vnni, portable) forces a variant, so a machine with AVX-512 can run and test what an AVX2-only
+machine runs; `use_isa` switches within a process.
+
+Where the package has no prebuilt library for these sources (an install without torch at build time, or an
+editable install whose csrc changed since), the same recipe is built once per machine into
+`$GYM_HOME/kernels/<sources' digest>` if a compiler and ninja are there. Where neither works, `kernel_status()`
+says why and every linear layer runs the torch reference below instead, which computes the same thing
+(activations quantized per block for int8/int4, like the kernels): correct, slower.
 
 Batch invariance: every operation here gives each row the numbers it gets alone, whatever other rows share
 the call, on every path (the kernels' per-row arithmetic is fixed, see csrc/linear.cpp; the torch reference
 computes row by row, because a BLAS product's rounding depends on the rows it multiplies together). So a
-request's greedy answer never depends on the load. The kernels are built with -ffp-contract=off: whether the
-compiler fuses a scalar multiply-add must not differ between two loops that promise the same numbers.
+request's greedy answer never depends on the load.
 """
 
 from __future__ import annotations
 
-import hashlib
+import importlib.machinery
 import logging
 import os
-import platform
 import shutil
 import sys
 import threading
@@ -29,6 +31,7 @@ from pathlib import Path
 import torch
 
 from gym.core.home import gym_home
+from gym.infer.fast import kernel_build
 
 logger = logging.getLogger(__name__)
 
@@ -36,75 +39,113 @@ BLOCK = 32  # weights per block of packed int8/int4 weights (one float16 scale e
 GROUP = 16  # output rows stored interleaved, so that a vector's lanes are 16 outputs (see csrc/linear.cpp)
 QUAD = 4  # inputs per output side by side in the interleaved layout: what one 32-bit lane multiplies
 
-_SOURCE = Path(__file__).parent / "csrc" / "linear.cpp"
 _lock = threading.Lock()
 _state: dict[str, str | bool] = {}
 
+ISAS = ("auto", *kernel_build.VARIANTS)
 
-ISAS = ("native", "avx2")
 
-
-def kernel_isa() -> str:
-    """Which path the kernels are built for: `native` (this CPU, the default) or `avx2` (GYM_KERNEL_ISA)."""
-    isa = os.environ.get("GYM_KERNEL_ISA", "native").lower() or "native"
+def requested_isa() -> str:
+    """The variant GYM_KERNEL_ISA asks for: auto (the best this CPU runs, the default) or a variant's name."""
+    isa = os.environ.get("GYM_KERNEL_ISA", "auto").lower() or "auto"
+    isa = "auto" if isa == "native" else isa  # the name of the per-machine build this replaced
     if isa not in ISAS:
         raise ValueError(f"GYM_KERNEL_ISA={isa!r}: choose one of {', '.join(ISAS)}")
     return isa
 
 
-def _compile_flags() -> list[str]:
-    flags = ["-O3", "-fopenmp", "-ffp-contract=off"]
-    if platform.machine() in ("x86_64", "AMD64"):
-        flags.append("-march=haswell" if kernel_isa() == "avx2" else "-march=native")
-    return flags
+def kernel_isa() -> str | None:
+    """The variant the loaded kernels run (avx512_vnni, avx512, avx2 or portable); None without kernels."""
+    if kernel_status() is not None:
+        return None
+    return str(torch.ops.gym_kernels.isa())
 
 
-def _build_key() -> str:
-    digest = hashlib.sha256(_SOURCE.read_bytes())
-    digest.update(f"{torch.__version__}|{platform.machine()}|{_cpu_flags()}|{' '.join(_compile_flags())}".encode())
-    return digest.hexdigest()[:16]
+def runnable_isas() -> list[str]:
+    """The variants this CPU can run, best first (empty without kernels)."""
+    if kernel_status() is not None:
+        return []
+    return [str(name) for name in torch.ops.gym_kernels.isas()]
 
 
-def _cpu_flags() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
+def use_isa(name: str) -> str:
+    """Switch the loaded kernels to variant `name` (or auto) for the whole process; the variant now used."""
+    if kernel_status() is not None:
+        raise RuntimeError(f"the kernels are not loaded: {kernel_status()}")
+    return str(torch.ops.gym_kernels.use_isa(name))
+
+
+def kernel_origin() -> str | None:
+    """Where the loaded kernels came from: "prebuilt" (the installed package's) or "built here"; None."""
+    kernel_status()
+    return str(_state["origin"]) if _state.get("ok") else None
 
 
 def kernel_status() -> str | None:
-    """None when the compiled kernels are loaded (building them if needed); else why not."""
+    """None when the kernels are loaded (building them here if no prebuilt library matches); else why not."""
     with _lock:
         if "ok" not in _state:
             _state.update(_load())
         return None if _state["ok"] else str(_state["reason"])
 
 
+def prebuilt_library() -> Path | None:
+    """The library `pip install` built into the package, if there is one."""
+    folder = Path(__file__).parent
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        found = folder / f"_kernels{suffix}"
+        if found.is_file():
+            return found
+    return None
+
+
 def _load() -> dict[str, str | bool]:
     if os.environ.get("GYM_NO_KERNELS"):
         return {"ok": False, "reason": "GYM_NO_KERNELS is set"}
+    isa = requested_isa()
+    wanted = kernel_build.source_hash()
+    prebuilt = prebuilt_library()
+    if prebuilt is not None and kernel_build.built_hash(prebuilt) == wanted:
+        torch.ops.load_library(str(prebuilt))
+        return _chosen(isa, "prebuilt")
+    why = ("the installed package has no prebuilt kernels" if prebuilt is None else
+           f"the prebuilt kernels ({prebuilt.name}) are of other sources than this package's csrc")
+    missing = _no_build_tools()
+    if missing is not None:
+        return {"ok": False, "reason": f"{why}, and {missing} to build them"}
+    from torch.utils.cpp_extension import load
+
+    folder = gym_home() / "kernels" / wanted
+    folder.mkdir(parents=True, exist_ok=True)
+    logger.info("Building the fast engine's kernels (%s), once per machine, into %s", why, folder)
+    try:
+        load(name="gym_kernels", sources=[str(p) for p in kernel_build.source_paths()],
+             extra_cflags=[*kernel_build.COMPILE_FLAGS, kernel_build.hash_define(wanted)],
+             build_directory=str(folder), is_python_module=False, verbose=False)
+    except Exception as exc:  # a compiler error must not stop inference: the reference path still works
+        reason = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+        return {"ok": False, "reason": f"{why}, and they did not build here: {reason}"}
+    return _chosen(isa, "built here")
+
+
+def _chosen(isa: str, origin: str) -> dict[str, str | bool]:
+    try:
+        torch.ops.gym_kernels.use_isa(isa)
+    except RuntimeError as exc:  # a variant this CPU cannot run: one line, the reference path still works
+        return {"ok": False, "reason": str(exc).splitlines()[0]}
+    return {"ok": True, "reason": "", "origin": origin}
+
+
+def _no_build_tools() -> str | None:
     if not any(shutil.which(cc) for cc in ("c++", "g++", "clang++")):
-        return {"ok": False, "reason": "no C++ compiler (c++/g++/clang++) on PATH"}
+        return "no C++ compiler (c++/g++/clang++) on PATH"
     # torch runs `ninja` from PATH; the ninja wheel puts it beside this interpreter, which may not be on PATH.
     beside = Path(sys.executable).parent
     if shutil.which("ninja") is None and (beside / "ninja").is_file():
         os.environ["PATH"] = f"{beside}{os.pathsep}{os.environ.get('PATH', '')}"
     if shutil.which("ninja") is None:
-        return {"ok": False, "reason": "ninja is not installed (pip install ninja)"}
-    from torch.utils.cpp_extension import load
-
-    folder = gym_home() / "kernels" / _build_key()
-    folder.mkdir(parents=True, exist_ok=True)
-    try:
-        load(name="gym_kernels", sources=[str(_SOURCE)], extra_cflags=_compile_flags(), extra_ldflags=["-fopenmp"],
-             build_directory=str(folder), is_python_module=False, verbose=False)
-    except Exception as exc:  # a compiler error must not stop inference: the reference path still works
-        reason = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
-        return {"ok": False, "reason": f"the kernels did not build: {reason}"}
-    return {"ok": True, "reason": ""}
+        return "ninja is not installed (pip install ninja)"
+    return None
 
 
 # -- packing ---------------------------------------------------------------------------------------------

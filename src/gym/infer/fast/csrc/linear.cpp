@@ -36,11 +36,38 @@
 #include <thread>
 #include <vector>
 
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-#include <immintrin.h>
+#include "ops.h"
+
+// This file is compiled once per instruction set (isa_*.cpp define GYM_ISA_NS and one GYM_ISA_* macro) into
+// one library, whose dispatch.cpp picks the variant the CPU runs best. The instruction set is a GCC target
+// pragma placed after every header, never a -march flag: the headers' inline functions (ATen's, the standard
+// library's) are then compiled for the baseline in every variant, so whichever copy the linker keeps runs on
+// any x86-64. Only this file's own functions, in GYM_ISA_NS, use the variant's instructions. G++ does not
+// update __AVX2__ and the like after a target pragma (it reads the whole file before the pragmas apply), so
+// the code below tests our own GYM_AVX2 / GYM_AVX512 / GYM_VNNI512, set here from the variant. The feature
+// lists are x86-64-v3 and -v4 (plus VNNI), what dispatch.cpp checks the CPU for; "arch=haswell" in a pragma
+// does not let G++ inline the intrinsics.
+#ifndef GYM_ISA_NS
+#error "compile linear.cpp through one of the isa_*.cpp files"
+#endif
+#if defined(GYM_ISA_AVX512_VNNI)
+#pragma GCC target("avx2,fma,f16c,bmi,bmi2,lzcnt,popcnt,movbe,avx512f,avx512bw,avx512cd,avx512dq,avx512vl,avx512vnni")
+#define GYM_AVX2 1
+#define GYM_AVX512 1
+#define GYM_VNNI512 1
+#elif defined(GYM_ISA_AVX512)
+#pragma GCC target("avx2,fma,f16c,bmi,bmi2,lzcnt,popcnt,movbe,avx512f,avx512bw,avx512cd,avx512dq,avx512vl")
+#define GYM_AVX2 1
+#define GYM_AVX512 1
+#elif defined(GYM_ISA_AVX2)
+#pragma GCC target("avx2,fma,f16c,bmi,bmi2,lzcnt,popcnt,movbe")
 #define GYM_AVX2 1
 #endif
+#ifdef GYM_AVX2
+#include <immintrin.h>
+#endif
 
+namespace GYM_ISA_NS {
 namespace {
 
 // A fixed team of workers for parallel_for. One caller at a time uses the team; a second concurrent
@@ -170,7 +197,7 @@ inline void parallel_for(int64_t begin, int64_t end, int64_t grain, const F& bod
 
 constexpr int64_t kBlock = 32;  // weights per quantization block, and activations per activation scale
 // Activation rows that share each float weight vector loaded: 4 x 6 accumulators fit AVX-512's 32 registers.
-#if defined(__AVX512F__)
+#if defined(GYM_AVX512)
 constexpr int kMaxRows = 6;
 #else
 constexpr int kMaxRows = 4;
@@ -271,10 +298,8 @@ inline __m256 load8(const void* w, int64_t i) {
 // (signed): the instructions multiply unsigned by signed bytes, so the caller moves the sign of x onto
 // w first. |x| <= 127 and |w| <= 127 keep the int16 pair sums of maddubs from saturating.
 inline __m256i dot_u8s8(__m256i ax, __m256i sw) {
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#if defined(GYM_VNNI512)
   return _mm256_dpbusd_epi32(_mm256_setzero_si256(), ax, sw);
-#elif defined(__AVXVNNI__)
-  return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), ax, sw);
 #else
   return _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sw), _mm256_set1_epi16(1));
 #endif
@@ -334,8 +359,7 @@ void dot_float(const float* x, int64_t ldx, const void* w, int64_t ldw, int64_t 
 // this replaced: 2-3x faster with AVX512-VNNI at 1 to 16 rows, 1.3-1.4x (int8) and 1.7-2x (int4) with AVX2.
 constexpr int64_t kGroup = 16;
 
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
-#define GYM_VNNI512 1
+#if defined(GYM_VNNI512)
 constexpr int kGroupRows = 8;  // 8 accumulators + the block's 8 weight vectors fit the 32 registers
 #else
 constexpr int kGroupRows = 4;
@@ -482,7 +506,7 @@ void for_each_tile(int64_t B, int64_t N, int64_t bytes_per_row, Tile tile) {
               case 1: tile(std::integral_constant<int, 1>{}, std::integral_constant<int, 1>{}, m, b); break;
               case 2: tile(std::integral_constant<int, 2>{}, std::integral_constant<int, 1>{}, m, b); break;
               case 3: tile(std::integral_constant<int, 3>{}, std::integral_constant<int, 1>{}, m, b); break;
-#if defined(__AVX512F__)
+#if defined(GYM_AVX512)
               case 4: tile(std::integral_constant<int, 4>{}, std::integral_constant<int, 1>{}, m, b); break;
               case 5: tile(std::integral_constant<int, 5>{}, std::integral_constant<int, 1>{}, m, b); break;
               default: tile(std::integral_constant<int, 6>{}, std::integral_constant<int, 1>{}, m, b); break;
@@ -497,7 +521,7 @@ void for_each_tile(int64_t B, int64_t N, int64_t bytes_per_row, Tile tile) {
           case 1: tile(std::integral_constant<int, 1>{}, std::integral_constant<int, kTile>{}, n, b); break;
           case 2: tile(std::integral_constant<int, 2>{}, std::integral_constant<int, kTile>{}, n, b); break;
           case 3: tile(std::integral_constant<int, 3>{}, std::integral_constant<int, kTile>{}, n, b); break;
-#if defined(__AVX512F__)
+#if defined(GYM_AVX512)
           case 4: tile(std::integral_constant<int, 4>{}, std::integral_constant<int, kTile>{}, n, b); break;
           case 5: tile(std::integral_constant<int, 5>{}, std::integral_constant<int, kTile>{}, n, b); break;
           default: tile(std::integral_constant<int, 6>{}, std::integral_constant<int, kTile>{}, n, b); break;
@@ -1032,7 +1056,7 @@ inline void sign_dot4(const uint8_t* bits, int64_t row_bytes, const float* s, in
 #endif
 }
 
-#if defined(__AVX512F__)
+#if defined(GYM_AVX512)
 // The table-lookup form (as in T-MAC), for rows of whole blocks of 32: for each four activations j of a
 // row, the 16 sums of their subsets, one 512-bit vector built once per row; then, sixteen outputs at a
 // time, each output's four bits for those activations index that table (a permute reads the low four
@@ -1205,20 +1229,9 @@ void sign_matmul_add_(at::Tensor& y, const at::Tensor& x, const at::Tensor& rows
 
 }  // namespace
 
-TORCH_LIBRARY(gym_kernels, m) {
-  m.def("linear(Tensor x, Tensor w) -> Tensor", &linear_float);
-  m.def("linear_q8(Tensor x, Tensor wq, Tensor ws) -> Tensor", &linear_q8);
-  m.def("linear_q4(Tensor x, Tensor wq, Tensor ws) -> Tensor", &linear_q4);
-  m.def("rms_norm(Tensor x, Tensor w, float eps) -> Tensor", &rms_norm);
-  m.def("rope_(Tensor(a!) x, Tensor cos, Tensor sin, int heads) -> ()", &rope_);
-  m.def("decode_attention(Tensor q, Tensor k, Tensor v, Tensor(a!) keys, Tensor(b!) values, Tensor lengths, "
-        "float scale) -> Tensor", &decode_attention);
-  m.def("prefill_attention(Tensor q, Tensor keys, Tensor values, int slot, int start, float scale) -> Tensor",
-        &prefill_attention);
-  m.def("silu_mul(Tensor gate_up) -> Tensor", &silu_mul);
-  m.def("decode_layers(Tensor x, Tensor[] tensors, int[] formats, Tensor cos, Tensor sin, Tensor(a!)[] keys, "
-        "Tensor(b!)[] values, Tensor lengths, int heads, int kv_heads, int dim, float eps, float scale) -> Tensor",
-        &decode_layers);
-  m.def("sign_matmul_add_(Tensor(a!) y, Tensor x, Tensor rows, Tensor[] bits, Tensor[] scales, int[] group_sizes) -> ()",
-        &sign_matmul_add_);
-}
+extern const gym_kernels::Ops ops;  // external linkage: dispatch.cpp reads every variant's table
+const gym_kernels::Ops ops = {GYM_ISA_NAME,      &linear_float,     &linear_q8,   &linear_q4,        &rms_norm,
+                              &rope_,            &decode_attention, &prefill_attention, &silu_mul, &decode_layers,
+                              &sign_matmul_add_};
+
+}  // namespace GYM_ISA_NS
