@@ -127,6 +127,24 @@ def test_an_evicting_cache_keeps_answers_identical(variants):
     torch.testing.assert_close(tight, roomy, atol=0, rtol=0)
 
 
+@pytest.fixture(params=["auto", "avx2", "portable"])
+def kernel_variant(request):
+    """The best variant, then AVX2's table lookups (eight outputs at a time) and the portable masked sums, where
+    this CPU runs them (kernels.use_isa switches the loaded library)."""
+    from gym.infer.fast import kernels as loaded
+
+    if loaded.kernel_status() is not None:
+        if request.param != "auto":
+            pytest.skip(f"the kernels are not available here ({loaded.kernel_status()})")
+        yield request.param
+        return
+    if request.param not in ("auto", *loaded.runnable_isas()):
+        pytest.skip(f"this CPU cannot run the {request.param} kernels")
+    loaded.use_isa(request.param)
+    yield request.param
+    loaded.use_isa("auto")
+
+
 @pytest.mark.parametrize(("out_features", "in_features", "group"), [
     (48, 64, 16),  # whole tiles of four outputs, 16-wide steps only
     (50, 72, 72),  # two outputs past the last four, and a row that ends eight activations into a 16-wide step
@@ -135,10 +153,11 @@ def test_an_evicting_cache_keeps_answers_identical(variants):
     (40, 96, 96),  # table lookups: sixteen outputs, sixteen more, then the last eight
     (40, 192, 64),  # table lookups with three groups per row, scales gathered per group
     (16, 64, 32),  # table lookups, one block per group
+    (20, 64, 64),  # table lookups ending four outputs into a block of eight (AVX2) or sixteen (AVX-512)
 ])
-def test_packed_kernel_equals_unpacked_reference(out_features, in_features, group):
-    """Rows of one variant alone, and runs of rows sharing a variant, against x @ W.T (AVX-512 CPUs take
-    rows of whole blocks of 32 through table lookups, others through masked adds four outputs at a time)."""
+def test_packed_kernel_equals_unpacked_reference(out_features, in_features, group, kernel_variant):
+    """Rows of one variant alone, and runs of rows sharing a variant, against x @ W.T (AVX-512 and AVX2 take
+    rows of whole blocks of 32 through table lookups, the portable path through masked sums)."""
     g = torch.Generator().manual_seed(out_features + in_features + group)
     x = torch.randn(5, in_features, generator=g)
     bits = [torch.randint(0, 256, (out_features * in_features // 8,), dtype=torch.uint8, generator=g)

@@ -31,6 +31,7 @@
 #include <tuple>
 #include <condition_variable>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <thread>
@@ -1011,8 +1012,8 @@ inline void sign_dot_rows(const uint8_t* bits, const float* s, int64_t G, int64_
 
 // The same recipe for one activation row and four consecutive sign rows (the common case: one row per
 // variant in a batch), out[o] = sum_g s[o][g] * (x . sign_o over group g). Each activation vector loaded feeds
-// all four outputs, and the horizontal sums are done once for all four. AVX-512 CPUs take rows of whole
-// blocks of 32 through the table lookups below instead.
+// all four outputs, and the horizontal sums are done once for all four. Rows of whole blocks of 32 take the
+// table lookups below instead (AVX-512 and AVX2); this serves the others, and the portable variant.
 inline void sign_dot4(const uint8_t* bits, int64_t row_bytes, const float* s, int64_t G, int64_t size, int64_t K,
                       const float* x, const float* group_sum, float* out) {
   float offset[4] = {0.f, 0.f, 0.f, 0.f};  // sum_g s[g] * sum(x over g): x . sign = 2 (x . b) - sum(x)
@@ -1057,6 +1058,7 @@ inline void sign_dot4(const uint8_t* bits, int64_t row_bytes, const float* s, in
 }
 
 #if defined(GYM_AVX512)
+constexpr int64_t kLutOutputs = 16;
 // The table-lookup form (as in T-MAC), for rows of whole blocks of 32: for each four activations j of a
 // row, the 16 sums of their subsets, one 512-bit vector built once per row; then, sixteen outputs at a
 // time, each output's four bits for those activations index that table (a permute reads the low four
@@ -1116,6 +1118,80 @@ inline void sign_lut16(const uint8_t* bits, int64_t row_bytes, int64_t valid, co
   }
   _mm512_mask_storeu_ps(y, lanes, _mm512_add_ps(_mm512_maskz_loadu_ps(lanes, y), total));
 }
+#elif defined(GYM_AVX2)
+// The same table lookups on AVX2, eight outputs at a time: a 16-entry table is two 8-float vectors, and an
+// output's four bits pick from both (a permute reads the low three bits of each lane) while the fourth
+// chooses between the two (a blend reads each lane's sign bit, where a shift by 28 puts it): two permutes,
+// a blend and an add take 32 weights, where the masked adds of sign_dot4 take 8 each. The tables are built as
+// AVX-512's are (the same multiply-adds in the same order), so both paths sum the same numbers.
+#define GYM_SIGN_LUT 1
+constexpr int64_t kLutOutputs = 8;
+
+void subset_tables(const float* x, int64_t K, float* tables) {
+  const __m256i low = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  const __m256i high = _mm256_add_epi32(low, _mm256_set1_epi32(8));
+  __m256 bit_low[4], bit_high[4];
+  for (int i = 0; i < 4; ++i) {
+    const __m256i one = _mm256_set1_epi32(1);
+    bit_low[i] = _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(low, i), one));
+    bit_high[i] = _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(high, i), one));
+  }
+  for (int64_t j = 0; j < K / 4; ++j) {
+    __m256 t0 = _mm256_mul_ps(_mm256_set1_ps(x[4 * j]), bit_low[0]);
+    __m256 t1 = _mm256_mul_ps(_mm256_set1_ps(x[4 * j]), bit_high[0]);
+    for (int i = 1; i < 4; ++i) {
+      t0 = _mm256_fmadd_ps(_mm256_set1_ps(x[4 * j + i]), bit_low[i], t0);
+      t1 = _mm256_fmadd_ps(_mm256_set1_ps(x[4 * j + i]), bit_high[i], t1);
+    }
+    _mm256_storeu_ps(tables + 16 * j, t0);
+    _mm256_storeu_ps(tables + 16 * j + 8, t1);
+  }
+}
+
+constexpr int64_t kLutAhead = 2;  // output blocks ahead to prefetch
+
+inline __m256 lookup16(const float* table, __m256i index) {
+  const __m256 low = _mm256_permutevar8x32_ps(_mm256_loadu_ps(table), index);
+  const __m256 high = _mm256_permutevar8x32_ps(_mm256_loadu_ps(table + 8), index);
+  return _mm256_blendv_ps(low, high, _mm256_castsi256_ps(_mm256_slli_epi32(index, 28)));
+}
+
+// y[0..valid) += the signed products of outputs 0..valid (valid <= 8) of one entry, as sign_lut16 does.
+inline void sign_lut8(const uint8_t* bits, int64_t row_bytes, int64_t valid, const float* s, int64_t G, int64_t size,
+                      int64_t K, const float* tables, const float* group_sum, float* y) {
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  const __m256i lanes = _mm256_cmpgt_epi32(_mm256_set1_epi32(int32_t(valid)), lane);  // all ones where valid
+  const char* ahead = reinterpret_cast<const char*>(bits) + kLutAhead * 8 * row_bytes;
+  for (int64_t line = 0; line < 8 * row_bytes; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T0);
+  const __m256i row_offsets = _mm256_mullo_epi32(lane, _mm256_set1_epi32(int32_t(row_bytes)));
+  const __m256i scale_offsets = _mm256_mullo_epi32(lane, _mm256_set1_epi32(int32_t(G)));
+  __m256 total = _mm256_setzero_ps();
+  for (int64_t g = 0; g < G; ++g) {
+    const int64_t k0 = g * size, k1 = std::min(K, k0 + size);
+    __m256 even = _mm256_setzero_ps(), odd = _mm256_setzero_ps();
+    for (int64_t k = k0; k < k1; k += 32) {
+      const __m256i idx = _mm256_mask_i32gather_epi32(_mm256_setzero_si256(),
+                                                      reinterpret_cast<const int*>(bits + (k >> 3)), row_offsets,
+                                                      lanes, 1);
+      const float* t = tables + (k / 4) * 16;
+      even = _mm256_add_ps(even, lookup16(t, idx));
+      odd = _mm256_add_ps(odd, lookup16(t + 16, _mm256_srli_epi32(idx, 4)));
+      even = _mm256_add_ps(even, lookup16(t + 32, _mm256_srli_epi32(idx, 8)));
+      odd = _mm256_add_ps(odd, lookup16(t + 48, _mm256_srli_epi32(idx, 12)));
+      even = _mm256_add_ps(even, lookup16(t + 64, _mm256_srli_epi32(idx, 16)));
+      odd = _mm256_add_ps(odd, lookup16(t + 80, _mm256_srli_epi32(idx, 20)));
+      even = _mm256_add_ps(even, lookup16(t + 96, _mm256_srli_epi32(idx, 24)));
+      odd = _mm256_add_ps(odd, lookup16(t + 112, _mm256_srli_epi32(idx, 28)));
+    }
+    const __m256 scale = G == 1 ? _mm256_maskload_ps(s, lanes)
+                                : _mm256_mask_i32gather_ps(_mm256_setzero_ps(), s + g, scale_offsets,
+                                                           _mm256_castsi256_ps(lanes), 4);
+    const __m256 both = _mm256_add_ps(even, odd);
+    const __m256 dot = _mm256_sub_ps(_mm256_add_ps(both, both), _mm256_set1_ps(group_sum[g]));
+    total = _mm256_fmadd_ps(scale, dot, total);
+  }
+  _mm256_maskstore_ps(y, lanes, _mm256_add_ps(_mm256_maskload_ps(y, lanes), total));
+}
 #endif
 
 void sign_matmul_add_(at::Tensor& y, const at::Tensor& x, const at::Tensor& rows, at::TensorList bits,
@@ -1168,7 +1244,13 @@ void sign_matmul_add_(at::Tensor& y, const at::Tensor& x, const at::Tensor& rows
   std::vector<char> lookup(E, 0);
   std::vector<int64_t> table_at(E, -1);
   int64_t table_floats = 0;
-  if (K % 32 == 0) {
+  // GYM_SIGN_LUT=0 keeps every entry on the masked sums: the baseline bench/variants.py measures the table
+  // lookups against, in the same build.
+  static const bool tables_on = [] {
+    const char* setting = std::getenv("GYM_SIGN_LUT");
+    return setting == nullptr || std::strcmp(setting, "0") != 0;
+  }();
+  if (K % 32 == 0 && tables_on) {
     for (int64_t e = 0; e < E; ++e) {
       if (group_sizes[e] % 32 == 0 || group_sizes[e] >= K) {
         lookup[e] = 1;
@@ -1187,9 +1269,14 @@ void sign_matmul_add_(at::Tensor& y, const at::Tensor& x, const at::Tensor& rows
       if (lookup[first]) {
         const int64_t G = groups[first], size = group_sizes[first];
         for (int64_t e = first; e < last; ++e)
-          for (int64_t n = t0 * kOutputs; n < std::min(N, t1 * kOutputs); n += 16)
+          for (int64_t n = t0 * kOutputs; n < std::min(N, t1 * kOutputs); n += kLutOutputs)
+#if defined(GYM_AVX512)
             sign_lut16(bit_ptr[e] + n * row_bytes, row_bytes, std::min<int64_t>(16, N - n), scale_ptr[e] + n * G, G,
                        size, K, tables.data() + table_at[e], group_sum[e].data(), yp + row[e] * N + n);
+#else
+            sign_lut8(bit_ptr[e] + n * row_bytes, row_bytes, std::min<int64_t>(8, N - n), scale_ptr[e] + n * G, G,
+                      size, K, tables.data() + table_at[e], group_sum[e].data(), yp + row[e] * N + n);
+#endif
         continue;
       }
 #endif
