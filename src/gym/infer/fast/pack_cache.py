@@ -115,10 +115,7 @@ class PackCache:
         self._entries: dict[str, dict[str, object]] = {}
         self._tensors: dict[str, torch.Tensor] = {}
         self._loaded_from: Path | None = None
-        for folder in cache_folders(model_dir):
-            if self._load(folder / self.file_name):
-                self._loaded_from = folder / self.file_name
-                break
+        self._opened = False  # the file is read on the first lookup: inside the engine's start, which times it
 
     @classmethod
     def for_model(cls, model_path: str | os.PathLike[str] | None, dtype: str) -> PackCache | None:
@@ -137,6 +134,15 @@ class PackCache:
             return None
 
     # -- reading -------------------------------------------------------------------------------------------
+    def _open(self) -> None:
+        if self._opened:
+            return
+        self._opened = True
+        for folder in cache_folders(self.model_dir):
+            if self._load(folder / self.file_name):
+                self._loaded_from = folder / self.file_name
+                return
+
     def _load(self, path: Path) -> bool:
         if not path.is_file():
             return False
@@ -162,6 +168,7 @@ class PackCache:
     def lookup(self, name: str, parts: list[torch.Tensor], dtype: str) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The packed weight and scales of `name` (the same name on every start) at `dtype`, if they were packed
         from these parts; else None."""
+        self._open()
         if self._entries.get(name) != _source(parts, dtype):
             return None
         self.hits += 1
