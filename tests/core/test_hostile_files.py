@@ -20,6 +20,7 @@ from gym.cli import main
 from gym.core.errors import OutputError
 from gym.core.files import (
     MANIFEST_FILE,
+    PACKED_FOLDER,
     OutputLock,
     check_free_space,
     install_folder,
@@ -84,6 +85,9 @@ def test_overwrite_replaces_only_a_folder_whose_manifest_lists_everything_in_it(
     write_manifest(out, {"what": "model"})
     assert json.loads((out / MANIFEST_FILE).read_text())["files"] == ["model.safetensors", "tokenizer/vocab.json"]
     refuse_overwrite(out, overwrite=True, folder=True)  # Gym's own folder: replaced
+    (out / PACKED_FOLDER).mkdir()  # the fast engine's packed weights, left by serving the output at int8
+    (out / PACKED_FOLDER / "int8-0123.safetensors").write_text("packed")
+    refuse_overwrite(out, overwrite=True, folder=True)  # Gym's own cache: still replaced
 
     (out / "README.md").write_text("my notes")
     (out / "mine").mkdir()

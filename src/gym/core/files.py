@@ -37,6 +37,8 @@ CONFIG_FILE = "gym_config.yaml"  # the resolved config a run was made with
 MANIFEST_FILE = "gym_manifest.json"  # present only in a finished output: what it is, from which base
 LOG_FILE = "trainer_log.jsonl"  # one JSON object per logged step
 LOCK_FILE = ".gym-lock"  # in an output folder: the live run that owns it
+# In a model folder: the fast engine's packed int8/int4 weights (gym.infer.fast.pack_cache), a cache Gym rebuilds.
+PACKED_FOLDER = ".gym-packed"
 FORMAT_VERSION = 1
 
 _TEMP = re.compile(r"^\.(?P<name>.+)\.tmp-(?P<pid>\d+)$")
@@ -168,7 +170,8 @@ def not_written_by_gym(folder: PathLike) -> list[str] | None:
         return None
     if not isinstance(listed, list) or not all(isinstance(name, str) for name in listed):
         return None
-    owned = {*listed, MANIFEST_FILE}
+    # Serving a finished output at int8/int4 leaves the packed-weight cache in it: Gym's, and rebuilt on demand.
+    owned = {*listed, MANIFEST_FILE, *(f"{PACKED_FOLDER}/{name}" for name in _cache_files(folder))}
     owned_folders = {parent.as_posix() for name in owned for parent in Path(name).parents if parent != Path(".")}
     files, folders = _entries(folder)
     strangers: list[str] = []
@@ -177,6 +180,11 @@ def not_written_by_gym(folder: PathLike) -> list[str] | None:
         if name not in mine and not any(name.startswith(f"{stranger}/") for stranger in strangers):
             strangers.append(name)
     return strangers
+
+
+def _cache_files(folder: Path) -> list[str]:
+    cache = folder / PACKED_FOLDER
+    return [entry.name for entry in cache.iterdir()] if cache.is_dir() and not cache.is_symlink() else []
 
 
 def _entries(folder: Path) -> tuple[list[str], list[str]]:

@@ -62,11 +62,17 @@ class EvalModel:
         return self._fingerprint
 
     @property
+    def _merged(self) -> bool:
+        """Whether adapters, a delta or a variant changed the weights from the files at model_path."""
+        return any(self.description.get(key) for key in ("adapters", "delta", "variant"))
+
+    @property
     def engine(self) -> Engine:
         if self._engine is None:
             stops = self.chat_format.stop_token_ids() if self.chat_format else [self.pad_id]
             self._engine = build_engine(self.model_args, model=self.model, tokenizer=self.tokenizer,
                                         model_path=self.model_path, adapters=[], stop_token_ids=stops,
+                                        weights_folder=None if self._merged else self.model_path,
                                         max_batch_size=self.max_batch_size, max_waiting=1 << 16)
         return self._engine
 

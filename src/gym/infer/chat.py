@@ -199,6 +199,7 @@ class ChatModel:
             engine = build_engine(self.model_args, model=self.model, tokenizer=self.tokenizer,
                                   model_path=self.model_path, adapters=self.adapters,
                                   stop_token_ids=self.chat_format.stop_token_ids(), multimodal=self.media is not None,
+                                  weights_folder=None if self.adapters else self.model_path,
                                   **self._engine_options)
             # Stop the engine thread before the interpreter tears torch down under it (a thread still
             # inside torch at exit aborts the process), without keeping this ChatModel alive.

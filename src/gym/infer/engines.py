@@ -82,10 +82,13 @@ def multimodal_backend(model_args: ModelArguments, model_path: str) -> None:
 
 def build_engine(model_args: ModelArguments, *, model: Any, tokenizer: Any, model_path: str, adapters: list[str],
                  stop_token_ids: list[int], max_batch_size: int = 16, max_waiting: int = 256,
-                 variants: VariantSource | None = None, multimodal: bool = False) -> Engine:
+                 variants: VariantSource | None = None, multimodal: bool = False,
+                 weights_folder: str | None = None) -> Engine:
     """The engine for a loaded model (fast, hf), a model path (vllm, which loads it itself) or a GGUF file
     (llamacpp: `model_path` is that file). `variants`: per-user deltas served beside the base (fast only).
-    `multimodal`: the model is a vision-language model (gym.infer.vision_engine)."""
+    `multimodal`: the model is a vision-language model (gym.infer.vision_engine). `weights_folder`: the folder
+    whose safetensors files the model holds unchanged (no adapter, delta or variant merged in), where the fast
+    engine caches its packed int8/int4 weights (gym.infer.fast.pack_cache); None packs them at every start."""
     backend = model_args.infer_backend
     if multimodal:
         multimodal_backend(model_args, model_path)
@@ -107,7 +110,8 @@ def build_engine(model_args: ModelArguments, *, model: Any, tokenizer: Any, mode
     if backend in ("auto", "fast"):
         reason = fast_unsupported(model)
         if reason is None:
-            return _fast_engine(model_args, model, tokenizer, stop_token_ids, max_batch_size, max_waiting, variants)
+            return _fast_engine(model_args, model, tokenizer, stop_token_ids, max_batch_size, max_waiting, variants,
+                                weights_folder)
         if variants is not None:
             raise ConfigError(f"Variants are served by the fast engine, which cannot serve this model: {reason}.")
         if backend == "fast" or model_args.infer_dtype in QUANTIZED:
@@ -130,13 +134,18 @@ def build_engine(model_args: ModelArguments, *, model: Any, tokenizer: Any, mode
 
 
 def _fast_engine(model_args: ModelArguments, model: Any, tokenizer: Any, stop_token_ids: list[int],
-                 max_batch_size: int, max_waiting: int, variants: VariantSource | None = None) -> Engine:
+                 max_batch_size: int, max_waiting: int, variants: VariantSource | None = None,
+                 weights_folder: str | None = None) -> Engine:
+    """`weights_folder`: the folder whose safetensors files the model holds unchanged, where packed int8/int4
+    weights are cached (gym.infer.fast.pack_cache); None packs them at every start."""
     from gym.infer.fast.bank import VariantBank
     from gym.infer.fast.engine import FastEngine
     from gym.infer.fast.kernels import kernel_status
+    from gym.infer.fast.pack_cache import PackCache
 
     dtype = fast_dtype(model_args)
-    if next(model.parameters()).device.type == "cuda":
+    on_gpu = next(model.parameters()).device.type == "cuda"
+    if on_gpu:
         if dtype in QUANTIZED:
             raise ConfigError(f"infer_dtype: {dtype} is the CPU engine's weight format; on a GPU the fast engine "
                               "serves bfloat16/float16/float32 (set infer_dtype: auto or one of those).")
@@ -151,7 +160,8 @@ def _fast_engine(model_args: ModelArguments, model: Any, tokenizer: Any, stop_to
                       max_waiting=max_waiting, prefill_chunk=model_args.infer_prefill_chunk,
                       prefix_cache_mb=model_args.infer_prefix_cache_mb, compile=model_args.infer_compile,
                       variants=None if variants is None else VariantBank(
-                          variants, model, cache_mb=model_args.infer_variant_cache_mb))
+                          variants, model, cache_mb=model_args.infer_variant_cache_mb),
+                      packed=None if on_gpu else PackCache.for_model(weights_folder, dtype))
 
 
 def require_vllm() -> None:

@@ -1,5 +1,9 @@
 """Which parameters train: full, freeze (the last/first n layers), or a peft adapter (LoRA and its variants,
-OFT, BOFT)."""
+OFT, BOFT).
+
+peft is imported where an adapter is made or attached, not with this module: importing it costs ~3 s on 2 cores
+(it imports bitsandbytes and every transformers model it knows), and `gym chat` on a plain model needs none of it.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from peft import LoraConfig, PeftConfig, PeftModel, TaskType, get_peft_model
 
 from gym.config.finetuning import FinetuningArguments
 from gym.core.errors import ConfigError
@@ -43,6 +46,8 @@ def attach_adapter(model: Any, folder: str | Path, base_ref: str | None, *, merg
     adapter trained on another base (other shapes, other modules) is a ConfigError naming the first tensor that
     differs and, where known, the base to use (`flag`: how the command names the base), not peft's traceback:
     every door that loads an adapter (chat, api, eval, infer, export, delta) says the same line."""
+    from peft import PeftModel
+
     try:
         attached = PeftModel.from_pretrained(model, str(folder))
         return attached.merge_and_unload() if merge else attached
@@ -99,6 +104,8 @@ def is_sequence_classifier(model: Any) -> bool:
 
 
 def lora_config(args: FinetuningArguments, tied_embeddings: bool = False, task_type: str = "CAUSAL_LM") -> Any:
+    from peft import LoraConfig, TaskType
+
     if args.pissa_init:
         init: Any = "pissa" if args.pissa_iter == -1 else f"pissa_niter_{args.pissa_iter}"
     else:
@@ -124,6 +131,8 @@ def lora_config(args: FinetuningArguments, tied_embeddings: bool = False, task_t
 def setup_adapter(model: Any, args: FinetuningArguments, adapters: list[str] | None = None) -> Any:
     """Add a trainable peft adapter (LoRA, OFT or BOFT). Given existing adapters, all but the last are merged
     into the model and training continues on the last one."""
+    from peft import LoraConfig, PeftConfig, PeftModel, get_peft_model
+
     adapters = adapters or []
     if unsloth.is_unsloth(model) and not adapters:
         return unsloth.add_lora(model, args)  # Unsloth prepares its own quantized base
@@ -163,7 +172,7 @@ def setup_adapter(model: Any, args: FinetuningArguments, adapters: list[str] | N
 def orthogonal_config(args: FinetuningArguments, task_type: str = "CAUSAL_LM") -> Any:
     """OFT/BOFT: each target weight W becomes R W with R orthogonal and learned (block-diagonal for OFT, a
     product of butterfly factors for BOFT), so the angles between neurons, W's "hyperspherical energy", stay."""
-    from peft import BOFTConfig, OFTConfig
+    from peft import BOFTConfig, OFTConfig, TaskType
 
     targets = _split(args.oft_target)
     target_modules: Any = "all-linear" if targets == ["all"] else targets

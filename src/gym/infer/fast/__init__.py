@@ -4,6 +4,7 @@ and prefix caching, behind the same Engine interface.
 
     kernels.py  the C++ kernels (compiled once per machine into $GYM_HOME) and their torch references
     linear.py   a linear layer at float32 / bfloat16 / float16 / int8 / int4 and how weights are packed
+    pack_cache.py  int8/int4 weights packed once and kept beside the model, so a start does not pack again
     decoder.py  what a Llama-family decoder is (Llama, Mistral, Qwen2, Qwen3, SmolLM): its config, the
                 weights of a layer and their keys, which models the fast decoders run
     cpu.py      the CPU decoder: that layer on those linear layers, over a KV cache of per-request slots

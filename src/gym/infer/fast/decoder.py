@@ -131,12 +131,16 @@ def fuse(modules: Sequence[Any]) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The modules' weights side by side, and their biases (zeros for a module without one; None when
     none has one): one product computing every module's outputs. One module's weight is its own tensor."""
     weights = [m.weight.detach() for m in modules]
+    return weights[0] if len(weights) == 1 else torch.cat(weights), fuse_bias(modules)
+
+
+def fuse_bias(modules: Sequence[Any]) -> torch.Tensor | None:
+    """The modules' biases side by side as `fuse` lays them out (without fusing their weights)."""
     biases = [getattr(m, "bias", None) for m in modules]
-    weight = weights[0] if len(weights) == 1 else torch.cat(weights)
     if all(b is None for b in biases):
-        return weight, None
-    bias = torch.cat([b.detach() if b is not None else w.new_zeros(w.shape[0]) for w, b in zip(weights, biases)])
-    return weight, bias
+        return None
+    return torch.cat([b.detach() if b is not None else m.weight.new_zeros(m.weight.shape[0])
+                      for m, b in zip(modules, biases)])
 
 
 def share(modules: Sequence[Any], weight: torch.Tensor) -> None:

@@ -28,6 +28,7 @@ from gym.infer.fast.bank import VariantBank
 from gym.infer.fast.cpu import FastDecoder
 from gym.infer.fast.deltas import CompiledVariant
 from gym.infer.fast.gpu import GpuDecoder
+from gym.infer.fast.pack_cache import PackCache
 from gym.infer.fast.prefix import PrefixCache
 from gym.infer.requests import Request
 from gym.infer.sampling import sample_rows
@@ -51,14 +52,15 @@ class FastEngine(BatchingEngine):
     `compile`: on a GPU, whether to torch.compile the decode step before capturing it (infer_compile).
     `prefill_chunk`: prompt tokens per step; 0 takes the decoder's own choice (its `prefill_chunk`).
     `variants`: the per-user variants a request may name (SamplingParams.variant), served in the same
-    batches as the base (gym.infer.fast.deltas)."""
+    batches as the base (gym.infer.fast.deltas). `packed`: the cache of int8/int4 weights packed on earlier starts
+    (gym.infer.fast.pack_cache; CPU only)."""
 
     thread_name = "gym-fast-engine"
 
     def __init__(self, model: Any, tokenizer: Any, stop_token_ids: list[int], *, dtype: str = "float32",
                  max_batch_size: int = 16, max_waiting: int = 256, prefill_chunk: int = 0,
                  prefix_cache_mb: int = 256, max_length: int | None = None, compile: bool = False,
-                 variants: VariantBank | None = None) -> None:
+                 variants: VariantBank | None = None, packed: PackCache | None = None) -> None:
         super().__init__(tokenizer, stop_token_ids, max_batch_size=max_batch_size, max_waiting=max_waiting)
         started = time.perf_counter()
         self.decoder: FastDecoder | GpuDecoder
@@ -69,7 +71,7 @@ class FastEngine(BatchingEngine):
             self.decoder.warm_up()
             dtype = self.decoder.dtype
         else:
-            self.decoder = FastDecoder(model, dtype, slots=self.max_batch_size, max_length=max_length)
+            self.decoder = FastDecoder(model, dtype, slots=self.max_batch_size, max_length=max_length, packed=packed)
         self.prefix = PrefixCache(self.decoder, prefix_cache_mb << 20)
         self.prefill_chunk = prefill_chunk if prefill_chunk > 0 else self.decoder.prefill_chunk
         self.variants = variants

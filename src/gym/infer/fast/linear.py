@@ -9,6 +9,8 @@ depended on how it was chunked and on the prefix cache: a request must answer th
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from gym.infer.fast import kernels
@@ -16,11 +18,19 @@ from gym.infer.fast import kernels
 SERVED_DTYPES = ("float32", "bfloat16", "float16", "int8", "int4")
 KERNEL_ROWS = 16  # up to this many rows a decode step runs every layer in one kernel call (decode_layers)
 
+# (weight, "int8" | "int4") -> (packed weight, scales) in the kernels' layout.
+Packer = Callable[[torch.Tensor, str], tuple[torch.Tensor, torch.Tensor]]
+
+
+def pack(weight: torch.Tensor, dtype: str) -> tuple[torch.Tensor, torch.Tensor]:
+    return kernels.pack_int8(weight) if dtype == "int8" else kernels.pack_int4(weight)
+
 
 class FastLinear:
-    """y = x @ W.T + b for x [rows, in] float32, with W stored as `dtype`."""
+    """y = x @ W.T + b for x [rows, in] float32, with W stored as `dtype`. `packer` packs an int8/int4 weight
+    (a PackCache's, which remembers packings across starts: gym.infer.fast.pack_cache)."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, dtype: str) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, dtype: str, packer: Packer = pack) -> None:
         if dtype not in SERVED_DTYPES:
             raise ValueError(f"unknown served dtype {dtype!r}")
         if dtype in ("int8", "int4") and not kernels.packable(weight):
@@ -29,14 +39,22 @@ class FastLinear:
         self.out_features, self.in_features = weight.shape
         self.bias = bias.detach().float().contiguous() if bias is not None else None
         self.scale: torch.Tensor | None = None
-        if dtype == "int8":
-            self.weight, self.scale = kernels.pack_int8(weight)
-        elif dtype == "int4":
-            self.weight, self.scale = kernels.pack_int4(weight)
+        if dtype in ("int8", "int4"):
+            self.weight, self.scale = packer(weight, dtype)
         else:
             target = getattr(torch, dtype)
             # A weight already in the served dtype is used as it is: no second copy of the model.
             self.weight = weight.detach().to(target).contiguous()
+
+    @classmethod
+    def prepacked(cls, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None, dtype: str,
+                  in_features: int) -> FastLinear:
+        """A layer from weights packed before (gym.infer.fast.pack_cache), as __init__ would have packed them."""
+        linear = cls.__new__(cls)
+        linear.dtype, linear.weight, linear.scale = dtype, weight, scale
+        linear.out_features, linear.in_features = weight.shape[0], in_features
+        linear.bias = bias.detach().float().contiguous() if bias is not None else None
+        return linear
 
     @property
     def nbytes(self) -> int:

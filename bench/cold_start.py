@@ -1,0 +1,113 @@
+"""Cold start of `gym chat --prompt` on the embedded model: wall time from launching the real command in a fresh
+process to its first answer token, and to its exit, with the packed-weight cache (gym.infer.fast.pack_cache)
+against the same command with the cache turned off, all in one run (issue #43).
+
+  no cache  GYM_PACK_CACHE=0: int8 weights packed at every start (the baseline, what Gym did before the cache)
+  cold      the cache removed before the run: the first start after install (packs, then writes the cache)
+  warm      the cache present: what every later start costs
+
+The compiled kernels and the converted model are in $GYM_HOME already (run the command once before), so neither
+the one-time kernel build nor the GGUF conversion is counted. The modes take turns within each repetition, so
+a change in the machine's load falls on all of them. `engine ready` is what the fast engine reports
+("Fast engine ready in X s"): building its decoder, the packing or the cache read included.
+
+    HF_HUB_OFFLINE=1 .venv/bin/python bench/cold_start.py [--repeats 3] [--max-new-tokens 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+MODES = ("no cache", "cold", "warm")
+READY = re.compile(r"Fast engine ready in ([0-9.]+)s")
+ANSWER = b"Assistant: "
+
+
+@dataclass
+class Run:
+    first_token: float  # seconds from launch to the first byte of the answer
+    total: float  # seconds from launch to exit
+    engine_ready: float  # what the engine reports
+
+
+def gym_command() -> list[str]:
+    """The installed `gym` script beside this interpreter (what a user types), else the module."""
+    script = Path(sys.executable).parent / "gym"
+    return [str(script)] if script.is_file() else [sys.executable, "-m", "gym.cli"]
+
+
+def run_once(args: list[str], env: dict[str, str]) -> Run:
+    started = time.perf_counter()
+    process = subprocess.Popen(gym_command() + args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    assert process.stdout is not None and process.stderr is not None
+    errors: list[bytes] = []
+    drain = threading.Thread(target=lambda: errors.append(process.stderr.read() if process.stderr else b""))
+    drain.start()
+    output, first_token = b"", None
+    while chunk := os.read(process.stdout.fileno(), 4096):
+        output += chunk
+        if first_token is None and ANSWER in output and len(output) > output.index(ANSWER) + len(ANSWER):
+            first_token = time.perf_counter() - started
+    code = process.wait()
+    total = time.perf_counter() - started
+    drain.join()
+    stderr = b"".join(errors).decode(errors="replace")
+    if code != 0 or first_token is None:
+        raise SystemExit(f"gym chat failed (exit {code}):\n{stderr[-3000:]}")
+    ready = READY.search(stderr)
+    return Run(first_token, total, float(ready.group(1)) if ready else float("nan"))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--prompt", default="Say hi.")
+    parser.add_argument("--max-new-tokens", type=int, default=8)
+    options = parser.parse_args()
+
+    from gym.infer.fast.pack_cache import cache_folders
+    from gym.models.loader import resolve_model_path
+
+    model_dir = Path(resolve_model_path(options.model))  # converts the GGUF once, before anything is timed
+    args = ["chat", "--model_name_or_path", options.model, "--prompt", options.prompt,
+            "--max_new_tokens", str(options.max_new_tokens)]
+    base_env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    run_once(args, base_env)  # builds the kernels if this machine has not yet, and leaves a warm cache
+    runs: dict[str, list[Run]] = {mode: [] for mode in MODES}
+    for repeat in range(options.repeats):
+        for mode in MODES:
+            env = {**base_env, "GYM_PACK_CACHE": "0" if mode == "no cache" else "1"}
+            if mode == "cold":
+                for folder in cache_folders(model_dir):
+                    shutil.rmtree(folder, ignore_errors=True)
+            run = run_once(args, env)
+            runs[mode].append(run)
+            print(f"  repeat {repeat + 1} {mode:>8}: first token {run.first_token:6.2f} s, total {run.total:6.2f} s, "
+                  f"engine ready {run.engine_ready:5.2f} s", file=sys.stderr)
+
+    print(f"`gym chat --model_name_or_path {options.model} --prompt {options.prompt!r} --max_new_tokens "
+          f"{options.max_new_tokens}`, {options.repeats} runs per mode, medians (s); load average "
+          f"{os.getloadavg()[0]:.2f} at the end\n")
+    print("| mode | first token | total | engine ready | speed-up to first token |")
+    print("|---|---:|---:|---:|---:|")
+    baseline = statistics.median(r.first_token for r in runs["no cache"])
+    for mode in MODES:
+        first = statistics.median(r.first_token for r in runs[mode])
+        total = statistics.median(r.total for r in runs[mode])
+        ready = statistics.median(r.engine_ready for r in runs[mode])
+        print(f"| {mode} | {first:.2f} | {total:.2f} | {ready:.2f} | {baseline / first:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()
