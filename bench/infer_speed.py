@@ -86,14 +86,15 @@ def main() -> None:
     parser.add_argument("--fast-dtypes", default="float32,bfloat16,int8,int4", help="Gym's fast engine formats")
     parser.add_argument("--llamacpp", action="store_true", help="also measure llama.cpp (built once, ~10 min)")
     parser.add_argument("--gguf-types", default="F32,Q8_0,Q4_0,Q4_1", help="llama.cpp weight types with --llamacpp")
-    parser.add_argument("--isa", choices=["native", "avx2"], default="native",
+    parser.add_argument("--isa", choices=["native", "native-noamx", "avx2"], default="native",
                         help="avx2: Gym's AVX2 kernels (GYM_KERNEL_ISA=avx2) against llama.cpp built for AVX2 only "
                              "(GGML_NATIVE=OFF GGML_AVX2=ON GGML_AVX512=OFF ...): the AVX2 paths of both, on any "
-                             "machine that has AVX2")
+                             "machine that has AVX2; native-noamx: llama.cpp native without AMX, for VMs that list "
+                             "AMX without enabling it")
     args = parser.parse_args()
     if args.isa == "avx2":  # before anything loads the kernels; llamacpp.py reads its own variable
         os.environ["GYM_KERNEL_ISA"] = "avx2"
-        os.environ["GYM_BENCH_ISA"] = "avx2"
+    os.environ["GYM_BENCH_ISA"] = args.isa  # native-noamx: llama.cpp native without AMX (Gym's kernels use none)
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -114,7 +115,7 @@ def main() -> None:
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, native bf16: {cpu_supports_bf16()}; "
           f"read-bandwidth probe {probe:.1f} GB/s")
     print(f"CPU: {cpu_summary()}; Gym's kernels: {kernel_isa() or 'not available'}; llama.cpp: "
-          f"{'AVX2 only' if args.isa == 'avx2' else 'native'} (--isa {args.isa})")
+          f"{ {'avx2': 'AVX2 only', 'native-noamx': 'native without AMX'}.get(args.isa, 'native')} (--isa {args.isa})")
     print(f"{'engine':<10} {'dtype':<9} {'1 stream tok/s':>15} {'eff. GB/s':>10} {'% of probe':>10} "
           f"{f'{args.streams} streams tok/s':>18} {f'TTFT {args.long_prompt_tokens} tok':>15}")
     for name in args.dtypes.split(","):

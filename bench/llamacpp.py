@@ -30,6 +30,10 @@ TOOLS = ("llama-bench", "llama-server", "llama-quantize")
 # so an AVX-512 machine measures both AVX2 paths in one run.
 ISA_FLAGS = {
     "native": ["-DGGML_NATIVE=ON"],
+    # native but no AMX: a VM may list AMX in its CPU flags without enabling it (llama.cpp's AMX kernels then
+    # die with SIGILL at their first tile instruction, as on this project's 2026-11 machine)
+    "native-noamx": ["-DGGML_NATIVE=ON", "-DCMAKE_C_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16",
+                     "-DCMAKE_CXX_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"],
     "avx2": ["-DGGML_NATIVE=OFF", "-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON",
              "-DGGML_BMI2=ON", "-DGGML_AVX_VNNI=OFF", "-DGGML_AVX512=OFF", "-DGGML_AVX512_VBMI=OFF",
              "-DGGML_AVX512_VNNI=OFF", "-DGGML_AVX512_BF16=OFF", "-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF",
