@@ -45,21 +45,31 @@ def fast_dtype(model_args: ModelArguments) -> str:
     with a quarter of float32's bytes per token; tests/infer/fast/test_quality.py holds it to that). The same
     config gives the same format on every machine: where the kernels are not available, int8 runs on their
     torch reference (slower), and that is said once, with why."""
-    global _said_reference
     if model_args.infer_dtype != "auto":
         return model_args.infer_dtype
     if torch.cuda.is_available():
         return "auto"  # a GPU serves the model in the dtype it was loaded in (bf16 where the GPU has it)
+    _say_reference_once(auto=True)
+    return "int8"
+
+
+def _say_reference_once(auto: bool) -> None:
+    """Where the kernels are missing, say so once per process, with why (and, under auto, what to set)."""
+    global _said_reference
     from gym.infer.fast.kernels import kernel_status
 
     missing = kernel_status()
-    if missing is not None and not _said_reference:
-        _said_reference = True
+    if missing is None or _said_reference:
+        return
+    _said_reference = True
+    if auto:
         logger.warning("infer_dtype: auto serves int8, as on every CPU, but the fast engine's kernels are not "
                        "available here (%s): int8 runs on their torch reference, several times slower. Set "
                        "infer_dtype: float32 for more speed without them, or reinstall Gym with its kernels "
                        "(docs/inference.md).", missing)
-    return "int8"
+    else:
+        logger.warning("The fast engine's kernels are not available (%s); it runs their torch reference, slower.",
+                       missing)
 
 
 def fast_unsupported(model: Any) -> str | None:
@@ -140,7 +150,6 @@ def _fast_engine(model_args: ModelArguments, model: Any, tokenizer: Any, stop_to
     weights are cached (gym.infer.fast.pack_cache); None packs them at every start."""
     from gym.infer.fast.bank import VariantBank
     from gym.infer.fast.engine import FastEngine
-    from gym.infer.fast.kernels import kernel_status
     from gym.infer.fast.pack_cache import PackCache
 
     dtype = fast_dtype(model_args)
@@ -150,10 +159,8 @@ def _fast_engine(model_args: ModelArguments, model: Any, tokenizer: Any, stop_to
             raise ConfigError(f"infer_dtype: {dtype} is the CPU engine's weight format; on a GPU the fast engine "
                               "serves bfloat16/float16/float32 (set infer_dtype: auto or one of those).")
         dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
-    missing = kernel_status()
-    if missing is not None and not _said_reference:
-        logger.warning("The fast engine's kernels are not available (%s); it runs their torch reference, slower.",
-                       missing)
+    if not on_gpu:
+        _say_reference_once(auto=False)
     logger.info("Fast engine: weights as %s%s.", dtype, " (infer_dtype: auto)" if model_args.infer_dtype == "auto"
                 else "")
     return FastEngine(model, tokenizer, stop_token_ids, dtype=dtype, max_batch_size=max_batch_size,
