@@ -22,7 +22,7 @@ SRC = Path(__file__).resolve().parent.parent / "src"
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("core", ("gym.core",)),
     ("config", ("gym.config",)),
-    ("building blocks", ("gym.data", "gym.models", "gym.rewards")),
+    ("building blocks", ("gym.data", "gym.models", "gym.rewards", "gym.safety")),
     ("infer", ("gym.infer",)),
     ("jobs", ("gym.train", "gym.delta", "gym.soup", "gym.personalization", "gym.tfgrpo", "gym.eval",
               "gym.export", "gym.merge", "gym.service")),
