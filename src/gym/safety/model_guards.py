@@ -29,6 +29,7 @@ import torch
 
 from gym.core.errors import ConfigError, ModelError
 from gym.models.loader import resolve_model_path
+from gym.safety.base import Guard
 from gym.safety.formats import (
     LLAMA_GUARD_CATEGORIES,
     SHIELDGEMMA_POLICIES,
@@ -36,7 +37,6 @@ from gym.safety.formats import (
     llama_guard_prompt,
     shieldgemma_prompt,
 )
-from gym.safety.guard import Guard
 from gym.safety.verdict import Message, Verdict, last_text
 
 CLEAR_LABELS = {"safe", "benign", "none", "neutral", "ok", "clean", "not_toxic", "non_toxic", "non-toxic",
