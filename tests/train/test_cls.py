@@ -1,12 +1,12 @@
 """stage: cls on the tiny model: a classifier learns the class of held-out rows, its folder loads with
 AutoModelForSequenceClassification and names its classes, LoRA trains only the adapter and the head; labelled rows
-are read (text, instruction or conversation; names or indices) and bad ones named by file, row and field. The slow
-test trains the embedded SmolLM2-135M into a small safe/unsafe guard on data/guard_demo.jsonl."""
+are read (text, instruction or conversation; names or indices) and bad ones named by file, row and field. The embedded
+SmolLM2-135M trained into a safe/unsafe guard on data/guard_demo.jsonl is tested where it is used, as a served guard
+(tests/safety/test_trained_guard.py)."""
 
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pytest
@@ -148,23 +148,3 @@ def test_a_label_outside_labels_stops_the_run_naming_the_row(labelled_config, da
 def test_a_config_that_cannot_train_a_classifier_is_refused(keys, message):
     with pytest.raises(ConfigError, match=message):
         get_train_args({"stage": "cls", **keys})
-
-
-@pytest.mark.slow
-def test_the_embedded_model_becomes_a_guard_that_classifies_held_out_prompts(tmp_path, embedded_dir):
-    """SmolLM2-135M, LoRA, trained on guard_demo less 8 held-out prompts (4 unsafe, 4 safe), classifies those 8. The
-    recipe got 8 of 8 with seeds 0-3 in ~35 s of training on one thread; full fine-tuning got 6-7 of 8, no faster."""
-    rows = [json.loads(line) for line in (REPO / "data" / "guard_demo.jsonl").read_text().splitlines()]
-    train, held_out = rows[:-8], rows[-8:]
-    assert sorted(r["label"] for r in held_out) == ["safe"] * 4 + ["unsafe"] * 4
-    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in train))
-    started = time.perf_counter()
-    result = run_exp({"model_name_or_path": "smollm2-135m", "stage": "cls", "dataset": str(tmp_path / "train.jsonl"),
-                      "finetuning_type": "lora", "lora_rank": 8, "learning_rate": 1e-3, "num_train_epochs": 3,
-                      "per_device_train_batch_size": 8, "cutoff_len": 128, "output_dir": str(tmp_path / "guard"),
-                      "save_strategy": "no", "report_to": "none", "disable_tqdm": True, "seed": 0})
-    guard = load_trained_classifier(result.output_dir)
-    predicted = guard.predict([r["text"] for r in held_out])
-    seconds = time.perf_counter() - started
-    assert guard.labels == ["safe", "unsafe"]
-    assert predicted == [r["label"] for r in held_out], seconds
