@@ -177,7 +177,7 @@ def test_a_classifier_guard_reads_the_judged_message_alone(tmp_path, tokenizer):
     guard = load_guard(str(folder))
     assert isinstance(guard, ClassifierGuard) and guard.categories == ("violence", "hate")
     verdict = guard.check(EXCHANGE)
-    probs = guard.probabilities(["Use a tension wrench."])[0]
+    probs = guard.probabilities([[{"role": "user", "content": "Use a tension wrench."}]])[0]
     assert verdict.scores == pytest.approx({"violence": float(probs[1]), "hate": float(probs[2])})
     assert verdict.flagged == (1 - float(probs[0]) >= 0.5)
     assert guard.check([{"role": "user", "content": "Use a tension wrench."}]) == verdict
