@@ -17,7 +17,6 @@ classifiers read the message alone).
 
 from __future__ import annotations
 
-import abc
 import re
 import threading
 from collections.abc import Sequence
@@ -25,26 +24,12 @@ from pathlib import Path
 
 from gym.core.errors import ConfigError
 from gym.core.names import did_you_mean
+from gym.safety.base import Guard
 from gym.safety.verdict import Message, Verdict, last_text
 
+__all__ = ["FAMILIES", "Guard", "KeywordGuard", "load_guard", "parse_spec"]
+
 FAMILIES = ("keywords", "classifier", "llama-guard", "shieldgemma", "qwen3guard", "granite-guardian")
-
-
-class Guard(abc.ABC):
-    """Judges conversations; thread-safe (the server calls it from many requests at once)."""
-
-    spec: str
-    categories: tuple[str, ...]
-
-    def check(self, conversation: list[Message]) -> Verdict:
-        return self.check_batch([conversation])[0]
-
-    @abc.abstractmethod
-    def check_batch(self, conversations: Sequence[list[Message]]) -> list[Verdict]:
-        """One verdict per conversation, for its last message."""
-
-    def close(self) -> None:
-        """Free what the guard holds (a model's memory)."""
 
 
 class KeywordGuard(Guard):

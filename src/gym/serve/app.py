@@ -53,14 +53,18 @@ from gym.infer.fast.bank import VariantBank, VariantNotFound, VariantUnavailable
 from gym.infer.grammar import Constraint
 from gym.infer.requests import EngineBusy, EngineStopped, Event, Finished, Media, Piece, SamplingParams
 from gym.infer.tool_choice import CallStream, RequestFieldError
+from gym.safety.taxonomy import openai_categories
+from gym.safety.verdict import Message, Verdict
 from gym.serve.files import file_routes
 from gym.serve.fine_tuning import fine_tuning_routes
+from gym.serve.guarding import GuardPolicy, guard_conversation
 from gym.serve.limits import DEFAULT_MAX_BODY_BYTES, BodyLimit, check_text_length
 from gym.serve.media import MediaPolicy
 from gym.serve.protocol import (
     ApiError,
     ChatCompletionRequest,
     CompletionRequest,
+    ModerationRequest,
     TokenizeRequest,
     _Request,
     image_urls,
@@ -82,14 +86,16 @@ _STATUS_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404:
 
 def create_app(chat_model: ChatModel, model_name: str, api_key: str | None = None,
                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, experiences: ExperienceLibrary | None = None,
-               media: MediaPolicy | None = None, service: Service | None = None) -> FastAPI:
+               media: MediaPolicy | None = None, service: Service | None = None,
+               guard: GuardPolicy | None = None) -> FastAPI:
     """The app for one loaded ChatModel. `api_key` (if set) is required as a bearer token on /v1, /tokenize
     and /openapi.json (the browser pages /docs and /redoc, which cannot send it, are then off). `experiences`:
     a Training-Free GRPO library appended to the system prompt of every chat request (base and variants alike),
     as the library was shown in training; /v1/completions take raw text and are left as sent. `media`: where
     image URLs may be read from (default: data: URLs only). `service`: the variant store's database and files
-    (gym.service): its API keys make the server multi-tenant (gym.serve.tenancy) and /v1/files serves its files."""
-    server = _Server(chat_model, model_name, media or MediaPolicy())
+    (gym.service): its API keys make the server multi-tenant (gym.serve.tenancy) and /v1/files serves its files.
+    `guard`: a guard that checks every request and answer (gym.serve.guarding) and answers /v1/moderations."""
+    server = _Server(chat_model, model_name, media or MediaPolicy(), guard)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -191,6 +197,9 @@ def create_app(chat_model: ChatModel, model_name: str, api_key: str | None = Non
         check_text_length([(f"messages.{i}.content", m.text()) for i, m in enumerate(body.messages)],
                           server.context_length)
         messages, system = body.conversation()
+        context = guard_conversation(body.messages)
+        if guard is not None:
+            await guard.check_input(context, "messages")
         urls = body.image_urls()
         # Fetching, checking and expanding images is blocking work (files, the network, the processor): off the loop.
         images = await asyncio.to_thread(server.load_images, urls) if urls else []
@@ -204,7 +213,7 @@ def create_app(chat_model: ChatModel, model_name: str, api_key: str | None = Non
             raise ApiError(400, str(e), param=e.field) from None
         params = server.params(body, len(turn.prompt), max_tokens=body.max_completion_tokens or body.max_tokens,
                                variant=variant, constraint=turn.constraint)
-        return await server.respond(body, [turn.prompt], params, request, turn=turn)
+        return await server.respond(body, [turn.prompt], params, request, turn=turn, contexts=[context])
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request, who: Caller) -> Any:
@@ -213,8 +222,23 @@ def create_app(chat_model: ChatModel, model_name: str, api_key: str | None = Non
         texts = [body.prompt] if isinstance(body.prompt, str) else [p for p in body.prompt if isinstance(p, str)]
         check_text_length([("prompt", t) for t in texts], server.context_length)
         prompts = server.encode_prompts(body.prompt)
+        contexts: list[list[Message]] = []
+        if guard is not None:
+            contexts = [[{"role": "user", "content": chat_model.tokenizer.decode(p)}] for p in prompts]
+            for i, context in enumerate(contexts):
+                await guard.check_input(context, "prompt" if len(prompts) == 1 else f"prompt.{i}")
         params = server.params(body, max(len(p) for p in prompts), max_tokens=body.max_tokens, variant=variant)
-        return await server.respond(body, prompts, params, request)
+        return await server.respond(body, prompts, params, request, contexts=contexts)
+
+    @app.post("/v1/moderations")
+    async def moderations(body: ModerationRequest, who: Caller) -> dict[str, Any]:
+        if guard is None:
+            raise ApiError(404, "This server has no moderation model: start gym api with --guard SPEC (a guard "
+                                "model or keywords:FILE).", param="model", code="model_not_found")
+        texts = body.texts()
+        verdicts = await asyncio.to_thread(guard.guard.check_batch, [[{"role": "user", "content": t}] for t in texts])
+        return {"id": f"modr-{uuid.uuid4().hex}", "model": body.model or guard.guard.spec,
+                "results": [moderation_result(v) for v in verdicts]}
 
     @app.post("/tokenize")
     async def tokenize(body: TokenizeRequest, who: Caller) -> dict[str, Any]:
@@ -241,8 +265,10 @@ def create_app(chat_model: ChatModel, model_name: str, api_key: str | None = Non
 
 
 class _Server:
-    def __init__(self, chat_model: ChatModel, model_name: str, media: MediaPolicy) -> None:
+    def __init__(self, chat_model: ChatModel, model_name: str, media: MediaPolicy,
+                 guard: GuardPolicy | None = None) -> None:
         self.chat_model = chat_model
+        self.guard = guard
         self.model_name = model_name
         self.media = media
         self.created = int(time.time())
@@ -362,12 +388,18 @@ class _Server:
                 for i in range(body.n)]
 
     async def respond(self, body: _Request, prompts: list[list[int]], params: list[SamplingParams],
-                      request: Request, turn: ChatTurn | None = None) -> Any:
-        """Completions for `prompts`; a chat completion's one prompt is `turn`'s, whose tool format reads calls."""
+                      request: Request, turn: ChatTurn | None = None,
+                      contexts: list[list[Message]] | None = None) -> Any:
+        """Completions for `prompts`; a chat completion's one prompt is `turn`'s, whose tool format reads calls.
+        `contexts`: each prompt's conversation, as the guard judges the answers (with one)."""
         chat = turn is not None
         jobs = [(prompt, p) for prompt in prompts for p in params]  # choice index = prompt index * n + j
         events, handles = self._submit(jobs, getattr(body, "constrained_by", None),
                                        media=turn.media if turn is not None else None)
+        screening: asyncio.Task[None] | None = None
+        if self.guard is not None and contexts:
+            events, screening = self.guard.filter(events, handles, [contexts[i // len(params)]
+                                                                    for i in range(len(jobs))])
         kind = "chatcmpl" if chat else "cmpl"
         # OpenAI echoes the model asked for: a variant's or an ft: model's own name, never only the base's
         model = self.model_name if params[0].variant is None else body.model
@@ -376,7 +408,7 @@ class _Server:
         echo = [self.chat_model.tokenizer.decode(p) if getattr(body, "echo", False) else "" for p in prompts]
         if body.stream:
             stream = self._stream(events, handles, jobs, response_id, turn, prompt_tokens, body.include_usage, echo,
-                                  len(params), model)
+                                  len(params), model, screening)
             return StreamingResponse(stream, media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         finished: dict[int, Finished] = {}
@@ -394,6 +426,8 @@ class _Server:
         finally:
             for handle in handles:
                 handle.cancel()
+            if screening is not None:
+                screening.cancel()
         if any(f.reason == "cancelled" for f in finished.values()):
             raise ApiError(503, "The server is shutting down; retry on another instance.", type="service_unavailable")
         completion_tokens = sum(f.completion_tokens for f in finished.values())
@@ -458,7 +492,8 @@ class _Server:
 
     async def _stream(self, events: asyncio.Queue[tuple[int, Event]], handles: list[Any], jobs: list[Any],
                       response_id: str, turn: ChatTurn | None, prompt_tokens: int, include_usage: bool,
-                      echo: list[str], n: int, model: str) -> AsyncIterator[str]:
+                      echo: list[str], n: int, model: str,
+                      screening: asyncio.Task[None] | None = None) -> AsyncIterator[str]:
         chat = turn is not None
         calls: list[CallStream] = [turn.calls() for _ in jobs] if turn is not None else []
         created = int(time.time())
@@ -514,6 +549,15 @@ class _Server:
         finally:  # the client may have gone away: free the rows it held
             for handle in handles:
                 handle.cancel()
+            if screening is not None:
+                screening.cancel()
+
+
+def moderation_result(verdict: Verdict) -> dict[str, Any]:
+    """One input's entry of OpenAI's moderation response (categories in OpenAI's names; see gym.safety.taxonomy)."""
+    categories, scores = openai_categories(verdict)
+    return {"flagged": verdict.flagged, "categories": categories, "category_scores": scores,
+            "category_applied_input_types": {name: ["text"] for name in categories}}
 
 
 def _unloadable(model: str, exc: Exception) -> ApiError:

@@ -18,6 +18,7 @@ from gym.config.aliases import server_options
 from gym.config.files import parse_cli_args, take_option
 from gym.core.errors import ConfigError
 from gym.core.network import check_port_number
+from gym.serve.limits import DEFAULT_GUARD_WINDOW
 from gym.serve.media import DEFAULT_MAX_MEDIA_BYTES, MediaPolicy
 from gym.service.limits import FileLimits, JobLimits
 
@@ -27,6 +28,7 @@ OPTIONS: dict[str, str | None] = {
     "--media-dir": None, "--max_media_bytes": str(DEFAULT_MAX_MEDIA_BYTES), "--db": None,
     "--max_file_bytes": str(FileLimits.max_bytes), "--file_quota_bytes": str(FileLimits.quota_bytes),
     "--train-workers": "1", "--max_queued_jobs": "8", "--max_running_jobs": "1", "--job_options": None,
+    "--guard": None, "--guard-window": str(DEFAULT_GUARD_WINDOW), "--guard-threshold": "0.5",
 }
 FLAGS = ("--allow-remote-media",)
 
@@ -36,6 +38,7 @@ USAGE = """usage: gym api [CONFIG] [key=value ...] [--host 127.0.0.1] [--port 80
                [--variants STORE] [--experiences FILE] [--media-dir DIR] [--allow-remote-media]
                [--max_media_bytes N] [--db URL] [--max_file_bytes N] [--file_quota_bytes N]
                [--train-workers 1] [--max_queued_jobs 8] [--max_running_jobs 1] [--job_options JSON]
+               [--guard SPEC] [--guard-window 16] [--guard-threshold 0.5]
 
 An OpenAI-compatible server (/v1/chat/completions, /v1/completions, /v1/models, /tokenize) for the model CONFIG
 names, as `gym chat` loads it. --variants STORE serves each user's variant as BASE:USER in the same batches.
@@ -47,7 +50,13 @@ With --variants STORE the store's API keys (`gym keys create STORE --user U`) ma
 are recorded in STORE/service.db, or in the database --db URL names (postgresql://...). /v1/fine_tuning/jobs
 queues fine-tuning jobs (at most --max_queued_jobs waiting and --max_running_jobs running per user), run by
 --train-workers processes beside the server (niced, one thread each); --job_options '{"training": {...},
-"delta_method": "bitdelta", "delta_options": {...}}' sets the operator's keys for every job. See docs/service.md."""
+"delta_method": "bitdelta", "delta_options": {...}}' sets the operator's keys for every job. See docs/service.md.
+
+--guard SPEC checks every request before it decodes (a flagged one is a 400, code content_filter) and every answer
+as it streams, --guard-window tokens at a time (a flagged answer ends with finish_reason "content_filter"), and
+answers POST /v1/moderations. SPEC: keywords:FILE (one regular expression per line), a guard model folder or hub
+id (a sequence classifier, Llama Guard 3, ShieldGemma, Qwen3Guard, Granite Guardian), or FAMILY:PATH. Model
+guards flag at --guard-threshold. See docs/safety.md."""
 
 
 def main(argv: list[str]) -> int:
@@ -91,6 +100,7 @@ def main(argv: list[str]) -> int:
     if file_bytes < 1 or quota < 1:
         raise ConfigError("--max_file_bytes and --file_quota_bytes must be at least 1.")
     media = media_policy(values["--media-dir"], flags["--allow-remote-media"], media_bytes)
+    guard_window, guard_threshold = guard_options(values["--guard-window"], values["--guard-threshold"])
     check_port_number(port)  # at once; whether the port is free is known when serve() binds it, before loading
     try:
         import fastapi  # noqa: F401
@@ -106,8 +116,25 @@ def main(argv: list[str]) -> int:
           max_batch_size=batch, max_waiting=waiting, model_name=values["--served_model_name"], max_body_bytes=body,
           variants=values["--variants"], experiences=values["--experiences"], media=media, db=values["--db"],
           file_limits=FileLimits(max_bytes=file_bytes, quota_bytes=quota), train_workers=workers,
-          job_limits=JobLimits(max_queued=queued, max_running=running), job_options=job_options)
+          job_limits=JobLimits(max_queued=queued, max_running=running), job_options=job_options,
+          guard=values["--guard"], guard_window=guard_window, guard_threshold=guard_threshold)
     return 0
+
+
+def guard_options(window: str | None, threshold: str | None) -> tuple[int, float]:
+    try:
+        size = int(window or "")
+    except ValueError:
+        raise ConfigError(f"--guard-window takes a whole number of tokens, got {window!r}.") from None
+    try:
+        level = float(threshold or "")
+    except ValueError:
+        raise ConfigError(f"--guard-threshold takes a probability, got {threshold!r}.") from None
+    if size < 1:
+        raise ConfigError(f"--guard-window must be at least 1 token, got {size}.")
+    if not 0.0 < level < 1.0:
+        raise ConfigError(f"--guard-threshold is a probability strictly between 0 and 1, got {level}.")
+    return size, level
 
 
 def _job_options(text: str | None) -> dict[str, Any]:

@@ -11,6 +11,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gym.serve.protocol import ApiError
 
+# Tokens of an answer held back per guard check (gym.serve.guarding): a short window stops a flagged answer sooner,
+# a long one costs fewer guard calls and reads later.
+DEFAULT_GUARD_WINDOW = 16
 DEFAULT_MAX_BODY_BYTES = 4 << 20  # 4 MiB: a full 128k-token context of text is ~0.5 MB of JSON
 DRAIN_BYTES = 256 << 20  # past this much refused body the connection is simply closed
 CHARS_PER_TOKEN_BOUND = 8  # a token of real text is rarely over 8 characters: text beyond that cannot fit

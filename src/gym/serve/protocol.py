@@ -239,6 +239,33 @@ class CompletionRequest(_Request):
             raise ApiError(400, "best_of is not supported by this server.", param="best_of")
 
 
+class ModerationRequest(BaseModel):
+    """OpenAI's /v1/moderations: a string, a list of strings (one result each), or a list of content parts (one
+    input; only text parts: the guards here read text)."""
+    model_config = ConfigDict(extra="ignore")
+
+    input: str | list[str] | list[dict[str, Any]]
+    model: str | None = None
+
+    def texts(self) -> list[str]:
+        if isinstance(self.input, str):
+            return [self.input]
+        if not self.input:
+            raise ApiError(400, "input is empty: give a string or a list of strings.", param="input")
+        if all(isinstance(item, str) for item in self.input):
+            return [str(item) for item in self.input]
+        parts: list[str] = []
+        for i, part in enumerate(self.input):
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                raise ApiError(400, f"input.{i}: only text parts can be moderated here (got {kind!r}); this "
+                                    "server's guard reads text.", param=f"input.{i}")
+            parts.append(part["text"])
+        return ["\n".join(parts)]
+
+    _text = field_validator("*")(valid_text)
+
+
 class TokenizeRequest(BaseModel):
     """vLLM's /tokenize: the ids a chat or a prompt becomes, exactly as generation would see them."""
     model_config = ConfigDict(extra="ignore")

@@ -26,8 +26,10 @@ from gym.delta.weights import parameters
 from gym.infer.chat import ChatModel
 from gym.personalization.source import StoreSource
 from gym.personalization.store import VariantStore
+from gym.safety.guard import load_guard
 from gym.serve.app import create_app
-from gym.serve.limits import DEFAULT_MAX_BODY_BYTES
+from gym.serve.guarding import GuardPolicy
+from gym.serve.limits import DEFAULT_GUARD_WINDOW, DEFAULT_MAX_BODY_BYTES
 from gym.serve.media import MediaPolicy
 from gym.service.files import FileLimits
 from gym.service.keys import any_keys
@@ -64,18 +66,23 @@ def serve(config: dict[str, Any], *, host: str = "127.0.0.1", port: int = 8000, 
           max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, variants: str | None = None,
           experiences: str | None = None, graceful_seconds: float = 30.0, media: MediaPolicy | None = None,
           db: str | None = None, file_limits: FileLimits | None = None, train_workers: int = 1,
-          job_limits: JobLimits | None = None, job_options: dict[str, Any] | None = None) -> None:
+          job_limits: JobLimits | None = None, job_options: dict[str, Any] | None = None,
+          guard: str | None = None, guard_window: int = DEFAULT_GUARD_WINDOW, guard_threshold: float = 0.5) -> None:
     """`variants`: a variant store (gym.personalization) whose users' variants answer as `<model>:<user>`.
     `experiences`: a Training-Free GRPO library (experiences.json) added to every chat's system prompt.
     `media`: where a vision-language model's image URLs may be read from (default: data: URLs only).
     `db`: the database of the store's keys and files (default: `<variants>/service.db`; docs/service.md).
     `train_workers`: processes that run the store's fine-tuning jobs (gym.service.worker); `job_limits`: each user's
-    quotas of waiting and running jobs; `job_options`: the operator's training keys and delta method for every job."""
+    quotas of waiting and running jobs; `job_options`: the operator's training keys and delta method for every job.
+    `guard`: a guard spec (gym.safety.guard) that checks every request and answer, `guard_window` tokens at a time,
+    flagging at `guard_threshold`; it also answers /v1/moderations."""
     api_key = api_key or os.environ.get("GYM_API_KEY") or None
     library = ExperienceLibrary.load(experiences) if experiences else None  # a bad file fails before the model loads
     source = variant_source(variants) if variants else None
     # the database opens (and a bad --db fails) before the port is taken and the model loads
     service = open_service(source.store.root, db, file_limits, job_limits) if source is not None else None
+    # a guard is loaded before the port is taken too: a bad spec or keywords file is one line, not a dead server
+    policy = GuardPolicy(load_guard(guard, threshold=guard_threshold), window=guard_window) if guard else None
     sockets = bind_sockets(host, port)  # bound, not listening: clients are refused until the model is ready
     pool: WorkerPool | None = None
     try:
@@ -85,7 +92,10 @@ def serve(config: dict[str, Any], *, host: str = "127.0.0.1", port: int = 8000, 
         _ = chat_model.engine  # start the engine now: a backend that cannot start fails before the port opens
         name = served_model_name(chat_model, model_name)
         app = create_app(chat_model, name, api_key, max_body_bytes=max_body_bytes, experiences=library, media=media,
-                         service=service)
+                         service=service, guard=policy)
+        if policy is not None:
+            logger.info("Every request and answer is checked by the guard %s (answers every %d tokens).",
+                        policy.guard.spec, policy.window)
         if library is not None:
             logger.info("Every chat request gets the %d experiences of %s in its system prompt.", len(library),
                         experiences)
