@@ -7,12 +7,12 @@ import json
 from pathlib import Path
 
 import pytest
+from tests.eval.test_toolcall import ReplyEngine
 
 from gym.core.errors import ConfigError
 from gym.eval.config import EvalArguments, parse_task
 from gym.eval.results import compare, significance
 from gym.eval.safety import SafetySettings, safety_task
-from tests.eval.test_toolcall import ReplyEngine
 
 REPO = Path(__file__).resolve().parents[2]
 DATA = str(REPO / "data")

@@ -6,8 +6,8 @@ import math
 
 import pytest
 
+from gym.safety.base import Guard
 from gym.safety.evaluation import load_judge, score
-from gym.safety.guard import Guard
 from gym.safety.sets import Kind, SafetyItem
 from gym.safety.verdict import Verdict
 

@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gym.core.stats import mean_and_stderr
-from gym.safety.guard import Guard, load_guard
+from gym.safety.base import Guard
+from gym.safety.guard import load_guard
 from gym.safety.refusal import refusal_reason
 from gym.safety.sets import Kind, SafetyItem
 

@@ -240,7 +240,7 @@ class SafetyGate:
                                 only_candidate=only_candidate, only_base=only_base, p_value=p, test=test,
                                 max_rise=self.max_rise, alpha=self.alpha, reason=reason, base=base.summary(),
                                 candidate=candidate.summary())
-        logger.info("%s", decision.message())
+        logger.debug("%s", decision.message())  # the doors say it: refused as the error, passed as a result line
         return decision
 
 
