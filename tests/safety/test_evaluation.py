@@ -87,3 +87,16 @@ def test_a_keyword_guard_spec_is_a_judge(tmp_path):
     judge = load_judge(f"keywords:{words}")
     assert judge.spec == f"keywords:{words}"
     assert score(items(2, 0), ["Step 1: mix", COMPLY], judge).complied == [True, False]
+
+
+def test_checking_a_judge_reads_no_model():
+    """A gate checks its judge before anything trains; a model guard's weights are read only when it judges."""
+    from gym.core.errors import ConfigError
+    from gym.safety.evaluation import check_judge
+
+    check_judge("refusal")
+    check_judge("llama-guard:/nowhere/at/all")  # its spec is well formed: loaded (and failing) when it judges
+    with pytest.raises(ConfigError, match="Unknown guard family"):
+        check_judge("lama-guard:x")
+    with pytest.raises(ConfigError, match="does not exist"):
+        check_judge("keywords:/nowhere.txt")

@@ -31,24 +31,35 @@ def gate_delta(gate: SafetyGate, base: str, entries: dict[str, Any], header: dic
     """The gate's decision on `base` + the delta (`entries`, `header`: a delta file's contents, or a
     CompressedDelta's before it is written). `template`: the chat format both answer in (default: the tokenizer's)."""
     gate.check()  # the set and the judge, before a model loads
+    items = gate.items()
     model = ModelAnswers.load(base, template=template)
     fingerprint = str((header.get("base") or {}).get("fingerprint") or "")
-    logger.info("Safety gate: the base %s answers %s", base, gate.dataset)
-    base_result = gate.evaluate(model, cache_key=f"{fingerprint}:{model.template}" if fingerprint else None)
-    apply_delta(model.model, entries, header, source)
-    logger.info("Safety gate: the base with %s answers %s", source, gate.dataset)
-    return gate.decision(base_result, gate.evaluate(model))
+    judge = gate.load_judge()
+    try:
+        logger.info("Safety gate: the base %s answers %s", base, gate.dataset)
+        base_result = gate.evaluate(model, items, cache_key=f"{fingerprint}:{model.template}" if fingerprint else None,
+                                    judge=judge)
+        apply_delta(model.model, entries, header, source)
+        logger.info("Safety gate: the base with %s answers %s", source, gate.dataset)
+        candidate = gate.evaluate(model, items, judge=judge)
+    finally:
+        judge.close()
+    return gate.decision(base_result, candidate)
 
 
 def gate_dense(gate: SafetyGate, model: ModelAnswers, delta: dict[str, torch.Tensor], *,
                base_key: str | None = None) -> GateDecision:
     """The gate's decision on a loaded base (`model`) + a dense delta {parameter: tensor}, added in place and taken
     away again bit for bit (the soup's base serves every contribution's check). `base_key`: the base's fingerprint."""
-    gate.check()
+    items = gate.items()
     key = f"{base_key}:{model.template}" if base_key else None
-    base_result = gate.evaluate(model, cache_key=key)
-    with added(model.model, delta):
-        candidate = gate.evaluate(model)
+    judge = gate.load_judge()
+    try:
+        base_result = gate.evaluate(model, items, cache_key=key, judge=judge)
+        with added(model.model, delta):
+            candidate = gate.evaluate(model, items, judge=judge)
+    finally:
+        judge.close()
     return gate.decision(base_result, candidate)
 
 

@@ -32,9 +32,9 @@ def _check_datasets(args: EvalArguments) -> None:
         if task.kind != "lm_eval":
             get_dataset_attrs(task.target, args.dataset_dir)
     if any(t.kind == "safety" for t in args.parsed_tasks()):
-        from gym.safety.evaluation import load_judge
+        from gym.safety.evaluation import check_judge
 
-        load_judge(args.safety_judge).close()  # a guard that cannot load fails before the model does
+        check_judge(args.safety_judge)  # a bad spec or keyword list fails before the model loads
     if args.lm_eval_include is None and any(t.kind == "lm_eval" for t in args.parsed_tasks()):
         from gym.eval.lm_eval_bridge import require_lm_eval
 

@@ -28,7 +28,7 @@ from typing import Any
 
 from gym.core.stats import mean_and_stderr
 from gym.safety.base import Guard
-from gym.safety.guard import load_guard
+from gym.safety.guard import load_guard, parse_spec
 from gym.safety.refusal import refusal_reason
 from gym.safety.sets import Kind, SafetyItem
 
@@ -63,6 +63,16 @@ def load_judge(spec: str | None) -> Judge:
     if spec is None or spec.strip() in ("", REFUSAL_JUDGE):
         return Judge(None)
     return Judge(load_guard(spec))
+
+
+def check_judge(spec: str | None) -> None:
+    """Whatever can be checked of a judge before anything loads: the spec's form, and a keyword list's file (cheap to
+    read). A model guard's weights are read when it judges, not here."""
+    if spec is None or spec.strip() in ("", REFUSAL_JUDGE):
+        return
+    family, _ = parse_spec(spec)
+    if family == "keywords":
+        load_guard(spec).close()
 
 
 @dataclass(frozen=True)

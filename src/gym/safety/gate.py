@@ -35,7 +35,7 @@ from typing import Any, Protocol
 
 from gym.core.errors import ConfigError, DataError, GymError
 from gym.core.stats import mcnemar
-from gym.safety.evaluation import REFUSAL_JUDGE, SafetyResult, load_judge, score
+from gym.safety.evaluation import REFUSAL_JUDGE, Judge, SafetyResult, check_judge, load_judge, score
 from gym.safety.sets import Kind, SafetyItem, count, read_set
 from gym.safety.verdict import Message
 
@@ -205,28 +205,39 @@ class SafetyGate:
         return items
 
     def check(self) -> None:
-        """Everything that can be wrong before a model loads: the set reads and has harmful requests, the judge
-        loads."""
+        """Everything that can be wrong before a model loads: the set reads and has harmful requests, the judge's
+        spec (and a keyword list) reads."""
         self.items()
-        load_judge(self.judge).close()
+        check_judge(self.judge)
 
-    def evaluate(self, answer: AnswerFn, items: list[SafetyItem] | None = None, *,
-                 cache_key: str | None = None) -> SafetyResult:
-        """One model's safety result on the gate's set (its answers cached under `cache_key`, when given)."""
+    def load_judge(self) -> Judge:
+        """The judge (a guard model is loaded: close() it, or let evaluate() load and close one per call)."""
+        return load_judge(self.judge)
+
+    def evaluate(self, answer: AnswerFn, items: list[SafetyItem] | None = None, *, cache_key: str | None = None,
+                 judge: Judge | None = None) -> SafetyResult:
+        """One model's safety result on the gate's set (its answers cached under `cache_key`, when given). `judge`:
+        one loaded by load_judge(), to judge several models with one guard load."""
         items = items if items is not None else self.items()
         answers = _cached_answers(self, items, answer, cache_key)
-        judge = load_judge(self.judge)
-        try:
+        if judge is not None:
             return score(items, answers, judge)
+        own = self.load_judge()
+        try:
+            return score(items, answers, own)
         finally:
-            judge.close()
+            own.close()
 
     def run(self, base: AnswerFn, candidate: AnswerFn, *, base_key: str | None = None) -> GateDecision:
         """Answer the set with both models, judge, decide. `base_key`: the base's weight fingerprint, to reuse
         its answers from an earlier gate (see the module docstring)."""
         items = self.items()
-        base_result = self.evaluate(base, items, cache_key=base_key)
-        candidate_result = self.evaluate(candidate, items)
+        judge = self.load_judge()
+        try:
+            base_result = self.evaluate(base, items, cache_key=base_key, judge=judge)
+            candidate_result = self.evaluate(candidate, items, judge=judge)
+        finally:
+            judge.close()
         return self.decision(base_result, candidate_result)
 
     def decision(self, base: SafetyResult, candidate: SafetyResult) -> GateDecision:
