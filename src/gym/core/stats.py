@@ -17,7 +17,7 @@ def _binomial_two_sided(k: int, n: int) -> float:
     """McNemar's exact test: P(at most min(b, c) of the b + c discordant items go one way), two-sided."""
     if n == 0:
         return 1.0
-    tail = sum(math.comb(n, i) for i in range(0, min(k, n - k) + 1)) / 2 ** n
+    tail: float = sum(math.comb(n, i) for i in range(0, min(k, n - k) + 1)) / 2 ** n
     return min(1.0, 2 * tail)
 
 
