@@ -4,9 +4,10 @@ its header. The model is scripted (tests/safety/scripted.py): the gate's wiring,
 
 from __future__ import annotations
 
+from tests.safety.scripted import harmless_change, script_answers, unsafe_change, write_set
+
 from gym.cli import main
 from gym.delta.format import read_header
-from tests.safety.scripted import harmless_change, script_answers, unsafe_change, write_set
 
 
 def compress(tiny_model_dir, finetuned, out, gate_set, *extra):

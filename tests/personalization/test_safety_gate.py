@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import json
 
+from tests.safety.scripted import script_answers, write_set
+
 from gym.cli import main
 from gym.personalization.store import VariantStore
-from tests.safety.scripted import script_answers, write_set
 
 ROWS = [{"instruction": f"Say the word number {i}.", "output": f"Word {i}."} for i in range(6)]
 

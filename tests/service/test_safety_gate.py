@@ -5,13 +5,13 @@ that passes records the decision. The model is scripted (tests/safety/scripted.p
 from __future__ import annotations
 
 import pytest
+from tests.safety.scripted import script_answers, write_set
+from tests.service.test_jobs import QUESTIONS, Events, chat_row, tiny_spec, write_jsonl
 
 from gym.core.errors import ConfigError
 from gym.personalization.store import VariantStore
 from gym.serve.cli import safety_gate_option
 from gym.service.jobs import JobSpec, JobStatus, run_job
-from tests.safety.scripted import script_answers, write_set
-from tests.service.test_jobs import QUESTIONS, Events, chat_row, tiny_spec, write_jsonl
 
 
 def gated_spec(tmp_path, tiny_model_dir, target: str) -> JobSpec:

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tests.safety.scripted import script_answers, write_set
 
 from gym.cli import main
 from gym.core.errors import ConfigError
 from gym.soup import DeltaSoup, DeltaSoupConfig
-from tests.safety.scripted import script_answers, write_set
 
 UNSAFE = "model.layers.0.mlp.down_proj.weight"
 HARMLESS = "model.layers.0.self_attn.q_proj.weight"
