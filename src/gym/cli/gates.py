@@ -1,5 +1,6 @@
 """The safety gate's flags, one spelling for every command that gates a fine-tune (`gym variants create`,
-`gym delta compress`): `--safety-gate SET [--safety-judge J] [--safety-max-rise R]` (gym.safety.gate)."""
+`gym delta compress`, `gym soup init`): `--safety-gate SET [--safety-judge J] [--safety-max-rise R]`
+(gym.safety.gate). `gym api` spells them the same in its own option reader (gym.serve.cli)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ def add_gate_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("safety gate", "refuse the result when its harmful compliance rose past its "
                                       "base's (docs/safety.md)")
     group.add_argument("--safety-gate", metavar="SET", help="a safety set (safety_demo, advbench, harmbench, a file): "
-                       "the base and the result answer it; refused (exit 2, nothing written) when the result "
-                       "complies with more harmful requests than allowed")
+                       "the base and the result answer it, and the result is refused when it complies with more "
+                       "of its harmful requests than allowed")
     group.add_argument("--safety-judge", metavar="J", default="refusal",
                        help="who judges compliance: refusal (a string match, default) or a guard spec "
                             "(keywords:FILE, llama-guard:PATH, ...)")
