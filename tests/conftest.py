@@ -55,6 +55,47 @@ def tiny_model_dir(tmp_path_factory, tokenizer) -> Path:
     return path
 
 
+def free_port() -> int:
+    """A port free on 127.0.0.1 now (for servers the tests start)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def serve_app():
+    """serve_app(chat_model, name, api_key, **create_app options) -> the base URL of a live `gym api` app on
+    127.0.0.1 (uvicorn in a thread), for the real openai client; all are stopped after the module."""
+    import threading
+    import time
+
+    import uvicorn
+
+    from gym.serve.app import create_app
+
+    servers = []
+
+    def start(chat_model, name: str = "tiny", api_key: str | None = None, **options) -> str:
+        port = free_port()
+        server = uvicorn.Server(uvicorn.Config(create_app(chat_model, name, api_key, **options), host="127.0.0.1",
+                                               port=port, log_level="warning"))
+        thread = threading.Thread(target=server.run, daemon=True)
+        thread.start()
+        deadline = time.time() + 30
+        while not server.started:
+            assert thread.is_alive() and time.time() < deadline, "the server did not start"
+            time.sleep(0.02)
+        servers.append((server, thread))
+        return f"http://127.0.0.1:{port}"
+
+    yield start
+    for server, thread in servers:
+        server.should_exit = True
+        thread.join(30)
+
+
 def write_tiny_datasets(folder: Path) -> Path:
     """A dataset_dir with small alpaca, sharegpt and text datasets registered in dataset_info.json."""
     alpaca = [{"instruction": f"Add {i} and {i + 1}.", "input": "", "output": f"{i} + {i + 1} = {2 * i + 1}."}

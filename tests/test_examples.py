@@ -1,9 +1,9 @@
 """Every example in examples/ goes through the real config parser, and one of each family of trainers runs on the
 embedded model, one short step each (quickstart.yaml: tests/test_e2e.py): dpo (orpo, simpo, cpo and tdpo are the
 same trainer with another loss, each trained end to end on the tiny model in tests/train/test_dpo.py), kto, grpo
-(gspo and rloo: tests/train/test_grpo.py, test_rloo.py), unlearn, QLoRA, OFT, long context; rm_lora.yaml, whose
-reward model serves as the reward of ppo_lora.yaml; and the pt/sft ones, whose outputs are checked against what their
-YAML asks for (which weights train, which LoRA variant)."""
+(gspo and rloo: tests/train/test_grpo.py, test_rloo.py), unlearn, QLoRA, OFT, long context, the cls guard;
+rm_lora.yaml, whose reward model serves as the reward of ppo_lora.yaml; and the pt/sft ones, whose outputs are checked
+against what their YAML asks for (which weights train, which LoRA variant)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ SHORT = {"max_steps": 1, "max_samples": 8, "cutoff_len": 160, "disable_tqdm": Tr
          "dataset_dir": str(REPO / "data")}
 ONLINE = {"max_completion_length": 16}
 EXAMPLES = {"dpo_lora": {}, "kto_lora": {}, "grpo_lora": ONLINE, "unlearn_lora": {}, "qlora_sft": {}, "oft_sft": {},
-            "sft_long_context": {}}
+            "sft_long_context": {}, "cls_guard": {}}
 
 
 @pytest.mark.parametrize("path", [p for p in sorted((REPO / "examples").glob("*.yaml"))

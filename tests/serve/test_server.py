@@ -14,14 +14,13 @@ import urllib.request
 from pathlib import Path
 
 import openai
+from tests.conftest import free_port
 
 from gym.cli import main
 from gym.data.formats import Example
 from gym.data.processors import encode_supervised
 from gym.data.templates import get_chat_format
 from gym.infer.chat import ChatModel
-
-from .conftest import free_port
 
 QUESTION = [{"role": "user", "content": "Add 2 and 3."}]
 

@@ -10,21 +10,13 @@ import io
 import os
 import pwd
 import shutil
-import socket
 import subprocess
 import tempfile
-import threading
-import time
 import uuid
 from pathlib import Path
 
 import pytest
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.conftest import free_port
 
 
 def gym_keys(*argv: str) -> tuple[int, str, str]:
@@ -45,34 +37,6 @@ def new_key(store: Path, *who: str, db: str | None = None) -> str:
     code, out, err = gym_keys("create", str(store), *who, *(["--db", db] if db else []))
     assert code == 0, err
     return out.split()[-1]
-
-
-@pytest.fixture(scope="module")
-def serve_app():
-    """serve_app(chat_model, service=..., api_key=..., **create_app options) -> base URL of a running server."""
-    import uvicorn
-
-    from gym.serve.app import create_app
-
-    servers = []
-
-    def start(chat_model, name: str = "tiny", api_key: str | None = None, **options) -> str:
-        port = free_port()
-        server = uvicorn.Server(uvicorn.Config(create_app(chat_model, name, api_key, **options), host="127.0.0.1",
-                                               port=port, log_level="warning"))
-        thread = threading.Thread(target=server.run, daemon=True)
-        thread.start()
-        deadline = time.time() + 30
-        while not server.started:
-            assert thread.is_alive() and time.time() < deadline, "the server did not start"
-            time.sleep(0.02)
-        servers.append((server, thread))
-        return f"http://127.0.0.1:{port}"
-
-    yield start
-    for server, thread in servers:
-        server.should_exit = True
-        thread.join(30)
 
 
 def bitdelta(tiny_model_dir, folder: Path, seed: int) -> Path:

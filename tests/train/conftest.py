@@ -60,6 +60,17 @@ def feedback_config(train_config, data_dir):
 
 
 @pytest.fixture()
+def labelled_config(train_config, data_dir):
+    """Labelled (text + label), alternating: "Tell me about the red." is safe, "Help me hurt the red." unsafe."""
+    rows = [row for w in WORDS for row in ({"text": f"Tell me about the {w}.", "label": "safe"},
+                                           {"text": f"Help me hurt the {w}.", "label": "unsafe"})]
+    _register(data_dir, "tiny_labelled", rows, {"columns": {"prompt": "text", "label": "label"}})
+
+    return _maker(train_config, stage="cls", dataset="tiny_labelled", cutoff_len=64, per_device_train_batch_size=8,
+                  max_steps=30, learning_rate=1e-3, logging_steps=1)
+
+
+@pytest.fixture()
 def prompt_config(train_config, data_dir, tmp_path):
     """Prompt-only with an answer column ("What is 3 + 4?" -> "7"), rewarded by REWARD_CODE."""
     rows = [{"question": f"What is {i} + {i + 1}?", "answer": str(2 * i + 1)} for i in range(8)]

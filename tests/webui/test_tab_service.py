@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from tests.service.conftest import gym_keys, new_key, serve_app, tiny_chat  # noqa: F401  (fixtures)
+from tests.service.conftest import gym_keys, new_key, tiny_chat  # noqa: F401  (fixtures)
 from tests.service.test_jobs import QUESTIONS, chat_row
 
 from gym.core.errors import GymError

@@ -11,3 +11,4 @@ class DataKind(str, enum.Enum):
     PAIRWISE = "pairwise"  # a prompt with a chosen and a rejected answer (rm, dpo family)
     FEEDBACK = "feedback"  # an answer tagged desirable or not (kto)
     PROMPT = "prompt"  # prompts only; the method samples the answers (ppo, grpo, gspo, rloo)
+    LABELLED = "labelled"  # a text or conversation with a class label (cls)

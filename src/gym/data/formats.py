@@ -5,7 +5,8 @@ find the one bad row. Which fields are required depends on the data kind the met
 `unsupervised` (pt) needs text, `supervised` (sft) needs at least one assistant answer, `pairwise`
 (rm, dpo family) a prompt with a chosen and a rejected answer, `feedback` (kto) an answer and a
 desirable/undesirable tag, `prompt` (grpo, rloo, ppo) a prompt ending with a user turn and
-optionally a reference answer for verifiable rewards.
+optionally a reference answer for verifiable rewards, `labelled` (cls) a conversation with some text in it (a `text`
+or instruction row is one user turn) and a class label: a name, or an index into the stage's `labels`.
 
 Any kind may carry images, videos and audios (LLaMA-Factory's media columns, or OpenAI content parts in the
 messages): the text keeps a `<image>`-style placeholder where each one goes, and gym.data.media resolves and
@@ -52,6 +53,7 @@ class Example:
     rejected: str | None = None
     kto_tag: bool | None = None  # feedback: is the last answer desirable?
     answer: str | None = None  # prompt: the reference answer verifiable rewards compare with
+    label: str | int | None = None  # labelled: the class, by name or by index into the stage's `labels`
     # media, in placeholder order: resolved file paths or data: URLs (gym.data.media)
     images: list[str] = field(default_factory=list)
     videos: list[str] = field(default_factory=list)
@@ -109,6 +111,9 @@ def convert_row(attr: DatasetAttr, source: RowSource, row: Any, kind: str) -> Ex
         example.kto_tag = _kto_tag(source, row, _required_column(attr, source, "kto_tag"))
     elif kind == "prompt" and (answer_col := attr.column("answer")):
         example.answer = _reference_answer(source, row, answer_col)
+    elif kind == "labelled":
+        _require_text(attr, source, example)
+        example.label = _class_label(source, row, _required_column(attr, source, "label"))
     _attach_media(attr, source, row, example, part_media)
     return example
 
@@ -143,6 +148,7 @@ def _attach_media(attr: DatasetAttr, source: RowSource, row: dict[str, Any], exa
 _NEEDED_COLUMNS = {
     "pairwise": (("chosen", "rejected"), "set `\"ranking\": true` and map `columns: {chosen: ..., rejected: ...}`"),
     "feedback": (("kto_tag",), "map `columns: {kto_tag: <the column holding true/false>}`"),
+    "labelled": (("label",), "map `columns: {label: <the column holding each row's class>}`"),
 }
 
 
@@ -152,7 +158,7 @@ def _check_columns_for(attr: DatasetAttr, kind: str) -> None:
     needed, how = _NEEDED_COLUMNS[kind]
     missing = [c for c in needed if not attr.column(c)]
     if missing:
-        what = "preference pairs" if kind == "pairwise" else "desirable/undesirable labels"
+        what = {"pairwise": "preference pairs", "feedback": "desirable/undesirable labels"}.get(kind, "class labels")
         raise DataError(f"Dataset '{attr.name}' has no {what} (no '{missing[0]}' column): in dataset_info.json, {how}.")
 
 
@@ -179,6 +185,29 @@ def _kto_tag(source: RowSource, row: dict[str, Any], column: str) -> bool:
     if isinstance(value, str) and value.lower() in ("true", "false"):
         return value.lower() == "true"
     raise _fail(source, column, f"must be true or false (desirable or not), got {value!r}.")
+
+
+def _class_label(source: RowSource, row: dict[str, Any], column: str) -> str | int:
+    """A class: its name (a non-empty string), or its index into the stage's `labels` (an integer >= 0)."""
+    value = row.get(column)
+    if value is None:
+        raise _fail(source, column, "is missing: every row needs its class.")
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)  # CSV and parquet readers turn integer columns with gaps into floats
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    if isinstance(value, str) and value.strip():
+        return value.strip()
+    if isinstance(value, str):
+        raise _fail(source, column, "is empty: every row needs its class.")
+    raise _fail(source, column, f"must be a class name (a string) or its index in `labels` (an integer >= 0), "
+                f"got {value!r}.")
+
+
+def _require_text(attr: DatasetAttr, source: RowSource, example: Example) -> None:
+    """A row to classify must hold some text (an empty prompt column is refused as it is read)."""
+    if not any(str(m.get("content") or "").strip() for m in example.messages):
+        raise _fail(source, str(attr.column("messages") or attr.column("prompt")), "holds no text to classify.")
 
 
 def _reference_answer(source: RowSource, row: dict[str, Any], column: str) -> str:

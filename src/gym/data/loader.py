@@ -16,7 +16,14 @@ from gym.data.formats import Example, convert_row
 from gym.data.media import KINDS as MEDIA_KINDS
 from gym.data.multimodal import MediaInputs
 from gym.data.packing import pack
-from gym.data.processors import encode_feedback, encode_pairwise, encode_prompt, encode_supervised, encode_unsupervised
+from gym.data.processors import (
+    encode_feedback,
+    encode_labelled,
+    encode_pairwise,
+    encode_prompt,
+    encode_supervised,
+    encode_unsupervised,
+)
 from gym.data.readers import RowSource, read_rows
 from gym.data.registry import DatasetAttr, get_dataset_attrs
 from gym.data.templates import ChatFormat
@@ -89,7 +96,8 @@ def _refuse_media(examples: list[Example], reason: str | None = None) -> None:
                 "dataset.")
 
 
-ENCODERS = {"pairwise": encode_pairwise, "feedback": encode_feedback, "prompt": encode_prompt}
+ENCODERS = {"pairwise": encode_pairwise, "feedback": encode_feedback, "prompt": encode_prompt,
+            "labelled": encode_labelled}
 # The kinds whose rows carry media to the model (the prompts' placeholders expanded by its processor).
 MEDIA_DATA_KINDS = ("supervised", "pairwise", "feedback")
 
@@ -141,7 +149,7 @@ def _collect(names: str | None, data_args: DataArguments, kind: str, seed: int,
 
 
 def _token_stats(rows: list[dict[str, Any]]) -> dict[str, int]:
-    if "input_ids" in rows[0]:
+    if "input_ids" in rows[0] and "labels" in rows[0]:
         return {"tokens": sum(len(e["input_ids"]) for e in rows),
                 "supervised_tokens": sum(sum(1 for x in e["labels"] if x != -100) for e in rows)}
     return {"tokens": sum(sum(len(v) for k, v in e.items() if k.endswith("_ids")) for e in rows)}
@@ -165,7 +173,7 @@ def get_dataset(data_args: DataArguments, chat: ChatFormat, kind: str, seed: int
                 refuse_media: str | None = None) -> TokenizedData:
     """Load, validate, tokenize, split and (optionally) pack.
 
-    `kind`: unsupervised, supervised, pairwise, feedback or prompt (see gym.data.formats). `media`: the
+    `kind`: unsupervised, supervised, pairwise, feedback, prompt or labelled (see gym.data.formats). `media`: the
     model's processor glue when it is a multimodal model (gym.data.multimodal); rows with media need it.
     `refuse_media`: why the job cannot take rows with media even so (the end of a sentence naming the first such
     row), checked as the rows are read, before anything is tokenized."""

@@ -11,12 +11,13 @@ predict across their boundary.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gym.core.errors import DataError
 from gym.data.formats import Example
 from gym.data.media import PLACEHOLDERS
-from gym.data.messages import Message
+from gym.data.messages import OBSERVATION, USER, Message
 from gym.data.multimodal import MediaInputs, RowTokenizer, media_fields
 from gym.data.templates import ChatFormat
 
@@ -182,3 +183,55 @@ def encode_prompt(example: Example, chat: ChatFormat, cutoff_len: int, **_: Any)
     if example.answer is not None:
         row["answer"] = example.answer
     return row
+
+
+def classifier_text(chat: ChatFormat, messages: Sequence[Message], system: str | None = None,
+                    tools: list[dict[str, Any]] | None = None) -> str:
+    """The text a sequence classifier (stage: cls) reads for a conversation: the conversation as the chat format
+    serves it. One ending with a user (or tool) turn is the prompt that asks for the next answer (`render_prompt`,
+    the assistant header included); one ending with an answer is every turn, each closed by its end-of-turn. A
+    `text` or instruction row is one user turn. Whatever serves the classifier renders with this function too."""
+    if messages and messages[-1]["role"] in (USER, OBSERVATION):
+        return chat.render_prompt(messages, system, tools)
+    return "".join(prompt + answer for prompt, answer in chat.render_pairs(messages, system, tools))
+
+
+def encode_labelled(example: Example, chat: ChatFormat, cutoff_len: int, **_: Any) -> dict[str, Any]:
+    """A conversation with a class -> {"input_ids", "label" (as the row gives it), "source"}. The label becomes a
+    class index once every row is read (class_names). A text over cutoff_len keeps its last cutoff_len tokens: the
+    classifier reads the last one, and a guard cares most about the latest turn."""
+    if example.label is None:
+        raise DataError(f"{example.source}: a labelled example needs a label.")
+    text = classifier_text(chat, example.messages, example.system, example.tools)
+    ids = chat.tokenizer.encode(text, add_special_tokens=False)
+    return {"input_ids": ids[-cutoff_len:], "label": example.label, "source": example.source}
+
+
+def class_names(rows: Sequence[Mapping[str, Any]], given: Sequence[str] | None = None) -> list[str]:
+    """The classes of encoded labelled rows, in index order: `given` (the stage's `labels`), else the distinct names
+    the rows use, sorted (rows that give indices: "0" up to the largest). A row whose label is not one of `given`, or
+    data that mixes names and indices without `given`, is a DataError naming the row."""
+    if given is not None:
+        for row in rows:
+            label = row["label"]
+            if (label not in given) if isinstance(label, str) else not label < len(given):
+                raise DataError(f"{row['source']}: label {label!r} is not one of labels: {list(given)}; add it to "
+                                "`labels` (the classes, in order) or fix the row.")
+        return list(given)
+    named = [row for row in rows if isinstance(row["label"], str)]
+    if named and len(named) < len(rows):
+        indexed = next(row for row in rows if not isinstance(row["label"], str))
+        raise DataError(f"{indexed['source']}: label {indexed['label']!r} is an index, while {named[0]['source']} "
+                        f"names its class ({named[0]['label']!r}); set `labels` (the class names, in index order) "
+                        "or give every row a name.")
+    names = (sorted({row["label"] for row in rows}) if named
+             else [str(i) for i in range(max(row["label"] for row in rows) + 1)])
+    if len(names) < 2:
+        raise DataError(f"The labelled data has a single class ({names[0]!r}): a classifier needs rows of at least "
+                        "two classes. Add rows of the other classes, or list them in `labels`.")
+    return names
+
+
+def class_index(label: str | int, names: Sequence[str]) -> int:
+    """A row's label (a name, or an index already) -> its class index in `names` (checked by class_names)."""
+    return names.index(label) if isinstance(label, str) else label

@@ -22,10 +22,10 @@ from gym.data.readers import EXTENSIONS, first_row
 
 ALPACA_COLUMNS = {
     "prompt": "instruction", "query": "input", "response": "output", "history": None, "system": None,
-    "chosen": None, "rejected": None, "kto_tag": None, "answer": None,
+    "chosen": None, "rejected": None, "kto_tag": None, "answer": None, "label": "label",
 }
 SHAREGPT_COLUMNS = {"messages": "conversations", "system": None, "tools": None, "chosen": None, "rejected": None,
-                    "kto_tag": None, "answer": None}
+                    "kto_tag": None, "answer": None, "label": "label"}
 SHAREGPT_TAGS = {
     "role_tag": "from", "content_tag": "value", "user_tag": "human", "assistant_tag": "gpt",
     "observation_tag": "observation", "function_tag": "function_call", "system_tag": "system",

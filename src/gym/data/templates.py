@@ -12,9 +12,13 @@ import difflib
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypedDict, cast
 
+import yaml
+
 from gym.core.errors import ConfigError, DataError, GymError
+from gym.core.files import CONFIG_FILE
 from gym.data.messages import FUNCTION, OBSERVATION, tool_calls, tool_results
 from gym.data.tools import (
     TOOL_FORMAT_ALIASES,
@@ -420,6 +424,15 @@ def get_chat_format(tokenizer: Any, template: str | None = None, default_system:
     chat = ChatFormat(tokenizer, TEMPLATES[template], default_system, enable_thinking, tool_format)
     _warn_if_disagrees(chat)
     return chat
+
+
+def trained_chat_format(folder: str | Path, tokenizer: Any) -> ChatFormat:
+    """The chat format a Gym output was trained with (its gym_config.yaml); the tokenizer's own otherwise. What
+    serves a trained scorer (a reward model, a classifier) renders its inputs with this."""
+    config_file = Path(folder) / CONFIG_FILE
+    config = (yaml.safe_load(config_file.read_text(encoding="utf-8")) or {}) if config_file.is_file() else {}
+    return get_chat_format(tokenizer, config.get("template"), config.get("default_system"),
+                           config.get("enable_thinking", True))
 
 
 def _warn_if_disagrees(chat: ChatFormat) -> None:

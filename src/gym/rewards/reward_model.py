@@ -12,14 +12,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 from peft import PeftModel
 from transformers import AutoConfig, AutoTokenizer
 from transformers import AutoModelForSequenceClassification as SeqCls
 
 from gym.core.errors import ConfigError, ModelError
-from gym.core.files import CONFIG_FILE, MANIFEST_FILE
-from gym.data.templates import ChatFormat, get_chat_format
+from gym.core.files import MANIFEST_FILE
+from gym.data.templates import trained_chat_format
 from gym.rewards.verifiers import RewardFunc, as_text
 
 _SCORE_BATCH = 16
@@ -75,7 +74,7 @@ def load_reward_model(path: str) -> tuple[Any, Any, Any]:
     # disagrees with the id the tokenizer pads with, batched scores silently read padding.
     model.config.pad_token_id = tokenizer.pad_token_id
     model.to("cuda" if torch.cuda.is_available() else "cpu").eval()
-    return model, tokenizer, _trained_chat_format(folder, tokenizer)
+    return model, tokenizer, trained_chat_format(folder, tokenizer)
 
 
 def _from_hub(repo_id: str) -> Path:
@@ -91,14 +90,6 @@ def _from_hub(repo_id: str) -> Path:
                          "`stage: rm` run.") from None
     except Exception as exc:  # huggingface_hub raises many types for missing or private repos
         raise ModelError(f"reward_model '{repo_id}' could not be fetched from the Hugging Face Hub: {exc}") from None
-
-
-def _trained_chat_format(folder: Path, tokenizer: Any) -> ChatFormat:
-    """The chat format recorded in a Gym output's gym_config.yaml; the tokenizer's own otherwise."""
-    config_file = folder / CONFIG_FILE
-    config = (yaml.safe_load(config_file.read_text()) or {}) if config_file.is_file() else {}
-    return get_chat_format(tokenizer, config.get("template"), config.get("default_system"),
-                           config.get("enable_thinking", True))
 
 
 def _rm_text(prompt: Any, completion: Any, chat: Any) -> str:

@@ -1,7 +1,8 @@
 """Guards that are models: a sequence classifier, or a chat model of a guard family that answers in words.
 
 Classifier (`classifier:PATH`, what `gym train` stage cls makes, or any transformers sequence-classification
-model): the judged message's text alone is classified. Labels named like safe/benign/none/neutral (or LABEL_0
+model): the judged message's text alone is classified (a stage cls output reads it as one user turn in its chat
+format, as it read its `text` rows). Labels named like safe/benign/none/neutral (or LABEL_0
 of an unnamed binary model) are the clear classes; every other label is a category, scored by its probability
 (sigmoid per label for a multi-label model, softmax otherwise). Flagged when a category's score reaches the
 threshold.
@@ -28,6 +29,8 @@ from typing import Any
 import torch
 
 from gym.core.errors import ConfigError, ModelError
+from gym.core.files import CONFIG_FILE
+from gym.models.classifier import TrainedClassifier, load_trained_classifier
 from gym.models.loader import resolve_model_path
 from gym.safety.base import Guard
 from gym.safety.formats import (
@@ -115,8 +118,28 @@ class _ModelGuard(Guard):
 
 
 class ClassifierGuard(_ModelGuard):
+    """A sequence classifier, reading the judged message's text alone (an answer is judged as the text it is, not
+    as a reply: a guard trained on prompts has never seen a conversation with answers, and flags any). One trained
+    by `gym train` stage cls (its folder holds the run's gym_config.yaml) reads that text as its `text` rows were
+    read, one user turn in its chat format (gym.models.classifier)."""
+
     def __init__(self, spec: str, folder: str, tokenizer: Any, threshold: float) -> None:
         super().__init__(spec, threshold)
+        self.trained: TrainedClassifier | None = None
+        if (Path(folder) / CONFIG_FILE).is_file():
+            self.trained = load_trained_classifier(folder)
+            self.model, self.tokenizer, self.labels = self.trained.model, self.trained.tokenizer, self.trained.labels
+            self.multi_label = False
+        else:
+            self._load_plain(folder, tokenizer)
+        clear = [i for i, name in enumerate(self.labels) if name.lower() in CLEAR_LABELS]
+        if not clear and not self.multi_label:
+            raise ConfigError(f"Guard classifier {folder} has labels {self.labels}, none of which means 'safe' "
+                              f"({', '.join(sorted(CLEAR_LABELS))}); a single-label guard needs a clear class.")
+        self.clear = set(clear)
+        self.categories = tuple(name for i, name in enumerate(self.labels) if i not in self.clear)
+
+    def _load_plain(self, folder: str, tokenizer: Any) -> None:
         from transformers import AutoModelForSequenceClassification
 
         try:
@@ -137,30 +160,26 @@ class ClassifierGuard(_ModelGuard):
         labels = {int(k): str(v) for k, v in model.config.id2label.items()}
         self.labels = [labels[i] for i in range(len(labels))]
         self.multi_label = model.config.problem_type == "multi_label_classification"
-        clear = [i for i, name in enumerate(self.labels) if name.lower() in CLEAR_LABELS]
-        if not clear and not self.multi_label:
-            raise ConfigError(f"Guard classifier {folder} has labels {self.labels}, none of which means 'safe' "
-                              f"({', '.join(sorted(CLEAR_LABELS))}); a single-label guard needs a clear class.")
-        self.clear = set(clear)
-        self.categories = tuple(name for i, name in enumerate(self.labels) if i not in self.clear)
 
-    def probabilities(self, texts: list[str]) -> torch.Tensor:
-        """(len(texts), labels) class probabilities."""
-        rows = []
+    def probabilities(self, conversations: Sequence[list[Message]]) -> list[list[float]]:
+        """Each conversation's class probabilities, in label order."""
+        texts = [last_text(c) or " " for c in conversations]
+        if self.trained is not None:  # each text as one user turn, as the classifier read its rows' text
+            return [[row[name] for name in self.labels] for row in self.trained.probabilities(texts)]
+        rows: list[list[float]] = []
         for start in range(0, len(texts), BATCH):
             batch = self.tokenizer(texts[start:start + BATCH], return_tensors="pt", padding=True, truncation=True,
                                    max_length=min(int(getattr(self.tokenizer, "model_max_length", 2048)), 2048))
             with torch.inference_mode():
                 logits = self.model(**batch).logits.float()
-            rows.append(torch.sigmoid(logits) if self.multi_label else torch.softmax(logits, dim=-1))
-        return torch.cat(rows)
+            rows += (torch.sigmoid(logits) if self.multi_label else torch.softmax(logits, dim=-1)).tolist()
+        return rows
 
     def check_batch(self, conversations: Sequence[list[Message]]) -> list[Verdict]:
-        texts = [last_text(c) or " " for c in conversations]
         with self._lock:
-            probs = self.probabilities(texts)
+            probs = self.probabilities(conversations)
         verdicts = []
-        for row in probs.tolist():
+        for row in probs:
             scores = {self.labels[i]: float(p) for i, p in enumerate(row) if i not in self.clear}
             hits = {name: score >= self.threshold for name, score in scores.items()}
             if not self.multi_label:  # a single-label model is flagged as much as it is not clear

@@ -5,6 +5,8 @@ POST /tokenize (the prompt ids a request becomes; how a client checks the chat t
 prompts are rendered by the ChatModel with the template the model was trained with. A server with
 variants (`gym api --variants STORE`) also answers `model: "<base>:<user>"` with that user's variant, in
 the same batches as the base; /v1/models lists them (with `parent`: the base, as vLLM lists adapters).
+With a guard (`gym api --guard SPEC`, gym.serve.guarding), requests are checked before they decode, answers as
+they stream, and POST /v1/moderations answers in OpenAI's shape.
 
 Chat requests may offer tools and ask for structured output (gym.infer.tool_choice): calls the model writes in its
 template family's format come back as `message.tool_calls` with `finish_reason: "tool_calls"`; while streaming, text
@@ -53,18 +55,16 @@ from gym.infer.fast.bank import VariantBank, VariantNotFound, VariantUnavailable
 from gym.infer.grammar import Constraint
 from gym.infer.requests import EngineBusy, EngineStopped, Event, Finished, Media, Piece, SamplingParams
 from gym.infer.tool_choice import CallStream, RequestFieldError
-from gym.safety.taxonomy import openai_categories
-from gym.safety.verdict import Message, Verdict
+from gym.safety.verdict import Message
 from gym.serve.files import file_routes
 from gym.serve.fine_tuning import fine_tuning_routes
-from gym.serve.guarding import GuardPolicy, guard_conversation
+from gym.serve.guarding import GuardPolicy, guard_conversation, moderation_routes
 from gym.serve.limits import DEFAULT_MAX_BODY_BYTES, BodyLimit, check_text_length
 from gym.serve.media import MediaPolicy
 from gym.serve.protocol import (
     ApiError,
     ChatCompletionRequest,
     CompletionRequest,
-    ModerationRequest,
     TokenizeRequest,
     _Request,
     image_urls,
@@ -169,6 +169,7 @@ def create_app(chat_model: ChatModel, model_name: str, api_key: str | None = Non
         app.include_router(file_routes(service.files))
         app.include_router(fine_tuning_routes(service.jobs, model_name))
         server.jobs = service.jobs
+    app.include_router(moderation_routes(guard))
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
@@ -229,16 +230,6 @@ def create_app(chat_model: ChatModel, model_name: str, api_key: str | None = Non
                 await guard.check_input(context, "prompt" if len(prompts) == 1 else f"prompt.{i}")
         params = server.params(body, max(len(p) for p in prompts), max_tokens=body.max_tokens, variant=variant)
         return await server.respond(body, prompts, params, request, contexts=contexts)
-
-    @app.post("/v1/moderations")
-    async def moderations(body: ModerationRequest, who: Caller) -> dict[str, Any]:
-        if guard is None:
-            raise ApiError(404, "This server has no moderation model: start gym api with --guard SPEC (a guard "
-                                "model or keywords:FILE).", param="model", code="model_not_found")
-        texts = body.texts()
-        verdicts = await asyncio.to_thread(guard.guard.check_batch, [[{"role": "user", "content": t}] for t in texts])
-        return {"id": f"modr-{uuid.uuid4().hex}", "model": body.model or guard.guard.spec,
-                "results": [moderation_result(v) for v in verdicts]}
 
     @app.post("/tokenize")
     async def tokenize(body: TokenizeRequest, who: Caller) -> dict[str, Any]:
@@ -551,13 +542,6 @@ class _Server:
                 handle.cancel()
             if screening is not None:
                 screening.cancel()
-
-
-def moderation_result(verdict: Verdict) -> dict[str, Any]:
-    """One input's entry of OpenAI's moderation response (categories in OpenAI's names; see gym.safety.taxonomy)."""
-    categories, scores = openai_categories(verdict)
-    return {"flagged": verdict.flagged, "categories": categories, "category_scores": scores,
-            "category_applied_input_types": {name: ["text"] for name in categories}}
 
 
 def _unloadable(model: str, exc: Exception) -> ApiError:

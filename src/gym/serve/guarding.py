@@ -9,19 +9,26 @@ released to the client, and at the first flagged one the answer stops there: its
 flagged window is never sent, and the choice ends with `finish_reason: "content_filter"`, as OpenAI ends a
 filtered completion. Holding a window back is the price: a streamed answer reaches the client `window` tokens
 late, and every window costs one guard call (measured in bench/guard_latency.py).
+
+The same guard answers OpenAI's POST /v1/moderations (`moderation_routes`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from fastapi import APIRouter
+
 from gym.infer.requests import Event, Finished, Piece
 from gym.safety.guard import Guard
+from gym.safety.taxonomy import openai_categories
 from gym.safety.verdict import Message, Verdict
 from gym.serve.limits import DEFAULT_GUARD_WINDOW
-from gym.serve.protocol import ApiError
+from gym.serve.protocol import ApiError, ModerationRequest
+from gym.serve.tenancy import Caller
 
 
 @dataclass
@@ -98,6 +105,30 @@ class _Answer:
     sent: str = ""
     sent_tokens: int = 0
     stopped: bool = False
+
+
+def moderation_routes(policy: GuardPolicy | None) -> APIRouter:
+    """OpenAI's POST /v1/moderations, answered by the server's guard (a 404 without one)."""
+    router = APIRouter()
+
+    @router.post("/v1/moderations")
+    async def moderations(body: ModerationRequest, who: Caller) -> dict[str, Any]:
+        if policy is None:
+            raise ApiError(404, "This server has no moderation model: start gym api with --guard SPEC (a guard "
+                                "model or keywords:FILE).", param="model", code="model_not_found")
+        conversations = [[{"role": "user", "content": text}] for text in body.texts()]
+        verdicts = await asyncio.to_thread(policy.guard.check_batch, conversations)
+        return {"id": f"modr-{uuid.uuid4().hex}", "model": body.model or policy.guard.spec,
+                "results": [moderation_result(v) for v in verdicts]}
+
+    return router
+
+
+def moderation_result(verdict: Verdict) -> dict[str, Any]:
+    """One input's entry of OpenAI's moderation response (categories in OpenAI's names; see gym.safety.taxonomy)."""
+    categories, scores = openai_categories(verdict)
+    return {"flagged": verdict.flagged, "categories": categories, "category_scores": scores,
+            "category_applied_input_types": {name: ["text"] for name in categories}}
 
 
 def guard_conversation(messages: list[Any]) -> list[Message]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 _ENTRY_POINTS = ("run_pt", "run_sft", "run_rm", "run_ppo", "run_dpo", "run_kto", "run_orpo", "run_simpo", "run_cpo",
-                 "run_tdpo", "run_grpo", "run_gspo", "run_rloo", "run_unlearn")
+                 "run_tdpo", "run_grpo", "run_gspo", "run_rloo", "run_unlearn", "run_cls")
 
 __all__ = [*_ENTRY_POINTS, "run_exp"]
 

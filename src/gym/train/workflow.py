@@ -79,11 +79,13 @@ def media_refusal(args: TrainArgs[Any], method_refusal: str | None = None) -> st
 
 
 def prepare(args: TrainArgs[Any], data_kind: DataKind, *, packing_by_default: bool = False,
-            model_loader: Callable[..., Any] = load_causal_lm, refuse_media: str | None = None) -> Setup:
+            model_loader: Callable[..., Any] = load_causal_lm, refuse_media: str | None = None,
+            loader_options: Callable[[TokenizedData], dict[str, Any]] | None = None) -> Setup:
     """resume -> output checks -> tokenizer -> chat format -> data -> model + adapters, for any method.
 
     Rows with media reach a multimodal model only in the stages that declare `media` (others are refused as the rows
-    are read, see media_refusal); `refuse_media` is the method's own reason to refuse them."""
+    are read, see media_refusal); `refuse_media` is the method's own reason to refuse them. `loader_options(data)`:
+    the model loader's keywords that depend on the data read (a classifier's class names)."""
     model_args, data_args, training_args, finetuning_args = args.model, args.data, args.training, args.finetuning
     resume = resolve_resume(args)
     _warn_about_precision(args)
@@ -116,7 +118,7 @@ def prepare(args: TrainArgs[Any], data_kind: DataKind, *, packing_by_default: bo
     torch.manual_seed(training_args.seed)
     # pure_bf16: the weights themselves in bf16; otherwise float32 master weights (bf16 only in autocast).
     dtype = torch.bfloat16 if training_args.pure_bf16 else torch.float32
-    model_loader = functools.partial(model_loader, dtype=dtype)
+    model_loader = functools.partial(model_loader, dtype=dtype, **(loader_options(data) if loader_options else {}))
     pissa_init_dir = None
     if finetuning_args.finetuning_type == "lora" and finetuning_args.pissa_init:
         pissa_init_dir = str(Path(args.output_dir) / "pissa_init")

@@ -22,6 +22,7 @@ from gym.data.multimodal import MediaInputs
 from gym.data.processors import (
     IGNORE_INDEX,
     encode_feedback,
+    encode_labelled,
     encode_pairwise,
     encode_prompt,
     encode_supervised,
@@ -136,6 +137,9 @@ def _example_segments(example: Any, chat: ChatFormat, kind: DataKind, cutoff_len
             return [("(the prompt fills cutoff_len)", None)]
         return [(decode(fed["prompt_ids"]), "prompt"),
                 (decode(fed["completion_ids"]), "desirable" if fed["label"] else "undesirable")]
+    if kind == DataKind.LABELLED:  # the text the classifier reads, and its class
+        labelled = encode_labelled(example, chat, cutoff_len)
+        return [(decode(labelled["input_ids"]), "prompt"), (f"\nclass: {labelled['label']}", "answer")]
     prompt = encode_prompt(example, chat, cutoff_len)
     if prompt is None:
         return [("(the prompt fills cutoff_len)", None)]

@@ -5,6 +5,6 @@ To add a stage: <name>.py here (its options dataclass with validate(), and regis
 module), gym/train/methods/<name>.py (its run(args)), tests/train/test_<name>.py and examples/<name>_lora.yaml.
 """
 
-from gym.config.stages import dpo, grpo, kto, ppo, pt, rloo, rm, sft, unlearn
+from gym.config.stages import cls, dpo, grpo, kto, ppo, pt, rloo, rm, sft, unlearn
 
-__all__ = ["dpo", "grpo", "kto", "ppo", "pt", "rloo", "rm", "sft", "unlearn"]
+__all__ = ["cls", "dpo", "grpo", "kto", "ppo", "pt", "rloo", "rm", "sft", "unlearn"]
