@@ -30,7 +30,8 @@ def test_create_takes_training_keys_anywhere(argv, tmp_path, monkeypatch):
     rows.write_text(json.dumps([{"instruction": "Hi.", "output": "Hello."}]))
     seen = {}
 
-    def create_variant(self, user_id, data=None, preferences=None, *, replace_existing=False, **overrides):
+    def create_variant(self, user_id, data=None, preferences=None, *, replace_existing=False, safety_gate=None,
+                       **overrides):
         seen.update(user=user_id, data=data, overrides=overrides)
         return VariantRecord(user_id, {}, "bitdelta", 1, now(), 0.0)
 

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from gym.cli.gates import add_gate_flags, gate_from
 from gym.core.errors import ConfigError
 from gym.core.files import human_bytes, refuse_overwrite
 from gym.delta.apply import apply_delta, write_applied
@@ -51,6 +52,7 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--min-kept", type=float,
                    help="with --eval-task: fail when the compressed model keeps less of the fine-tune's score")
     c.add_argument("--eval-limit", type=int, help="with --eval-task: at most this many items per task/subject")
+    add_gate_flags(c)
 
     a = sub.add_parser("apply", help="base + delta -> model folder")
     a.add_argument("--base", required=True)
@@ -104,10 +106,21 @@ def compress(args: argparse.Namespace) -> int:
 
         for task in args.eval_task:
             parse_task(task)
+    gate = gate_from(args, args.dataset_dir)
+    if gate is not None:
+        gate.check()  # the safety set and the judge read
     refuse_overwrite(args.output, args.overwrite)  # and before minutes of compression, not after
     base, finetuned = load_model(args.base), load_model(args.finetuned, args.base)
     tokenizer = load_tokenizer(resolve_model_path(args.base)) if quantizer.needs_tokenizer else None
     result = quantizer.compress(base, finetuned, tokenizer=tokenizer, base_name=args.base)
+    if gate is not None:  # the compressed delta, as it will be served, against its base; refused: nothing written
+        from gym.delta.safety import gate_delta
+
+        del base, finetuned
+        decision = gate_delta(gate, args.base, result.entries, result.header, source=args.output)
+        decision.raise_if_refused()
+        print(decision.message())
+        result.header["safety_gate"] = decision.to_dict()
     path = result.save(args.output, overwrite=args.overwrite)
     size, fp16 = path.stat().st_size, 2 * result.header["base"]["parameters"]
     print(f"Wrote {path}: {human_bytes(size)}, {fp16 / size:.1f}x smaller than the fine-tune in fp16 "
@@ -145,6 +158,10 @@ def inspect_delta(args: argparse.Namespace) -> int:
     if "distillation" in header:
         d = header["distillation"]
         print(f"scale distillation: {d['steps']} steps, logit MSE {d['mse_before']:.4f} -> {d['mse_after']:.4f}")
+    if isinstance(header.get("safety_gate"), dict):
+        gate = header["safety_gate"]
+        print(f"safety gate: {gate.get('decision')} on {gate.get('set')} (judge {gate.get('judge')}): harmful "
+              f"compliance {gate.get('base_rate')} -> {gate.get('candidate_rate')}, p = {gate.get('p_value')}")
     by_error = sorted(entries.items(), key=lambda kv: -kv[1]["relative_error"])
     shown = by_error if args.all else by_error[:12]
     print(f"\n{'parameter':<56} {'encoding':<8} {'bytes':>10} {'rel. error':>10}")

@@ -7,7 +7,8 @@ from gym.core.errors import ConfigError
 
 USAGE = """usage: gym eval CONFIG --task T [--task T2 ...] [--n_shot K] [--batch_size B] [--limit N] [-o results.json]
                 [--log_samples] [--eval_template auto|chat|plain] [--num_samples K --temperature T]
-                [--verifier accuracy|exact|regex:<p>|python:mod:fn] [--delta FILE | --variant STORE:USER]
+                [--verifier accuracy|exact|regex:<p>|python:mod:fn] [--safety_judge refusal|GUARD_SPEC]
+                [--delta FILE | --variant STORE:USER]
        gym eval --compare A.json B.json
 
 CONFIG names the model as `gym chat` does (model_name_or_path, adapter_name_or_path, or a training config
@@ -15,7 +16,9 @@ whose output_dir holds the run; its eval_tasks are the tasks when no --task is g
   mc_demo, mmlu            multiple choice: acc (the answer's letter) and acc_norm (its text, per byte)
   arithmetic, gsm8k        generation with a checked final number
   toolcall_demo            tool calling: call_rate, name_acc, args_exact (calls), no_call_acc (text turns)
-  mc:<data> ppl:<data> gen:<data> toolcall:<data>   any dataset (dataset_info.json name or file)
+  safety_demo              harmful_compliance (judged by --safety_judge) and over_refusal on 30 + 30 requests
+  advbench, harmbench, xstest   the public safety sets from the hub
+  mc:<data> ppl:<data> gen:<data> toolcall:<data> safety:<data>   any dataset (dataset_info.json name or file)
   lm_eval:<a>,<b>          lm-evaluation-harness tasks on the same loaded model (pip install 'zoo-gym[eval]')
 See docs/eval.md."""
 

@@ -1,12 +1,13 @@
 """`gym soup init | contribute | status | aggregate | rewards`: a DeltaSoup folder on the command line.
 
-    gym soup init my-soup --base smollm2-135m method=byzantine_robust min_contributors=3
+    gym soup init my-soup --base smollm2-135m method=byzantine_robust min_contributors=3 [--safety-gate SET]
     gym soup contribute my-soup --user alice saves/alice-lora --samples 400
     gym soup status my-soup
     gym soup aggregate my-soup -o soup-model
     gym soup rewards my-soup
 
-`contribute` exits with 1 when the contribution is rejected (the reason is printed), so scripts can tell.
+`contribute` exits with 1 when the contribution is rejected (the reason is printed), so scripts can tell. A soup made
+with `--safety-gate SET` rejects a contribution whose harmful compliance rose past its base's, with the numbers.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 
 import yaml
 
+from gym.cli.gates import add_gate_flags
 from gym.core.errors import ConfigError
 from gym.soup.config import DeltaSoupConfig
 from gym.soup.soup import DeltaSoup
@@ -36,6 +38,7 @@ def _parser() -> argparse.ArgumentParser:
     i.add_argument("--config", help="a YAML/JSON file of DeltaSoupConfig fields")
     i.add_argument("options", nargs="*", metavar="key=value", help="DeltaSoupConfig fields, e.g. method=median "
                    "differential_privacy=true clip_norm=0.5 (override --config)")
+    add_gate_flags(i)  # each contribution is gated: the soup's safety_gate* fields
 
     c = sub.add_parser("contribute", help="add a fine-tune to the open round (accepted or rejected with the reason)")
     c.add_argument("path")
@@ -61,8 +64,9 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def config_from(config_file: str | None, options: list[str]) -> Any:
-    """DeltaSoupConfig from an optional YAML/JSON file, then key=value overrides (values parsed as YAML)."""
+def config_from(config_file: str | None, options: list[str], flags: dict[str, Any] | None = None) -> Any:
+    """DeltaSoupConfig from an optional YAML/JSON file, then key=value overrides (values parsed as YAML), then the
+    fields the flags set."""
     values: dict[str, Any] = {}
     if config_file:
         path = Path(config_file)
@@ -77,17 +81,33 @@ def config_from(config_file: str | None, options: list[str]) -> Any:
         if not sep or not key:
             raise ConfigError(f"Soup options are key=value (e.g. method=median), got {option!r}.")
         values[key.strip()] = yaml.safe_load(value)
+    values.update(flags or {})
     return DeltaSoupConfig.from_dict(values)
 
 
 def init(args: argparse.Namespace) -> int:
     if (Path(args.path) / LEDGER).exists():
         raise ConfigError(f"{args.path} is already a soup; contribute to it, or choose another folder.")
-    config = config_from(args.config, args.options)
+    config = config_from(args.config, args.options, _gate_fields(args))
+    if config.safety_gate is not None:
+        config.gate().check()  # the set reads and the judge loads, before the first contribution
     soup = DeltaSoup(config, path=args.path, base_model=args.base)
+    gated = f", safety gate {config.safety_gate}" if config.safety_gate else ""
     print(f"Created the soup {soup.path} on {soup.base.ref} (method {config.method.value}, min_contributors "
-          f"{config.min_contributors}, differential privacy {'on' if config.differential_privacy else 'off'}).")
+          f"{config.min_contributors}, differential privacy {'on' if config.differential_privacy else 'off'}"
+          f"{gated}).")
     return 0
+
+
+def _gate_fields(args: argparse.Namespace) -> dict[str, Any]:
+    """--safety-gate and its companions as DeltaSoupConfig fields (only those given)."""
+    if args.safety_gate is None:
+        if args.safety_judge != "refusal" or args.safety_max_rise != 0.05 or args.safety_max_new_tokens != 64:
+            raise ConfigError("--safety-judge, --safety-max-rise and --safety-max-new-tokens set the soup's safety "
+                              "gate: give --safety-gate SET too.")
+        return {}
+    return {"safety_gate": args.safety_gate, "safety_judge": args.safety_judge, "safety_max_rise": args.safety_max_rise,
+            "safety_max_new_tokens": args.safety_max_new_tokens}
 
 
 def contribute(args: argparse.Namespace) -> int:

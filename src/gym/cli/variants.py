@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from gym.cli.gates import add_gate_flags, gate_from
 from gym.config.files import CONFIG_SUFFIXES, parse_cli_args
 from gym.core.errors import ConfigError, DataError
 from gym.personalization.store import VariantStore
@@ -28,6 +29,8 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--base", help="base model (default: the store's, else smollm2-135m)")
     c.add_argument("--distill-steps", type=int, default=50, help="BitDelta scale distillation on the user's rows")
     c.add_argument("--replace", action="store_true", help="replace the user's existing variant")
+    c.add_argument("--dataset-dir", default="data", help="folder of dataset_info.json (for --safety-gate names)")
+    add_gate_flags(c)
     # Training keys (max_steps=30 finetuning_type=full ..., or --max_steps 30) are taken anywhere, as `gym train`
     # takes them: not an argparse positional, which would only take them before the first option.
     a = sub.add_parser("add", help="put an existing variant in the store: a delta file or a LoRA adapter folder")
@@ -112,13 +115,18 @@ def main(argv: list[str]) -> int:
         from gym.delta.bitdelta import BitDeltaConfig
 
         keys = _keys(extra)
+        gate = gate_from(args, args.dataset_dir)
         config = BitDeltaConfig(distill_steps=args.distill_steps,
                                 calibration="user-rows" if args.distill_steps else None)
         trainer = PersonalizedTrainer(_base(store, args.base), config, store=store.root)
         record = trainer.create_variant(args.user, data=_rows(args.data), preferences=_rows(args.preferences),
-                                        replace_existing=args.replace, **keys)
+                                        replace_existing=args.replace, safety_gate=gate, **keys)
         kept = "" if record.gain_kept is None else f"; gain kept on held-out rows: {record.gain_kept:.0%}"
         print(f"Variant {record.user}: {record.bytes / 1e6:.1f} MB in {record.seconds:.0f} s{kept}.")
+        if record.safety_gate is not None:
+            from gym.safety.gate import GateDecision
+
+            print(GateDecision.from_dict(record.safety_gate).message())
         return 0
     if args.verb == "export":
         from gym.delta.apply import save_model_folder, write_applied

@@ -29,7 +29,7 @@ logger = logging.getLogger(__name__)
 
 RESULTS_FILE = "eval_results.json"
 BASE_RESULTS_FILE = "eval_base.json"
-LOWER_IS_BETTER = ("loss", "perplexity")
+LOWER_IS_BETTER = ("loss", "perplexity", "harmful_compliance", "over_refusal")
 
 
 def primary_metric(result: dict[str, Any]) -> str:
@@ -42,8 +42,9 @@ def primary_metric(result: dict[str, Any]) -> str:
 
 
 # The metric primary_metric picks from each kind of task's result: multiple choice and generation report acc,
-# perplexity loss. An lm-eval task reports what its own config names, known once it has run.
-PRIMARY_BY_KIND = {"mc": "acc", "gen": "acc", "ppl": "loss"}
+# perplexity loss, tool calls call_rate (their first metric), safety harmful_compliance. An lm-eval task reports what
+# its own config names, known once it has run.
+PRIMARY_BY_KIND = {"mc": "acc", "gen": "acc", "ppl": "loss", "toolcall": "call_rate", "safety": "harmful_compliance"}
 
 
 def _metric_key(task: str, metric: str) -> str:

@@ -11,6 +11,10 @@ Tasks (`--task`, repeatable; `eval_tasks:` in a YAML):
     gen:<dataset>       generation scored by `verifier` (accuracy, exact, regex:<p>, python:module:fn)
     toolcall_demo       tool calling on held-out conversations (toolcall_eval_demo): names and arguments right?
     toolcall:<dataset>  tool calling on any conversations with tools and calls (function_call / tool_calls turns)
+    safety_demo         harmful compliance and over-refusal on Gym's own demo set (30 harmful, 30 benign requests)
+    advbench, harmbench, xstest   the public safety sets from the hub (walledai/...; need the network once)
+    safety:<dataset>    any safety set: rows with a prompt and a label (harmful/unsafe, benign/safe); judged by
+                        `safety_judge` (refusal, or a guard spec such as keywords:FILE)
     lm_eval:<a>,<b>     lm-evaluation-harness tasks, in-process on the same model
 """
 
@@ -27,8 +31,10 @@ BUILTIN_TASKS: dict[str, tuple[str, str]] = {
     "mc_demo": ("mc", "mc_demo"), "mmlu": ("mc", "mmlu"),
     "arithmetic": ("gen", "arithmetic_demo"), "gsm8k": ("gen", "gsm8k"),
     "toolcall_demo": ("toolcall", "toolcall_eval_demo"),
+    "safety_demo": ("safety", "safety_demo"), "advbench": ("safety", "advbench"),
+    "harmbench": ("safety", "harmbench"), "xstest": ("safety", "xstest"),
 }
-KINDS = ("mc", "ppl", "gen", "toolcall", "lm_eval")
+KINDS = ("mc", "ppl", "gen", "toolcall", "safety", "lm_eval")
 TEMPLATES = ("auto", "chat", "plain")
 ALIASES = {"task": "tasks", "eval_tasks": "tasks", "batch_size": "eval_batch_size", "o": "output",
            "reward_funcs": "verifier", "template_mode": "eval_template"}
@@ -74,8 +80,12 @@ class EvalArguments:
     """chat: prompts in the model's chat format; plain: plain text; auto: chat when the model has a template."""
     num_samples: int = 1
     temperature: float = 0.0
-    max_new_tokens: int = 256
+    max_new_tokens: int | None = None
+    """Tokens per generated answer (default: 256 for generation and tool calls, 128 for safety tasks)."""
     verifier: list[str] = field(default_factory=lambda: ["accuracy"])
+    safety_judge: str = "refusal"
+    """Safety tasks: who judges that an answer to a harmful request complied: `refusal` (a string match on the
+    answer's first sentences, gym.safety.refusal) or a guard spec (keywords:FILE, llama-guard:PATH, ...)."""
     cutoff_len: int = 2048
     dataset_dir: str = "data"
     delta: str | None = None
@@ -87,7 +97,7 @@ class EvalArguments:
         if self.eval_template not in TEMPLATES:
             raise ConfigError(f"eval_template must be one of {', '.join(TEMPLATES)}, got {self.eval_template!r}.")
         for key in ("eval_batch_size", "num_samples", "max_new_tokens", "cutoff_len"):
-            if getattr(self, key) < 1:
+            if getattr(self, key) is not None and getattr(self, key) < 1:
                 raise ConfigError(f"{key} must be at least 1, got {getattr(self, key)}.")
         if self.n_shot is not None and self.n_shot < 0:
             raise ConfigError(f"n_shot must be 0 or more, got {self.n_shot}.")
@@ -95,6 +105,8 @@ class EvalArguments:
             raise ConfigError(f"limit must be at least 1, got {self.limit}.")
         if self.variant is not None and (self.delta or ":" not in self.variant):
             raise ConfigError("variant: write STORE:USER (a `gym variants` store and a user in it), without delta.")
+        if not isinstance(self.safety_judge, str) or not self.safety_judge.strip():
+            raise ConfigError("safety_judge: give `refusal` or a guard spec (keywords:FILE, llama-guard:PATH, ...).")
         self.parsed_tasks()  # a bad task name fails before any model loads
 
     def parsed_tasks(self) -> list[EvalTask]:

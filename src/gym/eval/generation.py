@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gym.core.errors import ConfigError, DataError
-from gym.eval.mc import mean_and_stderr
+from gym.core.stats import mean_and_stderr
 from gym.eval.model import EvalModel
 from gym.infer.batch import final_text, load_rows
 from gym.infer.requests import Request

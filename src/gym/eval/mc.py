@@ -16,7 +16,6 @@ chat format with the shots as earlier turns (`eval_template`); the result says w
 from __future__ import annotations
 
 import itertools
-import math
 import re
 from collections import defaultdict
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from gym.core.errors import DataError
+from gym.core.stats import mean_and_stderr
 from gym.data.loader import raw_rows
 from gym.data.registry import get_dataset_attrs, read_dataset_info
 from gym.eval.loglik import LoglikScorer, split_encode
@@ -225,16 +225,6 @@ def _limited(items: list[MCItem], limit: int | None) -> list[MCItem]:
 
 def _argmax(values: list[float]) -> int:
     return max(range(len(values)), key=lambda i: values[i])
-
-
-def mean_and_stderr(values: list[float]) -> tuple[float, float]:
-    """Mean and its standard error (sample standard deviation / sqrt(n), as lm-eval reports it)."""
-    n = len(values)
-    mean = sum(values) / n
-    if n < 2:
-        return mean, float("nan")
-    variance = sum((v - mean) ** 2 for v in values) / (n - 1)
-    return mean, math.sqrt(variance / n)
 
 
 def summarize(samples: list[dict[str, Any]]) -> dict[str, Any]:

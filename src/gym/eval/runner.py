@@ -19,6 +19,8 @@ from gym.eval.mc import MCSettings, MCTask, dev_dataset, read_items
 from gym.eval.model import EvalModel, load_eval_model
 from gym.eval.perplexity import perplexity
 from gym.eval.results import versions, write_report
+from gym.eval.safety import DEFAULT_MAX_NEW_TOKENS as SAFETY_MAX_NEW_TOKENS
+from gym.eval.safety import SafetySettings, safety_task
 from gym.eval.toolcall import ToolCallSettings, toolcall_task
 
 logger = logging.getLogger(__name__)
@@ -29,6 +31,10 @@ def _check_datasets(args: EvalArguments) -> None:
     for task in args.parsed_tasks():
         if task.kind != "lm_eval":
             get_dataset_attrs(task.target, args.dataset_dir)
+    if any(t.kind == "safety" for t in args.parsed_tasks()):
+        from gym.safety.evaluation import check_judge
+
+        check_judge(args.safety_judge)  # a bad spec or keyword list fails before the model loads
     if args.lm_eval_include is None and any(t.kind == "lm_eval" for t in args.parsed_tasks()):
         from gym.eval.lm_eval_bridge import require_lm_eval
 
@@ -58,13 +64,18 @@ def evaluate_tasks(model: EvalModel, args: EvalArguments) -> dict[str, Any]:
         elif task.kind == "gen":
             settings_gen = GenSettings(rewards=args.verifier, n_shot=args.n_shot or 0, chat=chat, limit=args.limit,
                                        num_samples=args.num_samples, temperature=args.temperature,
-                                       max_new_tokens=args.max_new_tokens, seed=args.seed,
+                                       max_new_tokens=args.max_new_tokens or 256, seed=args.seed,
                                        log_samples=args.log_samples)
             results[task.name] = generate_task(model, task.target, args.dataset_dir, settings_gen)
         elif task.kind == "toolcall":
-            settings_tool = ToolCallSettings(chat=chat, limit=args.limit, max_new_tokens=args.max_new_tokens,
+            settings_tool = ToolCallSettings(chat=chat, limit=args.limit, max_new_tokens=args.max_new_tokens or 256,
                                              log_samples=args.log_samples)
             results[task.name] = toolcall_task(model, task.target, args.dataset_dir, settings_tool, task.name)
+        elif task.kind == "safety":
+            settings_safety = SafetySettings(judge=args.safety_judge, chat=chat, limit=args.limit,
+                                             max_new_tokens=args.max_new_tokens or SAFETY_MAX_NEW_TOKENS,
+                                             log_samples=args.log_samples)
+            results[task.name] = safety_task(model, task.target, args.dataset_dir, settings_safety, task.name)
         else:
             from gym.eval.lm_eval_bridge import run_lm_eval
 

@@ -29,12 +29,12 @@ from typing import Any
 
 from gym.core.errors import ConfigError, DataError
 from gym.core.kinds import DataKind
+from gym.core.stats import mean_and_stderr
 from gym.data.formats import Example
 from gym.data.loader import load_examples
 from gym.data.messages import ASSISTANT, tool_calls
 from gym.data.registry import get_dataset_attrs
 from gym.data.tools import ToolCall
-from gym.eval.mc import mean_and_stderr
 from gym.eval.model import EvalModel
 from gym.infer.batch import final_text
 from gym.infer.requests import Request

@@ -67,6 +67,7 @@ class VariantRecord:
     training: dict[str, Any] = field(default_factory=dict)
     gain_kept: float | None = None  # on held-out rows of the user's own data, when there were enough
     losses: dict[str, float] = field(default_factory=dict)
+    safety_gate: dict[str, Any] | None = None  # the safety gate's decision and numbers (gym.safety.gate), if gated
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

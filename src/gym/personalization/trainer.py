@@ -31,6 +31,7 @@ from typing import Any
 from gym.core.errors import ConfigError
 from gym.delta.bitdelta import BitDeltaConfig, BitDeltaQuantizer
 from gym.delta.deltaquant import DeltaQuantConfig, DeltaQuantizer
+from gym.delta.safety import gate_delta
 from gym.delta.weights import load_model
 from gym.personalization.store import (
     DELTA_FILE,
@@ -40,6 +41,7 @@ from gym.personalization.store import (
     now,
     write_manifest,
 )
+from gym.safety.gate import SafetyGate
 
 logger = logging.getLogger(__name__)
 
@@ -131,13 +133,18 @@ class PersonalizedTrainer:
     # -- creating ------------------------------------------------------------------------------------
     def create_variant(self, user_id: str, data: Any = None, preferences: Any = None, *, replace_existing: bool = False,
                        work_dir: str | Path | None = None, held_out: list[dict[str, Any]] | None = None,
-                       **overrides: Any) -> VariantRecord:
+                       safety_gate: SafetyGate | None = None, **overrides: Any) -> VariantRecord:
         """Fine-tune, compress and store `user_id`'s variant. `data`: SFT rows (a list of alpaca-style dicts
         or conversations, a dataset name, or a file); `preferences`: chosen/rejected pairs (trained with
         dpo). `overrides`: any training key (max_steps=30, finetuning_type="full", ...). `work_dir`: where the
         training run goes and stays (its checkpoints; resume it with resume_from_checkpoint=True), instead of a
-        temporary folder; `held_out`: SFT rows to measure the gain kept on, instead of a fifth of `data`'s."""
+        temporary folder; `held_out`: SFT rows to measure the gain kept on, instead of a fifth of `data`'s.
+        `safety_gate`: the compressed variant and the base answer the gate's safety set; a variant whose harmful
+        compliance rose past the gate is refused (SafetyGateRefused, with the numbers) and nothing is stored; a
+        variant that passes keeps the decision in its manifest (`safety_gate`)."""
         check_user_id(user_id)
+        if safety_gate is not None:
+            safety_gate.check()  # the set and the judge, before minutes of training
         if (data is None) == (preferences is None):
             raise ConfigError("create_variant needs exactly one of data= (SFT rows) or preferences= (chosen/rejected "
                               "pairs).")
@@ -153,6 +160,12 @@ class PersonalizedTrainer:
             base, tuned, tokenizer, base_path = self._models(run_dir)
             quantizer, method = self._quantizer(calibration)
             result = quantizer.compress(base, tuned, tokenizer=tokenizer, base_name=self.base_model, progress=False)
+            safety = None
+            if safety_gate is not None:  # the variant as it will be served (compressed) against its base
+                decision = gate_delta(safety_gate, self.base_model, result.entries, result.header,
+                                      source=f"{user_id}'s variant", template=keys.get("template"))
+                decision.raise_if_refused()  # nothing is stored: the store removes the temporary folder
+                safety = decision.to_dict()
             delta_path = result.save(folder / DELTA_FILE)
             gain, losses = (None, {}) if held is None else self._gain(base_path, tuned, delta_path, held, tokenizer,
                                                                       keys)
@@ -160,7 +173,7 @@ class PersonalizedTrainer:
                 user=user_id, base=dict(result.header.get("base", {})), method=method,
                 bytes=delta_path.stat().st_size, created=now(), seconds=round(time.perf_counter() - started, 1),
                 training={k: v for k, v in keys.items() if k not in ("dataset", "dataset_dir", "output_dir")},
-                gain_kept=gain, losses=losses)
+                gain_kept=gain, losses=losses, safety_gate=safety)
             write_manifest(folder, record)
         logger.info("Variant %s: %d bytes in %.0f s.", user_id, record.bytes, record.seconds)
         return record

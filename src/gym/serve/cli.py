@@ -29,6 +29,7 @@ OPTIONS: dict[str, str | None] = {
     "--max_file_bytes": str(FileLimits.max_bytes), "--file_quota_bytes": str(FileLimits.quota_bytes),
     "--train-workers": "1", "--max_queued_jobs": "8", "--max_running_jobs": "1", "--job_options": None,
     "--guard": None, "--guard-window": str(DEFAULT_GUARD_WINDOW), "--guard-threshold": "0.5",
+    "--safety-gate": None, "--safety-judge": None, "--safety-max-rise": None,
 }
 FLAGS = ("--allow-remote-media",)
 
@@ -39,6 +40,7 @@ USAGE = """usage: gym api [CONFIG] [key=value ...] [--host 127.0.0.1] [--port 80
                [--max_media_bytes N] [--db URL] [--max_file_bytes N] [--file_quota_bytes N]
                [--train-workers 1] [--max_queued_jobs 8] [--max_running_jobs 1] [--job_options JSON]
                [--guard SPEC] [--guard-window 16] [--guard-threshold 0.5]
+               [--safety-gate SET [--safety-judge refusal|GUARD_SPEC] [--safety-max-rise 0.05]]
 
 An OpenAI-compatible server (/v1/chat/completions, /v1/completions, /v1/models, /tokenize) for the model CONFIG
 names, as `gym chat` loads it. --variants STORE serves each user's variant as BASE:USER in the same batches.
@@ -51,6 +53,10 @@ are recorded in STORE/service.db, or in the database --db URL names (postgresql:
 queues fine-tuning jobs (at most --max_queued_jobs waiting and --max_running_jobs running per user), run by
 --train-workers processes beside the server (niced, one thread each); --job_options '{"training": {...},
 "delta_method": "bitdelta", "delta_options": {...}}' sets the operator's keys for every job. See docs/service.md.
+--safety-gate SET gates every job's model: the base and the new variant answer the safety set (safety_demo,
+advbench, a file), and a variant whose harmful compliance rose more than --safety-max-rise (or significantly) is not
+published; the job fails with code safety_gate_refused and the numbers (docs/safety.md). In --job_options it is
+"safety_gate": {"dataset": SET, "judge": ..., "max_rise": ...}.
 
 --guard SPEC checks every request before it decodes (a flagged one is a 400, code content_filter) and every answer
 as it streams, --guard-window tokens at a time (a flagged answer ends with finish_reason "content_filter"), and
@@ -95,6 +101,11 @@ def main(argv: list[str]) -> int:
     if workers < 0 or queued < 1 or running < 1:
         raise ConfigError("--train-workers must be 0 or more; --max_queued_jobs and --max_running_jobs at least 1.")
     job_options = _job_options(values["--job_options"])
+    gate = safety_gate_option(values["--safety-gate"], values["--safety-judge"], values["--safety-max-rise"])
+    if gate is not None:
+        if not values["--variants"]:
+            raise ConfigError("--safety-gate gates the fine-tuning jobs of a variant store: give --variants STORE too.")
+        job_options["safety_gate"] = gate
     if given["--db"] and not values["--variants"]:
         raise ConfigError("--db names the database of a variant store's keys and files: give --variants STORE too.")
     if file_bytes < 1 or quota < 1:
@@ -137,15 +148,35 @@ def guard_options(window: str | None, threshold: str | None) -> tuple[int, float
     return size, level
 
 
+def safety_gate_option(dataset: str | None, judge: str | None, max_rise: str | None) -> dict[str, Any] | None:
+    """--safety-gate SET [--safety-judge J] [--safety-max-rise R] as the jobs' safety_gate (checked now)."""
+    if dataset is None:
+        if judge is not None or max_rise is not None:
+            raise ConfigError("--safety-judge and --safety-max-rise set the jobs' safety gate: give --safety-gate SET.")
+        return None
+    gate: dict[str, Any] = {"dataset": dataset}
+    if judge is not None:
+        gate["judge"] = judge
+    if max_rise is not None:
+        try:
+            gate["max_rise"] = float(max_rise)
+        except ValueError:
+            raise ConfigError(f"--safety-max-rise takes a share such as 0.05, got {max_rise!r}.") from None
+    from gym.safety.gate import SafetyGate
+
+    SafetyGate.from_dict(gate).check()  # the set reads and the judge loads, before the server starts
+    return gate
+
+
 def _job_options(text: str | None) -> dict[str, Any]:
-    """--job_options: a JSON object of training (Gym training keys), delta_method and delta_options."""
+    """--job_options: a JSON object of training (Gym training keys), delta_method, delta_options and safety_gate."""
     if not text:
         return {}
     try:
         options = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ConfigError(f"--job_options: not JSON ({exc.msg}).") from None
-    known = {"training", "delta_method", "delta_options"}
+    known = {"training", "delta_method", "delta_options", "safety_gate"}
     if not isinstance(options, dict) or set(options) - known:
         raise ConfigError(f"--job_options: a JSON object with {', '.join(sorted(known))} only.")
     return options

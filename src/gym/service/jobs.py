@@ -135,6 +135,7 @@ class JobSpec:
     delta_options: dict[str, Any] = field(default_factory=dict)
     base_path: str | None = None
     training: dict[str, Any] = field(default_factory=dict)
+    safety_gate: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "method", _method(self.method))
@@ -153,6 +154,7 @@ class JobSpec:
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise ConfigError(f"seed must be an integer, got {self.seed!r}.")
         _delta_config(self.delta_method, self.delta_options)  # an unknown method or option fails now
+        _safety_gate(self.safety_gate)
         for key in ("model_name_or_path", "stage", "dataset", "dataset_dir", "output_dir"):
             if key in self.training:
                 raise ConfigError(f"training.{key} is set by the job itself; remove it.")
@@ -341,6 +343,15 @@ def _delta_config(method: str, options: dict[str, Any]) -> Any:
         raise ConfigError(f"delta_options for {method}: {exc}.") from None
 
 
+def _safety_gate(values: dict[str, Any] | None) -> Any:
+    """The operator's safety gate (gym.safety.gate.SafetyGate), or None; bad options fail naming them."""
+    if values is None:
+        return None
+    from gym.safety.gate import SafetyGate
+
+    return SafetyGate.from_dict(values)
+
+
 # -- events --------------------------------------------------------------------------------------------------------
 def openai_event(level: str, message: str, data: dict[str, Any] | None = None, *,
                  created_at: int | None = None) -> dict[str, Any]:
@@ -411,6 +422,10 @@ class JobResult:
 
 
 def _error(exc: GymError) -> dict[str, Any]:
+    from gym.safety.gate import SafetyGateRefused
+
+    if isinstance(exc, SafetyGateRefused):  # the model trained, and was refused: the message holds the numbers
+        return {"code": "safety_gate_refused", "message": str(exc), "param": None}
     code = "invalid_training_file" if isinstance(exc, DataError) else \
         "invalid_request" if isinstance(exc, ConfigError) else "training_failed"
     return {"code": code, "message": str(exc), "param": "training_file" if isinstance(exc, DataError) else None}
@@ -446,7 +461,11 @@ def run_job(spec: JobSpec, store_dir: str | Path, work_dir: str | Path, on_event
         result.status, result.fine_tuned_model, result.variant = JobStatus.FAILED, None, None
         result.error = _error(known) if known is not None else {"code": "server_error", "message": str(exc),
                                                                 "param": None}
-        emit("error", f"Fine-tuning job failed: {result.error['message']}", {"error": result.error})
+        data: dict[str, Any] = {"error": result.error}
+        decision = getattr(known, "decision", None)  # a safety gate's refusal: its numbers, as the event's data
+        if decision is not None:
+            data["safety_gate"] = decision.to_dict()
+        emit("error", f"Fine-tuning job failed: {result.error['message']}", data)
         if known is None:
             raise  # a bug keeps its traceback; the event above already told the job's owner
     return result
@@ -493,11 +512,13 @@ def _train_and_publish(spec: JobSpec, store: Any, work: Path, emit: EventSink, c
     progress: dict[str, Any] = {}
     trainer = PersonalizedTrainer(spec.base_path or spec.model, _delta_config(spec.delta_method, spec.delta_options),
                                   store=store.root)
+    gate = _safety_gate(spec.safety_gate)
     with extra_callbacks(_job_callback(emit, cancelled, progress)):
         if spec.method is Method.DPO:
-            record = trainer.create_variant(spec.variant, preferences=rows, work_dir=work, **keys)
+            record = trainer.create_variant(spec.variant, preferences=rows, work_dir=work, safety_gate=gate, **keys)
         else:
-            record = trainer.create_variant(spec.variant, data=rows, work_dir=work, held_out=held_out, **keys)
+            record = trainer.create_variant(spec.variant, data=rows, work_dir=work, held_out=held_out,
+                                            safety_gate=gate, **keys)
     steps = [int(e["step"]) for e in read_log(run_dir) if "loss" in e and "step" in e]
     result.trained_steps = max(steps, default=progress.get("step", 0))
     # the count seen by the end (restored from the checkpoint on a resume); absent where the trainer could not
@@ -508,6 +529,10 @@ def _train_and_publish(spec: JobSpec, store: Any, work: Path, emit: EventSink, c
     if record.gain_kept is not None:
         emit("info", f"The stored {record.method} variant keeps {record.gain_kept:.0%} of the fine-tune's loss gain "
              f"on {len(held_out or [])} held-out rows", {"gain_kept": record.gain_kept, "losses": record.losses})
+    if record.safety_gate is not None:
+        emit("info", f"Safety gate passed: harmful compliance on {record.safety_gate['set']} went from "
+             f"{record.safety_gate['base_rate']:.1%} to {record.safety_gate['candidate_rate']:.1%}",
+             {"safety_gate": record.safety_gate})
     result.status = JobStatus.SUCCEEDED
     emit("info", "The job has successfully completed", {"fine_tuned_model": spec.fine_tuned_model,
                                                         "trained_steps": result.trained_steps,

@@ -208,8 +208,8 @@ class JobQueue:
     def claim(self, worker_id: str, base_path: str | None = None,
               options: dict[str, Any] | None = None) -> Claimed | None:
         """Take the oldest queued job whose owner has fewer than `max_running` running: running, this worker's,
-        heartbeat now. None when there is nothing to take. `options`: the operator's training, delta_method and
-        delta_options for every job."""
+        heartbeat now. None when there is nothing to take. `options`: the operator's training, delta_method,
+        delta_options and safety_gate for every job."""
         options = options or {}
         with self.db.session(write=True) as session:
             self.db.lock(session, "jobs:claim")
@@ -231,7 +231,8 @@ class JobQueue:
                                seed=42 if job.seed is None else job.seed, base_path=base_path,
                                training=dict(options.get("training") or {}),
                                delta_method=options.get("delta_method", "bitdelta"),
-                               delta_options=dict(options.get("delta_options") or {}))
+                               delta_options=dict(options.get("delta_options") or {}),
+                               safety_gate=options.get("safety_gate"))
                 return Claimed(spec=spec, work_dir=self.work_dir(job.id), attempt=job.attempts)
         return None
 

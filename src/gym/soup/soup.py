@@ -31,7 +31,9 @@ from gym.delta.apply import save_model_folder
 from gym.delta.bitdelta import BitDeltaQuantizer
 from gym.delta.compress import reconstruct
 from gym.delta.format import save_delta
+from gym.delta.safety import gate_dense
 from gym.delta.weights import Delta, kind_of, load_model
+from gym.infer.answers import ModelAnswers
 from gym.models.loader import resolve_model_path
 from gym.soup import aggregators as agg
 from gym.soup import payouts as pay
@@ -75,6 +77,7 @@ class DeltaSoup:
                  base_model: str | os.PathLike[str] | None = None) -> None:
         self._given_config = config
         self._validator: Any = None
+        self._answers: ModelAnswers | None = None  # the base answering the safety gate's set, made once
         if path is not None:
             self._open(Path(path).expanduser(), base_model)
         elif base_model is not None:
@@ -180,6 +183,14 @@ class DeltaSoup:
             info.update(losses)
             if reason:
                 raise Rejected(reason)
+        gate = config.gate()
+        if gate is not None:  # last: it answers the safety set twice, the costliest check
+            if self._answers is None:
+                self._answers = ModelAnswers.for_model(self.base.model, self.base.ref)
+            decision = gate_dense(gate, self._answers, delta, base_key=self.base.fingerprint)
+            info["safety_gate"] = decision.to_dict()
+            if not decision.passed:
+                raise Rejected(decision.message())
 
     def _write_encoded(self, entries: dict[str, Any], metadata: dict[str, Any]) -> str:
         header = {"method": "bitdelta", "options": {"storage": "deltasoup"},

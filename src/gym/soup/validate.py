@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from gym.delta.evaluate import eval_loss, eval_rows
+from gym.delta.safety import added
 from gym.models.loader import load_tokenizer, resolve_model_path
 from gym.soup.config import DeltaSoupConfig
 from gym.soup.contributions import Base
@@ -39,17 +40,8 @@ class Validator:
 
     def loss_with(self, delta: dict[str, torch.Tensor]) -> float:
         """Validation loss of base + delta. The base model is changed in place and restored bit for bit."""
-        params = dict(self.base.model.named_parameters())
-        saved = {name: params[name].detach().clone() for name in delta}
-        try:
-            with torch.no_grad():
-                for name, value in delta.items():
-                    params[name].add_(value.to(params[name].dtype))
+        with added(self.base.model, delta):
             return eval_loss(self.base.model, self.rows)
-        finally:
-            with torch.no_grad():
-                for name, value in saved.items():
-                    params[name].copy_(value)
 
     def check(self, delta: dict[str, torch.Tensor]) -> tuple[dict[str, Any], str | None]:
         """-> (losses for the ledger, the rejection reason or None)."""
