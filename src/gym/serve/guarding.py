@@ -36,11 +36,35 @@ class GuardPolicy:
     guard: Guard
     window: int = DEFAULT_GUARD_WINDOW
     """Tokens per output window: how often an answer is checked, and how far behind decoding the client reads."""
+    max_batch: int = 32
+    """Checks judged in one guard call: every check waiting when the guard is free goes in the next call."""
     checks: int = field(default=0, init=False)
+    _pending: list[tuple[list[Message], asyncio.Future[Verdict]]] = field(default_factory=list, init=False)
+    _worker: asyncio.Task[None] | None = field(default=None, init=False)
 
     async def judge(self, conversation: list[Message]) -> Verdict:
+        """The guard's verdict, batched with every other check that waits meanwhile: at 16 streams a model guard
+        judges 16 windows in one forward pass instead of 16 (bench/guard_latency.py)."""
         self.checks += 1
-        return await asyncio.to_thread(self.guard.check, conversation)
+        future: asyncio.Future[Verdict] = asyncio.get_running_loop().create_future()
+        self._pending.append((conversation, future))
+        if self._worker is None or self._worker.done():
+            self._worker = asyncio.create_task(self._drain())
+        return await future
+
+    async def _drain(self) -> None:
+        while self._pending:
+            batch, self._pending = self._pending[:self.max_batch], self._pending[self.max_batch:]
+            try:
+                verdicts = await asyncio.to_thread(self.guard.check_batch, [c for c, _ in batch])
+            except Exception as exc:  # the waiting requests fail with it; later checks try again
+                for _, future in batch:
+                    if not future.done():
+                        future.set_exception(exc)
+                continue
+            for (_, future), verdict in zip(batch, verdicts):
+                if not future.done():  # a request whose client left has stopped waiting
+                    future.set_result(verdict)
 
     async def check_input(self, conversation: list[Message], param: str) -> None:
         verdict = await self.judge(conversation)
