@@ -18,7 +18,6 @@ classifiers read the message alone).
 from __future__ import annotations
 
 import re
-import threading
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -97,9 +96,6 @@ def parse_spec(spec: str) -> tuple[str | None, str]:
     return None, spec
 
 
-_cache_lock = threading.Lock()
-
-
 def load_guard(spec: str, *, threshold: float = 0.5) -> Guard:
     """The guard `spec` names (see the module docstring); model guards flag at score >= `threshold`."""
     if not 0.0 < threshold < 1.0:
@@ -109,5 +105,4 @@ def load_guard(spec: str, *, threshold: float = 0.5) -> Guard:
         return KeywordGuard(target)
     from gym.safety.model_guards import load_model_guard
 
-    with _cache_lock:
-        return load_model_guard(family, target, spec=spec, threshold=threshold)
+    return load_model_guard(family, target, spec=spec, threshold=threshold)
