@@ -94,3 +94,32 @@ def test_use_reentrant_gc_reaches_the_checkpointing_kwargs():
 
     training = get_train_args({"use_reentrant_gc": False, "gradient_checkpointing": True}).training
     assert training.activation_checkpointing_kwargs == {"use_reentrant": False}
+
+
+def test_fused_liger_loss_equals_the_plain_loss():
+    """use_liger_kernel: the fused head-and-loss kernel gives the plain path's loss and gradients (a CUDA GPU)."""
+    import pytest
+
+    if not torch.cuda.is_available():
+        pytest.skip("Liger's kernels are Triton: this needs a CUDA GPU")
+    pytest.importorskip("liger_kernel")
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=1024, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
+    model = LlamaForCausalLM(config).cuda()
+    torch.manual_seed(0)
+    ids = torch.randint(5, 1000, (2, 12), device="cuda")
+    labels = ids.clone()
+    labels[:, :5] = -100
+    inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    plain = supervised_lm_loss(model, inputs, labels)
+    plain.backward()
+    expected = {name: p.grad.clone() for name, p in model.named_parameters()}
+    model.zero_grad()
+    fused = supervised_lm_loss(model, inputs, labels, fused=True)
+    torch.testing.assert_close(fused, plain, rtol=1e-4, atol=1e-5)
+    fused.backward()
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, expected[name], rtol=1e-3, atol=1e-5, msg=name)
