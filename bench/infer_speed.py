@@ -118,7 +118,7 @@ def main() -> None:
           f"{ {'avx2': 'AVX2 only', 'native-noamx': 'native without AMX'}.get(args.isa, 'native')} (--isa {args.isa})")
     print(f"{'engine':<10} {'dtype':<9} {'1 stream tok/s':>15} {'eff. GB/s':>10} {'% of probe':>10} "
           f"{f'{args.streams} streams tok/s':>18} {f'TTFT {args.long_prompt_tokens} tok':>15}")
-    for name in args.dtypes.split(","):
+    for name in filter(None, args.dtypes.split(",")):
         if name == "bfloat16" and not cpu_supports_bf16():
             print(f"{'-':<10} {name:<9} skipped: this CPU has no native bf16")
             continue

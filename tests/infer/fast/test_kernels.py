@@ -431,6 +431,26 @@ def test_compiled_linear_large_shapes_split_across_threads(ops, rows):
         assert rel_err(op(x, weights, scale), quant_linear_exact(x, unpack(weights, scale))) < 1e-5
 
 
+def test_compiled_linear_prompt_rows_cross_row_blocks_and_equal_each_row_alone(ops):
+    """A prompt's rows are taken a block at a time (the block's rows stay in L2: 112 float rows or ~450 int8 rows
+    at K = 576). Every row crosses or ends a block somewhere here, and each must equal its one-row product bit for
+    bit: a prompt's numbers may not depend on how many rows share the call."""
+    n, k, rows = 48, 576, 461
+    x = randn(rows, k, seed=400)
+    w = randn(n, k, seed=401)
+    picked = [0, 111, 112, 113, 223, 224, 447, 448, 451, 452, 455, 456, 460]
+    got = ops.linear(x, w)
+    want = x.double() @ w.double().T
+    assert torch.all((got.double() - want).abs() <= 1e-5 * (x.double().abs() @ w.double().abs().T) + 1e-6)
+    for r in picked:
+        assert torch.equal(got[r], ops.linear(x[r:r + 1], w)[0]), r
+    for pack, op in ((kernels.pack_int8, ops.linear_q8), (kernels.pack_int4, ops.linear_q4)):
+        weights, scale = pack(w)
+        together = op(x, weights, scale)
+        for r in picked:
+            assert torch.equal(together[r], op(x[r:r + 1], weights, scale)[0]), (op, r)
+
+
 def test_compiled_linear_quantized_zero_activation_blocks(ops):
     x = randn(5, 96, seed=11)
     x[0] = 0  # a whole row of zeros

@@ -486,49 +486,68 @@ void check_input(const at::Tensor& x, int64_t K) {
   TORCH_CHECK(x.size(1) == K, "activation width ", x.size(1), " does not match the weight's ", K);
 }
 
-constexpr int kTile = 4;  // float weight rows whose products share each activation vector loaded
+// Float weight rows whose products share each activation vector loaded. AVX2 has 16 vector registers: 4
+// activation rows x 3 weight rows of accumulators, 3 weight vectors and an activation vector fill them exactly,
+// where 4 x 4 spilled (1,024-token prefill products 1.2x faster). AVX-512 has 32: 6 x 4 of them.
+#if defined(GYM_AVX512)
+constexpr int kTile = 4;
+#else
+constexpr int kTile = 3;
+#endif
+
+// Activation rows per block: a prompt's rows are taken a block at a time, each block's rows staying in L2
+// (256 KB of them) while every weight tile of the thread's range passes over them. Without it the rows of a
+// 1,024-token prefill (2.4 MB at K = 576) were read from L3 for every tile: 80 instead of 117 GFLOP/s.
+inline int64_t row_block(int64_t row_bytes, int64_t multiple) {
+  const int64_t rows = (int64_t(256) << 10) / std::max<int64_t>(1, row_bytes);
+  return std::max<int64_t>(multiple, rows / multiple * multiple);
+}
 
 // Each thread takes a range of output features, kTile at a time; within a tile, groups of up to
 // kMaxRows activation rows share every weight vector loaded. `tile(R, T, n, b)` computes rows b..b+R
 // of outputs n..n+T. One or two rows read float weights one row at a time: a single stream is what
 // the hardware prefetcher follows best, and at that batch the loads, not the arithmetic, are the limit.
-
+// Every product is computed by the same code whatever the tile, so the grouping never changes a number.
 template <typename Tile>
-void for_each_tile(int64_t B, int64_t N, int64_t bytes_per_row, Tile tile) {
+void for_each_tile(int64_t B, int64_t N, int64_t K, int64_t bytes_per_row, Tile tile) {
   const int64_t grain = std::max<int64_t>(kTile, (int64_t(1) << 16) / std::max<int64_t>(1, bytes_per_row));
+  const int64_t block = row_block(K * int64_t(sizeof(float)), kMaxRows);
   parallel_for(0, (N + kTile - 1) / kTile, (grain + kTile - 1) / kTile, [&](int64_t t0, int64_t t1) {
-    for (int64_t n = t0 * kTile; n < std::min(N, t1 * kTile); n += kTile) {
-      const bool full = n + kTile <= N && B > 2;
-      for (int64_t b = 0; b < B; b += kMaxRows) {
-        const int64_t rows = std::min<int64_t>(kMaxRows, B - b);
-        if (!full) {
-          for (int64_t m = n; m < std::min(N, n + kTile); ++m) {
-            switch (rows) {
-              case 1: tile(std::integral_constant<int, 1>{}, std::integral_constant<int, 1>{}, m, b); break;
-              case 2: tile(std::integral_constant<int, 2>{}, std::integral_constant<int, 1>{}, m, b); break;
-              case 3: tile(std::integral_constant<int, 3>{}, std::integral_constant<int, 1>{}, m, b); break;
+    for (int64_t b0 = 0; b0 < B; b0 += block) {
+      const int64_t b1 = std::min(B, b0 + block);
+      for (int64_t n = t0 * kTile; n < std::min(N, t1 * kTile); n += kTile) {
+        const bool full = n + kTile <= N && B > 2;
+        for (int64_t b = b0; b < b1; b += kMaxRows) {
+          const int64_t rows = std::min<int64_t>(kMaxRows, b1 - b);
+          if (!full) {
+            for (int64_t m = n; m < std::min(N, n + kTile); ++m) {
+              switch (rows) {
+                case 1: tile(std::integral_constant<int, 1>{}, std::integral_constant<int, 1>{}, m, b); break;
+                case 2: tile(std::integral_constant<int, 2>{}, std::integral_constant<int, 1>{}, m, b); break;
+                case 3: tile(std::integral_constant<int, 3>{}, std::integral_constant<int, 1>{}, m, b); break;
 #if defined(GYM_AVX512)
-              case 4: tile(std::integral_constant<int, 4>{}, std::integral_constant<int, 1>{}, m, b); break;
-              case 5: tile(std::integral_constant<int, 5>{}, std::integral_constant<int, 1>{}, m, b); break;
-              default: tile(std::integral_constant<int, 6>{}, std::integral_constant<int, 1>{}, m, b); break;
+                case 4: tile(std::integral_constant<int, 4>{}, std::integral_constant<int, 1>{}, m, b); break;
+                case 5: tile(std::integral_constant<int, 5>{}, std::integral_constant<int, 1>{}, m, b); break;
+                default: tile(std::integral_constant<int, 6>{}, std::integral_constant<int, 1>{}, m, b); break;
 #else
-              default: tile(std::integral_constant<int, 4>{}, std::integral_constant<int, 1>{}, m, b); break;
+                default: tile(std::integral_constant<int, 4>{}, std::integral_constant<int, 1>{}, m, b); break;
 #endif
+              }
             }
+            continue;
           }
-          continue;
-        }
-        switch (rows) {
-          case 1: tile(std::integral_constant<int, 1>{}, std::integral_constant<int, kTile>{}, n, b); break;
-          case 2: tile(std::integral_constant<int, 2>{}, std::integral_constant<int, kTile>{}, n, b); break;
-          case 3: tile(std::integral_constant<int, 3>{}, std::integral_constant<int, kTile>{}, n, b); break;
+          switch (rows) {
+            case 1: tile(std::integral_constant<int, 1>{}, std::integral_constant<int, kTile>{}, n, b); break;
+            case 2: tile(std::integral_constant<int, 2>{}, std::integral_constant<int, kTile>{}, n, b); break;
+            case 3: tile(std::integral_constant<int, 3>{}, std::integral_constant<int, kTile>{}, n, b); break;
 #if defined(GYM_AVX512)
-          case 4: tile(std::integral_constant<int, 4>{}, std::integral_constant<int, kTile>{}, n, b); break;
-          case 5: tile(std::integral_constant<int, 5>{}, std::integral_constant<int, kTile>{}, n, b); break;
-          default: tile(std::integral_constant<int, 6>{}, std::integral_constant<int, kTile>{}, n, b); break;
+            case 4: tile(std::integral_constant<int, 4>{}, std::integral_constant<int, kTile>{}, n, b); break;
+            case 5: tile(std::integral_constant<int, 5>{}, std::integral_constant<int, kTile>{}, n, b); break;
+            default: tile(std::integral_constant<int, 6>{}, std::integral_constant<int, kTile>{}, n, b); break;
 #else
-          default: tile(std::integral_constant<int, 4>{}, std::integral_constant<int, kTile>{}, n, b); break;
+            default: tile(std::integral_constant<int, 4>{}, std::integral_constant<int, kTile>{}, n, b); break;
 #endif
+          }
         }
       }
     }
@@ -544,7 +563,7 @@ at::Tensor linear_float(const at::Tensor& x, const at::Tensor& w) {
   float* yp = y.data_ptr<float>();
   const auto run = [&](auto kind_tag, const void* wp, int64_t elem) {
     constexpr WeightKind kind = decltype(kind_tag)::value;
-    for_each_tile(B, N, K * elem, [&](auto rows, auto tiles, int64_t n, int64_t b) {
+    for_each_tile(B, N, K, K * elem, [&](auto rows, auto tiles, int64_t n, int64_t b) {
       constexpr int R = decltype(rows)::value, T = decltype(tiles)::value;
       float part[R * T];
       dot_float<kind, R, T>(xp + b * K, K, static_cast<const char*>(wp) + n * K * elem, K, K, part);
@@ -642,11 +661,13 @@ at::Tensor linear_quant(const at::Tensor& x, const at::Tensor& wq, const at::Ten
   const auto* sp = static_cast<const uint16_t*>(ws.data_ptr());
   const int64_t group_bytes = kGroup * wq.size(1), group_params = params * blocks * kGroup;
   const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 16) / group_bytes);
+  const int64_t block = row_block(K, kGroupRows);  // the int8 rows a block of the prompt keeps in L2
   parallel_for(0, N / kGroup, grain, [&](int64_t g0, int64_t g1) {
+    for (int64_t b0 = 0; b0 < B; b0 += block)
     for (int64_t g = g0; g < g1; ++g) {
       const uint8_t* w = wp + g * group_bytes;
       const uint16_t* s = sp + g * group_params;
-      for (int64_t b = 0; b < B; b += kGroupRows) {
+      for (int64_t b = b0; b < std::min(B, b0 + block); b += kGroupRows) {
         const int8_t* xr = xq.data() + b * K;
         const float* sr = xs.data() + b * blocks;
         const int32_t* tr = xsum.data() + b * blocks;
@@ -789,8 +810,24 @@ inline void attend(const float* qv, const float* kr, const float* vr, int64_t n,
     top = std::max(top, scores[j]);
   }
   const float total = exp_shifted(scores.data(), n, top);
-  for (int64_t d = 0; d < dim; ++d) o[d] = 0.f;
-  for (int64_t j = 0; j < n; ++j) axpy(o, scores[j] / total, vr + j * dim, dim);
+  int64_t d0 = 0;
+#ifdef GYM_AVX2
+  // 64 outputs at a time stay in registers over every position: the same fused multiply-adds in the same order
+  // as axpy's, without loading and storing o at each position (a 1,024-token prefill's attention 1.6x faster).
+  for (; d0 + 64 <= dim; d0 += 64) {
+    __m256 acc[8];
+    for (int i = 0; i < 8; ++i) acc[i] = _mm256_setzero_ps();
+    for (int64_t j = 0; j < n; ++j) {
+      const __m256 a = _mm256_set1_ps(scores[j] / total);
+      const float* x = vr + j * dim + d0;
+      for (int i = 0; i < 8; ++i) acc[i] = _mm256_fmadd_ps(a, _mm256_loadu_ps(x + 8 * i), acc[i]);
+    }
+    for (int i = 0; i < 8; ++i) _mm256_storeu_ps(o + d0 + 8 * i, acc[i]);
+  }
+#endif
+  for (int64_t d = d0; d < dim; ++d) o[d] = 0.f;
+  if (d0 < dim)
+    for (int64_t j = 0; j < n; ++j) axpy(o + d0, scores[j] / total, vr + j * dim + d0, dim - d0);
 }
 
 // One decode step of attention for each row r: store its new key and value (k, v [rows, kv heads, dim]) at
