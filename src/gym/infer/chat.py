@@ -14,6 +14,7 @@ the same chat format as training, then the processor expands each placeholder in
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import weakref
 from collections.abc import Iterator, Sequence
@@ -33,8 +34,9 @@ from gym.data.templates import get_chat_format
 from gym.data.tools import ToolError, ToolFormat, parse_tools
 from gym.infer import grammar
 from gym.infer.config import resolve_inference_config
-from gym.infer.engines import build_engine, multimodal_backend, require_llamacpp, require_vllm
+from gym.infer.engines import build_engine, fast_unsupported, multimodal_backend, require_llamacpp, require_vllm
 from gym.infer.fast.bank import VariantSource
+from gym.infer.fast.direct import DirectModel, load_direct
 from gym.infer.grammar import Constraint
 from gym.infer.requests import Engine, Finished, Media, SamplingParams
 from gym.infer.tool_choice import (
@@ -124,7 +126,7 @@ class ChatModel:
         self.model_args, self.data_args, _, generating = get_infer_args(
             {k: v for k, v in resolved.items() if k != "output_dir"})
         self.adapters = split_names(self.model_args.adapter_name_or_path)
-        self.model: Any = None
+        self._model: Any = None  # what the engine is built from: model, or the fast engine's DirectModel
         self.media: MediaInputs | None = None  # a vision-language model's processor and placeholders
         if self.model_args.infer_backend == "llamacpp":
             self.model_path, self.tokenizer = self._gguf_source()
@@ -136,7 +138,8 @@ class ChatModel:
             self.media = self._media_inputs()
             self.tokenizer = self.media.tokenizer if self.media else load_tokenizer(self.model_path, self.model_args)
             if self.model_args.infer_backend in ("auto", "fast", "hf"):
-                self.model = self._load_hf_model()
+                direct = self._direct_model(variants)
+                self._model = direct if direct is not None else self._load_hf_model()
             else:
                 require_vllm()  # before anything slow, so a missing backend is the first thing the user hears
         self.chat_format = get_chat_format(self.tokenizer, self.data_args.template, self.data_args.default_system,
@@ -156,6 +159,44 @@ class ChatModel:
         processor = vision.load_processor(self.model_path, self.model_args)
         return MediaInputs.for_processor(processor, self.model_path, image_max_pixels=self.model_args.image_max_pixels,
                                          image_min_pixels=self.model_args.image_min_pixels)
+
+    @property
+    def model(self) -> Any:
+        """The model as transformers loads it (None for the vllm and llamacpp backends, which load their own). Where
+        the fast engine reads the model's files itself (gym.infer.fast.direct), the first use loads it; when that
+        is before the engine starts, the engine serves this model, whatever was changed in it (a delta added)."""
+        if isinstance(self._model, DirectModel):
+            with self._engine_lock:
+                if isinstance(self._model, DirectModel):
+                    self._model = self._load_hf_model()
+        return self._model
+
+    @property
+    def model_config(self) -> Any:
+        """The model's config (None for vllm and llamacpp), without loading anything more."""
+        return getattr(self._model, "config", None)
+
+    def _direct_model(self, variants: VariantSource | None) -> Any:
+        """The model read straight from its folder's files (gym.infer.fast.direct), where only the fast engine on the
+        CPU will use it as the files hold it: no adapter, variant, quantization on load, RoPE scaling or GPU. It
+        skips importing transformers' model classes and building their model (~2 s of a start). None: load it with
+        transformers (also when GYM_DIRECT_LOAD=0)."""
+        args = self.model_args
+        if (args.infer_backend not in ("auto", "fast") or self.adapters or self.media is not None
+                or variants is not None or args.use_unsloth or args.quantization_bit is not None
+                or args.rope_scaling is not None or not Path(self.model_path).is_dir() or torch.cuda.is_available()
+                or os.environ.get("GYM_DIRECT_LOAD", "1").strip().lower() in ("0", "false", "no", "off")):
+            return None
+        model, reason = load_direct(self.model_path, self._dtype())
+        if model is None:
+            logger.debug("Loading %s with transformers: the fast engine's own loader does not read it, as %s.",
+                         self.model_path, reason)
+            return None
+        if (unsupported := fast_unsupported(model)) is not None:
+            logger.debug("Loading %s with transformers: the fast engine cannot serve it (%s).", self.model_path,
+                         unsupported)
+            return None
+        return model
 
     def _load_hf_model(self) -> Any:
         loader = vision.load_multimodal if self.media is not None else load_causal_lm
@@ -196,7 +237,7 @@ class ChatModel:
         with self._engine_lock:
             if self._engine is not None:
                 return self._engine
-            engine = build_engine(self.model_args, model=self.model, tokenizer=self.tokenizer,
+            engine = build_engine(self.model_args, model=self._model, tokenizer=self.tokenizer,
                                   model_path=self.model_path, adapters=self.adapters,
                                   stop_token_ids=self.chat_format.stop_token_ids(), multimodal=self.media is not None,
                                   weights_folder=None if self.adapters else self.model_path,

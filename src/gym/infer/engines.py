@@ -26,7 +26,6 @@ import torch
 
 from gym.config.model import ModelArguments
 from gym.core.errors import ConfigError
-from gym.infer.hf_engine import HFEngine
 from gym.infer.requests import Engine
 
 if TYPE_CHECKING:
@@ -133,6 +132,9 @@ def build_engine(model_args: ModelArguments, *, model: Any, tokenizer: Any, mode
         if model_args.infer_dtype in QUANTIZED:
             raise ConfigError(f"infer_dtype: {model_args.infer_dtype} runs on the fast engine; set infer_backend: "
                               "fast or auto (or a float infer_dtype for hf).")
+        # Imported here: transformers' cache classes, which a start on the fast engine never needs.
+        from gym.infer.hf_engine import HFEngine
+
         return HFEngine(model, tokenizer, stop_token_ids, max_batch_size=max_batch_size, max_waiting=max_waiting)
     if backend == "vllm":
         require_vllm()

@@ -22,13 +22,6 @@ import torch
 from filelock import FileLock
 from huggingface_hub import try_to_load_from_cache
 from safetensors import SafetensorError
-from transformers import (
-    AutoConfig,
-    AutoModelForCausalLM,
-    AutoModelForSequenceClassification,
-    AutoTokenizer,
-    GenerationConfig,
-)
 
 from gym.config.model import ModelArguments
 from gym.core.errors import ModelError
@@ -36,7 +29,6 @@ from gym.core.files import FORMAT_VERSION, temp_path
 from gym.core.files import MANIFEST_FILE as MANIFEST
 from gym.core.home import gym_home
 from gym.models import unsloth
-from gym.models.attention import register_shift_attention
 from gym.models.base_quantization import describe_quantized, device_map, quantization_config
 from gym.models.registry import DEFAULT_MODEL, EMBEDDED, HUB_PRESETS, known_names
 from gym.models.tiny import TINY_MODELS, build_tiny
@@ -74,6 +66,8 @@ def convert_gguf(gguf_path: str | os.PathLike[str], dest: str | os.PathLike[str]
     Safe against two processes doing it at once (a file lock), and atomic: the folder is written
     under a temporary name and renamed, so a crash never leaves a half-written model behind.
     """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     gguf_path, dest = Path(gguf_path), Path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(dest) + ".lock"):
@@ -165,6 +159,8 @@ def gguf_file(ref: str | None) -> Path | None:
 
 def load_gguf_tokenizer(path: Path) -> Any:
     """A GGUF file's tokenizer (and chat template) without converting its weights."""
+    from transformers import AutoTokenizer
+
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     except (OSError, ValueError, KeyError) as exc:
@@ -192,6 +188,8 @@ def attn_implementation(model_args: ModelArguments | None) -> str:
     if model_args is None:
         return "sdpa"
     if model_args.shift_attn:
+        from gym.models.attention import register_shift_attention  # transformers' attention internals: ~1.5 s
+
         return register_shift_attention()
     choice = model_args.flash_attn
     if choice in ("eager", "disabled"):
@@ -207,7 +205,7 @@ def attn_implementation(model_args: ModelArguments | None) -> str:
 def load_tokenizer(model_path: str, model_args: ModelArguments | None = None) -> Any:
     kwargs = _hub_kwargs(model_args)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(model_path, **kwargs)
+        tokenizer = _auto_tokenizer(model_path, kwargs)
     except (OSError, ValueError) as exc:  # transformers raises ValueError when a folder has no tokenizer files
         raise ModelError(f"Could not load the tokenizer of {model_path}: {_first_line(exc)} A model folder saved "
                          "without its tokenizer needs one: copy the base model's tokenizer files into it.") from None
@@ -216,8 +214,27 @@ def load_tokenizer(model_path: str, model_args: ModelArguments | None = None) ->
     return tokenizer
 
 
+def _auto_tokenizer(model_path: str, kwargs: dict[str, Any]) -> Any:
+    """AutoTokenizer's tokenizer, through the class it picked on an earlier start when that is known
+    (gym.models.tokenizer_class: skips building the config it picks by, ~0.7 s)."""
+    from gym.models import tokenizer_class
+
+    known = tokenizer_class.remembered(model_path)
+    if known is not None:
+        # As AutoTokenizer calls it: without its own keywords, marked as coming from the auto class.
+        return known.from_pretrained(model_path, _from_auto=True,
+                                     **{k: v for k, v in kwargs.items() if k != "trust_remote_code"})
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path, **kwargs)
+    tokenizer_class.remember(model_path, tokenizer)
+    return tokenizer
+
+
 def scaled_rope_config(model_path: str, model_args: ModelArguments) -> Any:
     """The model's config with RoPE stretched to model_max_length (rope_scaling), as transformers reads it."""
+    from transformers import AutoConfig
+
     config = AutoConfig.from_pretrained(model_path, **_hub_kwargs(model_args))
     rope = dict(getattr(config, "rope_parameters", None) or {})
     if rope.get("rope_type", "default") != "default":
@@ -243,6 +260,8 @@ def scaled_rope_config(model_path: str, model_args: ModelArguments) -> Any:
 def load_causal_lm(model_path: str, model_args: ModelArguments | None = None,
                    dtype: torch.dtype = torch.float32) -> Any:
     """The model in `dtype` (quantized on load when model_args asks for it, computing in `dtype`)."""
+    from transformers import AutoModelForCausalLM
+
     if model_args is not None and model_args.use_unsloth:
         return unsloth.load(model_path, model_args, dtype)
     kwargs = _load_kwargs(model_path, model_args, dtype)
@@ -259,6 +278,8 @@ def load_causal_lm(model_path: str, model_args: ModelArguments | None = None,
 def load_reward_backbone(model_path: str, model_args: ModelArguments | None = None,
                          dtype: torch.dtype = torch.float32) -> Any:
     """The base model with a new scalar head (`score`), for training a reward model."""
+    from transformers import AutoModelForSequenceClassification
+
     try:
         model = AutoModelForSequenceClassification.from_pretrained(
             model_path, num_labels=1, dtype=dtype, attn_implementation=attn_implementation(model_args),
@@ -278,6 +299,8 @@ def load_classifier_backbone(model_path: str, model_args: ModelArguments | None 
     """The base model with a new classification head (`score`, one output per class in `labels`, read at the last
     token), for training a sequence classifier. The config carries the class names (id2label, label2id), so the
     saved folder tells any loader what each output means."""
+    from transformers import AutoModelForSequenceClassification
+
     try:
         model = AutoModelForSequenceClassification.from_pretrained(
             model_path, num_labels=len(labels), id2label=dict(enumerate(labels)),
@@ -309,6 +332,8 @@ def require_safetensors(folder: Path) -> None:
 
 def generation_defaults(model_path: str) -> dict[str, Any]:
     """The decoding settings the model's own generation_config.json sets (only those it sets)."""
+    from transformers import GenerationConfig
+
     try:
         config = GenerationConfig.from_pretrained(model_path)
     except (OSError, ValueError):  # no generation_config.json: the model has no preferences

@@ -565,7 +565,7 @@ def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
 
 
 def _context_length(chat_model: ChatModel) -> int:
-    config = getattr(chat_model.model, "config", None)
+    config = chat_model.model_config
     if config is None:
         config = AutoConfig.from_pretrained(chat_model.model_path,
                                             trust_remote_code=chat_model.model_args.trust_remote_code)

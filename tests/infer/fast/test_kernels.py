@@ -371,6 +371,32 @@ def test_pack_handles_zero_blocks():
     assert torch.all(dense[torch.arange(16) != 1] == 0)  # all-zero blocks stay exactly zero
 
 
+def _packing_inputs() -> list[torch.Tensor]:
+    """Gaussian rows at several magnitudes, heavy tails, a block of zeros, a constant block, a Q4_1 grid, and
+    values whose rounding lands on ties (multiples of half a step)."""
+    gaussian = torch.cat([randn(16, 256, seed=30, scale=s) for s in (1e-6, 0.02, 1.0, 300.0)])
+    tails = randn(32, 128, seed=31) ** 3
+    special = randn(16, 96, seed=32)
+    special[0, :32] = 0
+    special[1, :32] = 0.37
+    grid = (torch.randint(0, 16, (16, 64), generator=torch.Generator().manual_seed(33)).float() * 0.125 - 1.0)
+    ties = torch.randint(-254, 255, (16, 64), generator=torch.Generator().manual_seed(34)).float() / 2
+    return [gaussian, tails, special, grid, ties]
+
+
+@pytest.mark.parametrize("fmt", ["int8", "int4"])
+def test_compiled_packing_gives_the_references_bytes(ops, monkeypatch, fmt):
+    """The packer in C++ (each instruction-set variant) and the torch reference make the same bytes, so a model
+    packs the same with and without the compiled kernels, and a cache made by one is right for the other."""
+    pack = kernels.pack_int8 if fmt == "int8" else kernels.pack_int4
+    for weight in _packing_inputs():
+        compiled = pack(weight)
+        with monkeypatch.context() as patch:
+            patch.setitem(kernels._state, "ok", False)
+            reference = pack(weight)
+        assert all(torch.equal(a, b) for a, b in zip(compiled, reference, strict=True)), weight.shape
+
+
 # -- compiled kernels against plain torch ------------------------------------------------------------------
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize(("n", "k"), FLOAT_SHAPES)

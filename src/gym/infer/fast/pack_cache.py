@@ -31,6 +31,7 @@ import torch
 from gym.core.files import PACKED_FOLDER
 from gym.core.home import gym_home
 from gym.infer.fast import kernels
+from gym.infer.fast.kernel_build import CSRC
 from gym.infer.fast.linear import pack
 
 logger = logging.getLogger(__name__)
@@ -52,11 +53,13 @@ def enabled() -> bool:
 def _code_version() -> str:
     """The packing code's identity: a change to any function that decides the packed bytes is a new key."""
     functions: list[Callable[..., Any]] = [kernels.pack_int8, kernels.pack_int4, kernels._best_scales,
-                                           kernels._int4_codes, kernels._grouped, kernels._grouped_params]
+                                           kernels._int4_codes, kernels._halving_sum, kernels._nibbles,
+                                           kernels._grouped, kernels._grouped_params]
     layout = f"{PACK_VERSION}|{kernels.BLOCK}|{kernels.GROUP}|{kernels.QUAD}|{torch.__version__}"
     digest = hashlib.sha256(layout.encode())
     for function in functions:
         digest.update(inspect.getsource(function).encode())
+    digest.update((CSRC / "pack.cpp").read_bytes())  # the compiled packer, which gives the same bytes
     return digest.hexdigest()
 
 

@@ -155,6 +155,11 @@ void sign_matmul_add_(at::Tensor& y, const at::Tensor& x, const at::Tensor& rows
   active().sign_matmul_add_(y, x, rows, bits, scales, group_sizes);
 }
 
+std::tuple<at::Tensor, at::Tensor> pack_q8(const at::Tensor& weight, const at::Tensor& factors) {
+  return active().pack_q8(weight, factors);
+}
+std::tuple<at::Tensor, at::Tensor, at::Tensor> pack_q4(const at::Tensor& weight) { return active().pack_q4(weight); }
+
 }  // namespace
 
 TORCH_LIBRARY(gym_kernels, m) {
@@ -173,6 +178,8 @@ TORCH_LIBRARY(gym_kernels, m) {
         &decode_layers);
   m.def("sign_matmul_add_(Tensor(a!) y, Tensor x, Tensor rows, Tensor[] bits, Tensor[] scales, int[] group_sizes) -> ()",
         &sign_matmul_add_);
+  m.def("pack_q8(Tensor weight, Tensor factors) -> (Tensor, Tensor)", &pack_q8);
+  m.def("pack_q4(Tensor weight) -> (Tensor, Tensor, Tensor)", &pack_q4);
   m.def("use_isa(str name) -> str", &use_isa);
   m.def("isa() -> str", &isa);
   m.def("isas() -> str[]", &isas);

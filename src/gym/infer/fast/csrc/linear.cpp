@@ -20,11 +20,13 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
+#include <c10/util/Half.h>
 #include <torch/library.h>
 
 #include <sched.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -1351,11 +1353,13 @@ void sign_matmul_add_(at::Tensor& y, const at::Tensor& x, const at::Tensor& rows
   });
 }
 
+#include "pack.cpp"
+
 }  // namespace
 
 extern const gym_kernels::Ops ops;  // external linkage: dispatch.cpp reads every variant's table
 const gym_kernels::Ops ops = {GYM_ISA_NAME,      &linear_float,     &linear_q8,   &linear_q4,        &rms_norm,
                               &rope_,            &decode_attention, &prefill_attention, &silu_mul, &decode_layers,
-                              &sign_matmul_add_};
+                              &sign_matmul_add_, &pack_q8,       &pack_q4};
 
 }  // namespace GYM_ISA_NS

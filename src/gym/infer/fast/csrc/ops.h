@@ -5,6 +5,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <tuple>
 
 namespace gym_kernels {
 
@@ -26,6 +27,8 @@ struct Ops {
                               double scale);
   void (*sign_matmul_add_)(at::Tensor& y, const at::Tensor& x, const at::Tensor& rows, at::TensorList bits,
                            at::TensorList scales, at::IntArrayRef group_sizes);
+  std::tuple<at::Tensor, at::Tensor> (*pack_q8)(const at::Tensor& weight, const at::Tensor& factors);
+  std::tuple<at::Tensor, at::Tensor, at::Tensor> (*pack_q4)(const at::Tensor& weight);
 };
 
 }  // namespace gym_kernels

@@ -1,0 +1,68 @@
+"""The tokenizer class AutoTokenizer picked, remembered per folder (gym.models.tokenizer_class): a later load gives the
+same tokenizer without AutoTokenizer, and any change to the folder's small files sends it back to AutoTokenizer."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import transformers
+
+from gym.models import tokenizer_class
+from gym.models.loader import load_tokenizer
+
+TEXT = "Hello <|im_start|>user\n wörld  \t 123 <|im_end|> ünïcode 🙂"
+
+
+@pytest.fixture
+def folder(tmp_path, monkeypatch, embedded_dir):
+    monkeypatch.setenv("GYM_HOME", str(tmp_path / "home"))
+    copy = tmp_path / "model"
+    copy.mkdir()
+    for file in embedded_dir.iterdir():
+        if file.is_file() and file.suffix != ".safetensors":
+            shutil.copy2(file, copy / file.name)
+    return copy
+
+
+def _refuse_auto(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("AutoTokenizer was asked")
+
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", refuse)
+
+
+def test_a_second_load_gives_the_same_tokenizer_without_autotokenizer(folder, monkeypatch):
+    first = load_tokenizer(str(folder))
+    assert tokenizer_class.remembered(folder) is type(first)
+    _refuse_auto(monkeypatch)
+    again = load_tokenizer(str(folder))
+    assert type(again) is type(first) and again.init_kwargs == first.init_kwargs
+    assert again.encode(TEXT) == first.encode(TEXT) and again.decode(first.encode(TEXT)) == first.decode(
+        first.encode(TEXT))
+    assert (again.eos_token_id, again.pad_token_id, again.all_special_ids, again.chat_template) == (
+        first.eos_token_id, first.pad_token_id, first.all_special_ids, first.chat_template)
+
+
+def test_a_changed_file_in_the_folder_sends_it_back_to_autotokenizer(folder, monkeypatch):
+    load_tokenizer(str(folder))
+    config = folder / "tokenizer_config.json"
+    config.write_text(config.read_text() + "\n")  # one byte more: a new size
+    assert tokenizer_class.remembered(folder) is None
+    _refuse_auto(monkeypatch)
+    with pytest.raises(AssertionError, match="AutoTokenizer was asked"):
+        load_tokenizer(str(folder))
+
+
+def test_turned_off_it_neither_remembers_nor_reads(folder, monkeypatch):
+    monkeypatch.setenv("GYM_TOKENIZER_MEMO", "0")
+    load_tokenizer(str(folder))
+    assert not (tokenizer_class.gym_home() / "tokenizers").exists()
+
+
+def test_a_class_from_outside_transformers_is_never_remembered(folder):
+    class Custom:  # what a model's own code (auto_map) would bring
+        __module__ = "custom_tokenizer_module"
+
+    tokenizer_class.remember(folder, Custom())
+    assert tokenizer_class.remembered(folder) is None
