@@ -45,7 +45,7 @@ def _key(folder: Path) -> str:
     return digest.hexdigest()
 
 
-def _memo_file(folder: Path) -> Path:
+def memo_file(folder: Path) -> Path:
     return gym_home() / "tokenizers" / f"{hashlib.sha256(str(folder.resolve()).encode()).hexdigest()[:16]}.json"
 
 
@@ -55,7 +55,7 @@ def remembered(folder: str | os.PathLike[str]) -> Any:
     if not enabled() or not path.is_dir():
         return None
     try:
-        memo = json.loads(_memo_file(path).read_text())
+        memo = json.loads(memo_file(path).read_text())
         if memo.get("key") != _key(path):
             return None
         module, _, name = str(memo["class"]).rpartition(".")
@@ -73,7 +73,7 @@ def remember(folder: str | os.PathLike[str], tokenizer: Any) -> None:
     cls = type(tokenizer)
     if not enabled() or not path.is_dir() or not cls.__module__.startswith("transformers."):
         return
-    target = _memo_file(path)
+    target = memo_file(path)
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         temporary = temp_path(target)
