@@ -66,3 +66,17 @@ def test_a_class_from_outside_transformers_is_never_remembered(folder):
 
     tokenizer_class.remember(folder, Custom())
     assert tokenizer_class.remembered(folder) is None
+
+
+
+def test_a_remembered_class_that_fails_falls_back_to_autotokenizer(folder, monkeypatch):
+    first = load_tokenizer(str(folder))
+
+    class Broken:
+        @classmethod
+        def from_pretrained(cls, *args, **kwargs):
+            raise TypeError("not this folder's class")
+
+    monkeypatch.setattr(tokenizer_class, "remembered", lambda path: Broken)
+    again = load_tokenizer(str(folder))
+    assert type(again) is type(first) and again.encode(TEXT) == first.encode(TEXT)

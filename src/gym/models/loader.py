@@ -221,9 +221,13 @@ def _auto_tokenizer(model_path: str, kwargs: dict[str, Any]) -> Any:
 
     known = tokenizer_class.remembered(model_path)
     if known is not None:
-        # As AutoTokenizer calls it: without its own keywords, marked as coming from the auto class.
-        return known.from_pretrained(model_path, _from_auto=True,
-                                     **{k: v for k, v in kwargs.items() if k != "trust_remote_code"})
+        try:
+            # As AutoTokenizer calls it: without its own keywords, marked as coming from the auto class.
+            return known.from_pretrained(model_path, _from_auto=True,
+                                         **{k: v for k, v in kwargs.items() if k != "trust_remote_code"})
+        except Exception as exc:  # a remembered shortcut that fails is dropped, never fatal
+            logger.debug("The remembered tokenizer class %s failed on %s (%s); asking AutoTokenizer.",
+                         known.__name__, model_path, exc)
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_path, **kwargs)
