@@ -25,4 +25,4 @@ def test_the_libraries_other_warnings_and_debug_runs_still_show():
     assert "Failed to load weights.so: a real error" in stderr  # the notes' words, but an error
     # Asked for (the logger at DEBUG, as `gym ... --debug` sets it), the notes are shown again.
     assert "_C_mxfp8" in _stderr("import logging; logging.getLogger('torchao').setLevel(logging.DEBUG); "
-                                 "import gym.models.loader")
+                                 "import gym.models.loader; import torchao")
