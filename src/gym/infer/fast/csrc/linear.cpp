@@ -297,9 +297,10 @@ inline __m256 load8(const void* w, int64_t i) {
   }
 }
 
-// The 8-bit dot product of 32 pairs as 8 int32 partial sums, for |x| (unsigned) and w * sign(x)
-// (signed): the instructions multiply unsigned by signed bytes, so the caller moves the sign of x onto
-// w first. |x| <= 127 and |w| <= 127 keep the int16 pair sums of maddubs from saturating.
+// The 8-bit dot product of 32 pairs as 8 int32 partial sums, for |a| (unsigned) and b * sign(a) (signed),
+// a and b one operand each: the instructions multiply unsigned by signed bytes, so the caller moves the sign
+// of one operand onto the other first. |x| <= 127 and |w| <= 127 keep the int16 pair sums of maddubs from
+// saturating.
 inline __m256i dot_u8s8(__m256i ax, __m256i sw) {
 #if defined(GYM_VNNI512)
   return _mm256_dpbusd_epi32(_mm256_setzero_si256(), ax, sw);
@@ -434,13 +435,16 @@ void dot_group(const int8_t* xq, const float* xs, const int32_t* xsum, const flo
         } else {
           wq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + q * 64));
         }
+        // int8: |w| once per weight vector, for all R rows; each row then moves the sign of w onto its x. Taking
+        // |x| and moving its sign onto w instead costs one more instruction per row (16 rows 1.1x slower).
+        const __m256i wa = int4 ? wq : _mm256_sign_epi8(wq, wq);
         for (int r = 0; r < R; ++r) {
           const __m256i xb = _mm256_set1_epi32(load_quad(xq + r * K + j * kBlock + q * 4));
           if constexpr (int4) {
             // Codes <= 15 and |x| <= 127: a pair sums to at most 3,810, so eight quads stay within int16.
             d[r] = _mm256_add_epi16(d[r], _mm256_maddubs_epi16(wq, xb));
           } else {
-            d[r] = _mm256_add_epi32(d[r], dot_u8s8(_mm256_sign_epi8(xb, xb), _mm256_sign_epi8(wq, xb)));
+            d[r] = _mm256_add_epi32(d[r], dot_u8s8(wa, _mm256_sign_epi8(xb, wq)));
           }
         }
       }
