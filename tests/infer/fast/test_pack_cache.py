@@ -17,7 +17,7 @@ from transformers import AutoModelForCausalLM
 from gym.infer.fast import kernels, pack_cache
 from gym.infer.fast.cpu import FastDecoder
 from gym.infer.fast.linear import FastLinear
-from gym.infer.fast.pack_cache import PackCache, cache_folders
+from gym.infer.fast.pack_cache import FOLDER, PackCache, cache_folders
 
 PROMPT = [1, 400, 1200, 87, 3000, 25]
 
@@ -29,7 +29,8 @@ def model_dir(tiny_model_dir, tmp_path, monkeypatch) -> Path:
     kernels.kernel_status()
     monkeypatch.setenv("GYM_HOME", str(tmp_path / "home"))
     monkeypatch.delenv("GYM_PACK_CACHE", raising=False)
-    return Path(shutil.copytree(tiny_model_dir, tmp_path / "model"))
+    # Without any cache that another test's engine wrote beside the shared tiny model.
+    return Path(shutil.copytree(tiny_model_dir, tmp_path / "model", ignore=shutil.ignore_patterns(FOLDER)))
 
 
 @pytest.fixture()
