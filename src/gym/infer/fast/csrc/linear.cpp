@@ -311,6 +311,25 @@ inline __m256i dot_u8s8(__m256i ax, __m256i sw) {
 
 #endif
 
+// What a kernel reads next, fetched a few cache lines per step of what it computes now: the next weight group
+// or tile while this one computes, the next kv head's positions while this one attends. The hardware's own
+// prefetchers stop at every 4 KB page and follow demand only a few lines ahead, and a kernel's demand comes in
+// bursts: a group's rows take it kGroupRows at a time, and only the first pass reads its weights from memory
+// (a 16-row int8 step read its weights at ~5 GB/s in all, yet its layers ran 1.4x slower than with the weights
+// in L2) while the later passes, computing from L1, fetched nothing. Spread over every step of the current
+// work, the next work's lines arrive before they are wanted. Measured on the embedded model with the AVX2
+// variant, alternating with and without in one process: int8 16-row layers 1.2x and one-row 1.4x faster,
+// float32 steps 1.04x (one row) and 1.13x (16 rows), 16-row attention 1.3x. Prefetches never fault and change no
+// number.
+struct Ahead {
+  const uint8_t* next = nullptr;
+  const uint8_t* end = nullptr;
+  int64_t lines_per_step = 0;
+  inline void step() {
+    for (int64_t i = 0; i < lines_per_step && next < end; ++i, next += 64) __builtin_prefetch(next, 0, 2);
+  }
+};
+
 // out[t * R + r] = dot(x[r], w[t]) for R activation rows and T weight rows: every weight vector loaded
 // feeds R rows, every activation vector feeds T weight rows, and R and T are compile-time constants
 // so the accumulators live in registers.
@@ -321,7 +340,7 @@ inline __m256i dot_u8s8(__m256i ax, __m256i sw) {
 // was 1.1-1.35x faster at 8-16 rows on AVX-512, but it sums in sixteen lanes: the same request answered
 // differently alone and in a batch, so it is gone.
 template <WeightKind kind, int R, int T>
-void dot_float(const float* x, int64_t ldx, const void* w, int64_t ldw, int64_t K, float* out) {
+void dot_float(const float* x, int64_t ldx, const void* w, int64_t ldw, int64_t K, float* out, Ahead ahead = {}) {
   constexpr int64_t elem = kind == WeightKind::F32 ? 4 : 2;
   const char* wb = static_cast<const char*>(w);
   int64_t k = 0;
@@ -330,6 +349,7 @@ void dot_float(const float* x, int64_t ldx, const void* w, int64_t ldw, int64_t 
   __m256 acc[T * R];
   for (int i = 0; i < T * R; ++i) acc[i] = _mm256_setzero_ps();
   for (; k + 8 <= K; k += 8) {
+    ahead.step();
     __m256 wv[T];
     for (int t = 0; t < T; ++t) wv[t] = load8<kind>(wb + t * ldw * elem, k);
     for (int r = 0; r < R; ++r) {
@@ -375,19 +395,6 @@ inline int32_t load_quad(const int8_t* p) {
   return v;
 }
 
-// The next group's weights, fetched a few cache lines per block while this group computes. A group's rows
-// take it kGroupRows at a time, and only the first pass reads its weights from memory: that pass wants them
-// faster than memory gives (a 16-row int8 step read its weights at ~5 GB/s in all, yet its layers ran 1.4x
-// slower than with the weights in L2), while the other passes, computing from L1, fetched nothing. So every
-// pass over a group fetches its share of the next one, spread over its blocks.
-struct Ahead {
-  const uint8_t* next = nullptr;
-  const uint8_t* end = nullptr;
-  int64_t lines_per_step = 0;
-  inline void step() {
-    for (int64_t i = 0; i < lines_per_step && next < end; ++i, next += 64) __builtin_prefetch(next, 0, 2);
-  }
-};
 
 // out[r * ldo + o] = sum_k x[r, k] w[o, k] for the 16 outputs o of one group and R activation rows.
 template <bool int4, int R>
@@ -532,43 +539,52 @@ inline int64_t row_block(int64_t row_bytes, int64_t multiple) {
 // flight, a chain of dependent multiply-adds) read at 77-79% of the read probe, kTile at a time at 83-96%.
 // Every product is computed by the same code whatever the tile, so the grouping never changes a number.
 template <typename Tile>
-void for_each_tile(int64_t B, int64_t N, int64_t K, int64_t bytes_per_row, Tile tile) {
+void for_each_tile(int64_t B, int64_t N, int64_t K, int64_t bytes_per_row, const void* weights, Tile tile) {
   const int64_t grain = std::max<int64_t>(kTile, (int64_t(1) << 16) / std::max<int64_t>(1, bytes_per_row));
   const int64_t block = row_block(K * int64_t(sizeof(float)), kMaxRows);
   parallel_for(0, (N + kTile - 1) / kTile, (grain + kTile - 1) / kTile, [&](int64_t t0, int64_t t1) {
     for (int64_t b0 = 0; b0 < B; b0 += block) {
       const int64_t b1 = std::min(B, b0 + block);
-      for (int64_t n = t0 * kTile; n < std::min(N, t1 * kTile); n += kTile) {
+      const int64_t n_end = std::min(N, t1 * kTile);
+      for (int64_t n = t0 * kTile; n < n_end; n += kTile) {
         const bool full = n + kTile <= N;
         for (int64_t b = b0; b < b1; b += kMaxRows) {
           const int64_t rows = std::min<int64_t>(kMaxRows, b1 - b);
+          // The first rows' pass over a tile fetches the next tile's weights (the later passes find this
+          // tile's in the cache).
+          Ahead ahead;
+          if (b == b0 && n + kTile < n_end) {
+            const auto* next = static_cast<const uint8_t*>(weights) + (n + kTile) * bytes_per_row;
+            const int64_t bytes = (std::min(n_end, n + 2 * kTile) - n - kTile) * bytes_per_row;
+            ahead = Ahead{next, next + bytes, (bytes / 64 + K / 8) / std::max<int64_t>(1, K / 8)};
+          }
           if (!full) {
             for (int64_t m = n; m < std::min(N, n + kTile); ++m) {
               switch (rows) {
-                case 1: tile(std::integral_constant<int, 1>{}, std::integral_constant<int, 1>{}, m, b); break;
-                case 2: tile(std::integral_constant<int, 2>{}, std::integral_constant<int, 1>{}, m, b); break;
-                case 3: tile(std::integral_constant<int, 3>{}, std::integral_constant<int, 1>{}, m, b); break;
+                case 1: tile(std::integral_constant<int, 1>{}, std::integral_constant<int, 1>{}, m, b, Ahead{}); break;
+                case 2: tile(std::integral_constant<int, 2>{}, std::integral_constant<int, 1>{}, m, b, Ahead{}); break;
+                case 3: tile(std::integral_constant<int, 3>{}, std::integral_constant<int, 1>{}, m, b, Ahead{}); break;
 #if defined(GYM_AVX512)
-                case 4: tile(std::integral_constant<int, 4>{}, std::integral_constant<int, 1>{}, m, b); break;
-                case 5: tile(std::integral_constant<int, 5>{}, std::integral_constant<int, 1>{}, m, b); break;
-                default: tile(std::integral_constant<int, 6>{}, std::integral_constant<int, 1>{}, m, b); break;
+                case 4: tile(std::integral_constant<int, 4>{}, std::integral_constant<int, 1>{}, m, b, Ahead{}); break;
+                case 5: tile(std::integral_constant<int, 5>{}, std::integral_constant<int, 1>{}, m, b, Ahead{}); break;
+                default: tile(std::integral_constant<int, 6>{}, std::integral_constant<int, 1>{}, m, b, Ahead{}); break;
 #else
-                default: tile(std::integral_constant<int, 4>{}, std::integral_constant<int, 1>{}, m, b); break;
+                default: tile(std::integral_constant<int, 4>{}, std::integral_constant<int, 1>{}, m, b, Ahead{}); break;
 #endif
               }
             }
             continue;
           }
           switch (rows) {
-            case 1: tile(std::integral_constant<int, 1>{}, std::integral_constant<int, kTile>{}, n, b); break;
-            case 2: tile(std::integral_constant<int, 2>{}, std::integral_constant<int, kTile>{}, n, b); break;
-            case 3: tile(std::integral_constant<int, 3>{}, std::integral_constant<int, kTile>{}, n, b); break;
+            case 1: tile(std::integral_constant<int, 1>{}, std::integral_constant<int, kTile>{}, n, b, ahead); break;
+            case 2: tile(std::integral_constant<int, 2>{}, std::integral_constant<int, kTile>{}, n, b, ahead); break;
+            case 3: tile(std::integral_constant<int, 3>{}, std::integral_constant<int, kTile>{}, n, b, ahead); break;
 #if defined(GYM_AVX512)
-            case 4: tile(std::integral_constant<int, 4>{}, std::integral_constant<int, kTile>{}, n, b); break;
-            case 5: tile(std::integral_constant<int, 5>{}, std::integral_constant<int, kTile>{}, n, b); break;
-            default: tile(std::integral_constant<int, 6>{}, std::integral_constant<int, kTile>{}, n, b); break;
+            case 4: tile(std::integral_constant<int, 4>{}, std::integral_constant<int, kTile>{}, n, b, ahead); break;
+            case 5: tile(std::integral_constant<int, 5>{}, std::integral_constant<int, kTile>{}, n, b, ahead); break;
+            default: tile(std::integral_constant<int, 6>{}, std::integral_constant<int, kTile>{}, n, b, ahead); break;
 #else
-            default: tile(std::integral_constant<int, 4>{}, std::integral_constant<int, kTile>{}, n, b); break;
+            default: tile(std::integral_constant<int, 4>{}, std::integral_constant<int, kTile>{}, n, b, ahead); break;
 #endif
           }
         }
@@ -586,10 +602,10 @@ at::Tensor linear_float(const at::Tensor& x, const at::Tensor& w) {
   float* yp = y.data_ptr<float>();
   const auto run = [&](auto kind_tag, const void* wp, int64_t elem) {
     constexpr WeightKind kind = decltype(kind_tag)::value;
-    for_each_tile(B, N, K, K * elem, [&](auto rows, auto tiles, int64_t n, int64_t b) {
+    for_each_tile(B, N, K, K * elem, wp, [&](auto rows, auto tiles, int64_t n, int64_t b, Ahead ahead) {
       constexpr int R = decltype(rows)::value, T = decltype(tiles)::value;
       float part[R * T];
-      dot_float<kind, R, T>(xp + b * K, K, static_cast<const char*>(wp) + n * K * elem, K, K, part);
+      dot_float<kind, R, T>(xp + b * K, K, static_cast<const char*>(wp) + n * K * elem, K, K, part, ahead);
       for (int t = 0; t < T; ++t)
         for (int r = 0; r < R; ++r) yp[(b + r) * N + n + t] = part[t * R + r];
     });
