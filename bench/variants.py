@@ -163,7 +163,9 @@ def main() -> None:
     def make_decoder(m):
         if device.type == "cuda":
             return GpuDecoder(m, slots=slots, max_length=1024, graphs=False)
-        return FastDecoder(m, args.dtype, slots=slots, max_length=1024)
+        decoder = FastDecoder(m, args.dtype, slots=slots, max_length=1024)
+        decoder.into_huge_pages()  # as a settled engine holds them
+        return decoder
 
     decoder = make_decoder(model)
     embedding = model.model.embed_tokens.weight

@@ -89,11 +89,14 @@ class BatchingEngine(ABC):
         try:
             while True:
                 with self._lock:
-                    while self._running and not self._waiting and not self._busy():
-                        self._lock.wait()
+                    settle = self._wait_for_work()
                     if not self._running:
                         break
-                    self._take_waiting()
+                    if not settle:
+                        self._take_waiting()
+                if settle:
+                    self._settle()  # outside the lock: requests may arrive meanwhile, and wait for it
+                    continue
                 with torch.inference_mode():
                     self._step()
         except Exception as exc:  # a bug or an out-of-memory must not leave clients hanging
@@ -106,6 +109,28 @@ class BatchingEngine(ABC):
             for request in leftovers:
                 finish(request, "cancelled")
             self._reset()
+
+    # Seconds the engine stands idle before it does its one-time work (_settle): long enough that a request
+    # coming right after start-up (`gym chat --prompt`) is answered first.
+    settle_after = 0.5
+
+    def _wait_for_work(self) -> bool:
+        """Under the lock: wait for a request or the shutdown. Returns True instead when the engine has one-time
+        work (_unsettled) and has stood idle for settle_after seconds."""
+        while self._running and not self._waiting and not self._busy():
+            if not self._unsettled():
+                self._lock.wait()
+            elif not self._lock.wait(self.settle_after) and not self._waiting and self._running:
+                return True
+        return False
+
+    def _unsettled(self) -> bool:
+        """Whether one-time work waits for an idle moment (none by default)."""
+        return False
+
+    def _settle(self) -> None:
+        """That one-time work, in the engine thread, outside the lock."""
+        return None
 
     @abstractmethod
     def _busy(self) -> bool:

@@ -10,12 +10,13 @@ layer-by-layer walk.
 
 from __future__ import annotations
 
+import threading
 from functools import partial
 from typing import Any
 
 import torch
 
-from gym.infer.fast import kernels
+from gym.infer.fast import huge_pages, kernels
 from gym.infer.fast.cache import SlotCache
 from gym.infer.fast.decoder import DecoderSpec, Layer, Weights, fuse, fuse_bias, rotary_tables, share
 from gym.infer.fast.deltas import CompiledVariant, RowDeltas
@@ -51,6 +52,32 @@ def _product(modules: list[Any], dtype: str, packed: PackCache | None = None, na
     return linear
 
 
+def _into_huge_pages(products: list[tuple[FastLinear, list[Any]]], embed: torch.Tensor) -> torch.Tensor | None:
+    """Every product's weight and scales moved into huge pages (gym.infer.fast.huge_pages); None where the system
+    has none. A model's modules whose weights are (views of) a product's follow it, as does the embedding where the
+    head is tied to it, so the model is still held once. Returns the embedding."""
+    tensors = [t for linear, _ in products for t in (linear.weight, linear.scale) if t is not None]
+    placed = huge_pages.copies(tensors)
+    if placed is None:
+        return None
+    moved = iter(placed)
+    for linear, modules in products:
+        old = linear.weight
+        linear.weight = next(moved)
+        if linear.scale is not None:
+            linear.scale = next(moved)
+        first = modules[0].weight
+        if first.data_ptr() != old.data_ptr() or first.dtype != old.dtype:
+            continue  # the modules hold weights of their own (another dtype, or packed as int)
+        if len(modules) == 1:
+            modules[0].weight.data = linear.weight
+        else:
+            share(modules, linear.weight)
+        if embed.data_ptr() == old.data_ptr() and embed.shape == old.shape:
+            embed = linear.weight
+    return embed
+
+
 class FastDecoder(SlotCache):
     """Forward passes over a KV cache of `slots` rows; weights as `dtype` (gym.infer.fast.linear). `packed`: where
     int8/int4 weights packed on an earlier start are kept (gym.infer.fast.pack_cache); None packs them all."""
@@ -70,11 +97,20 @@ class FastDecoder(SlotCache):
         # A product is cached under its modules' names ("model.layers.3.self_attn.q_proj+..."): the same on
         # every start, so the cache finds it again.
         names = {id(module): name for name, module in model.named_modules()}
-        weights = Weights.read(model, lambda key, modules: _product(
-            modules, head_dtype if key == "head" else dtype, packed, "+".join(names[id(m)] for m in modules)),
-            norm=lambda weight: weight.float())
+        products: list[tuple[FastLinear, list[Any]]] = []
+
+        def product(key: str, modules: list[Any]) -> FastLinear:
+            linear = _product(modules, head_dtype if key == "head" else dtype, packed,
+                              "+".join(names[id(m)] for m in modules))
+            products.append((linear, modules))
+            return linear
+
+        weights = Weights.read(model, product, norm=lambda weight: weight.float())
         if packed is not None:
             packed.save()
+        # Moved into huge pages later, once (into_huge_pages): the move costs more than a first answer should wait.
+        self._unmoved: list[tuple[FastLinear, list[Any]]] | None = products if huge_pages.available() else None
+        self._moving = threading.Lock()
         self.embed, self.norm, self.head = weights.embed, weights.norm, weights.head
         self.layers: list[CpuLayer] = weights.layers
         cos, sin = rotary_tables(model, self.max_length, torch.device("cpu"))
@@ -100,6 +136,28 @@ class FastDecoder(SlotCache):
                             none if linear.bias is None else linear.bias]
                 codes.append(formats.get(linear.dtype, 0))
         return tensors, codes
+
+    @property
+    def in_huge_pages(self) -> bool:
+        """Whether into_huge_pages has nothing (left) to do: the weights moved, or there are no huge pages here."""
+        return self._unmoved is None
+
+    def into_huge_pages(self) -> bool:
+        """Move the weights into huge pages (gym.infer.fast.huge_pages), the first time only; True when this call
+        moved them. It takes ~0.1-0.3 s for the embedded model at int8 and up to ~0.8 s at float32, mostly the
+        system handing out fresh 2 MB pages, so the engine does it once it has stood idle for a moment
+        (FastEngine.settle_after), never before a first answer. Not during a forward pass: the engine calls it
+        from its own thread between steps (or before it has any request)."""
+        with self._moving:
+            if self._unmoved is None:
+                return False
+            products, self._unmoved = self._unmoved, None
+            embed = _into_huge_pages(products, self.embed)
+            if embed is None:
+                return False
+            self.embed = embed
+            self._step_tensors, self._step_formats = self._step_arguments()
+            return True
 
     @property
     def weight_bytes(self) -> int:

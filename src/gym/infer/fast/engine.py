@@ -109,6 +109,20 @@ class FastEngine(BatchingEngine):
     def _reset(self) -> None:
         self._decoding, self._prefilling = [], []
 
+    def settle(self) -> None:
+        """Do now what the engine does at its first idle moment (the weights into huge pages), so that what follows
+        runs as a server that has been up for a second does: for benchmarks. Call it before any request."""
+        if isinstance(self.decoder, FastDecoder):
+            self.decoder.into_huge_pages()
+
+    # The weights into huge pages once the engine stands idle (a one-row step ~1.15x faster): gym.infer.fast.huge_pages.
+    def _unsettled(self) -> bool:
+        return isinstance(self.decoder, FastDecoder) and not self.decoder.in_huge_pages
+
+    def _settle(self) -> None:
+        if isinstance(self.decoder, FastDecoder) and self.decoder.into_huge_pages():
+            logger.info("Fast engine: weights moved into huge pages")
+
     def _prefill_step(self) -> None:
         """The next chunks of the requests being prefilled, oldest first, as many as fit this step's budget
         (at least one). A request's chunks are always [k * prefill_chunk, (k + 1) * prefill_chunk) of its own
