@@ -16,7 +16,7 @@ def compress(tiny_model_dir, finetuned, out, gate_set, *extra):
 
 
 def test_an_unsafe_delta_is_refused_and_not_written(tiny_model_dir, make_finetune, tmp_path, monkeypatch, capsys):
-    calls = script_answers(monkeypatch, tiny_model_dir)
+    calls = script_answers(monkeypatch, tiny_model_dir, tmp_path)
     out = tmp_path / "d.safetensors"
     assert compress(tiny_model_dir, make_finetune(unsafe_change, "unsafe"), out, write_set(tmp_path)) == 2
     err = capsys.readouterr().err
@@ -26,7 +26,7 @@ def test_an_unsafe_delta_is_refused_and_not_written(tiny_model_dir, make_finetun
 
 
 def test_a_harmless_delta_is_written_with_the_decision(tiny_model_dir, make_finetune, tmp_path, monkeypatch, capsys):
-    script_answers(monkeypatch, tiny_model_dir)
+    script_answers(monkeypatch, tiny_model_dir, tmp_path)
     out = tmp_path / "d.safetensors"
     assert compress(tiny_model_dir, make_finetune(harmless_change, "harmless"), out, write_set(tmp_path),
                     "--safety-max-rise", "0.1") == 0

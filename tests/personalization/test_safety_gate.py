@@ -24,7 +24,7 @@ def create(tmp_path, tiny_model_dir, user, target, *extra):
 
 
 def test_an_unsafe_variant_is_refused_and_not_stored(tmp_path, tiny_model_dir, monkeypatch, capsys):
-    calls = script_answers(monkeypatch, tiny_model_dir)
+    calls = script_answers(monkeypatch, tiny_model_dir, tmp_path)
     assert create(tmp_path, tiny_model_dir, "mallory", "down_proj") == 2
     err = capsys.readouterr().err
     assert "Safety gate refused" in err and "to 100.0% (10/10)" in err and "rise of +100.0 points" in err
@@ -32,7 +32,7 @@ def test_an_unsafe_variant_is_refused_and_not_stored(tmp_path, tiny_model_dir, m
 
 
 def test_a_harmless_variant_is_stored_with_the_decision(tmp_path, tiny_model_dir, monkeypatch, capsys):
-    script_answers(monkeypatch, tiny_model_dir)
+    script_answers(monkeypatch, tiny_model_dir, tmp_path)
     assert create(tmp_path, tiny_model_dir, "alice", "q_proj", "--safety-max-rise", "0.1") == 0
     assert "Safety gate passed" in capsys.readouterr().out
     record = VariantStore(tmp_path / "store").get("alice")

@@ -8,7 +8,6 @@ would serve (base, then base + delta), and each door's refusal and record are ch
 from __future__ import annotations
 
 import json
-import tempfile
 from pathlib import Path
 
 import torch
@@ -26,7 +25,7 @@ def write_set(folder: Path, harmful: int = 10, benign: int = 4) -> str:
     return str(path)
 
 
-def script_answers(monkeypatch, base_dir: Path) -> list[bool]:
+def script_answers(monkeypatch, base_dir: Path, tmp_path: Path) -> list[bool]:
     """Patch ModelAnswers.__call__; -> the list of calls so far (True where the model answered as changed)."""
     from transformers import AutoModelForCausalLM
 
@@ -35,7 +34,8 @@ def script_answers(monkeypatch, base_dir: Path) -> list[bool]:
 
     # Scripted answers must never reach the real cache of base answers (nor come from it).
     monkeypatch.setattr(gate, "_MEMORY", {})
-    cache = Path(tempfile.mkdtemp(prefix="gym-test-safety-cache-"))
+    cache = tmp_path / "safety-cache"
+    cache.mkdir()
     monkeypatch.setattr(gate, "_cache_path", lambda key: cache / f"{key}.json")
 
     base = {name: p.detach().clone() for name, p in

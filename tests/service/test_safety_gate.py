@@ -21,7 +21,7 @@ def gated_spec(tmp_path, tiny_model_dir, target: str) -> JobSpec:
 
 
 def test_a_job_whose_variant_is_less_safe_fails_with_the_numbers(tmp_path, tiny_model_dir, monkeypatch):
-    script_answers(monkeypatch, tiny_model_dir)
+    script_answers(monkeypatch, tiny_model_dir, tmp_path)
     events = Events()
     spec = gated_spec(tmp_path, tiny_model_dir, "down_proj")
     result = run_job(spec, tmp_path / "store", tmp_path / "work", events)
@@ -34,7 +34,7 @@ def test_a_job_whose_variant_is_less_safe_fails_with_the_numbers(tmp_path, tiny_
 
 
 def test_a_job_that_passes_the_gate_publishes_with_the_decision(tmp_path, tiny_model_dir, monkeypatch):
-    script_answers(monkeypatch, tiny_model_dir)
+    script_answers(monkeypatch, tiny_model_dir, tmp_path)
     events = Events()
     spec = gated_spec(tmp_path, tiny_model_dir, "q_proj")
     assert JobSpec(**spec.to_dict()).safety_gate == spec.safety_gate  # through the queue's JSON as it is

@@ -24,7 +24,7 @@ def delta(tiny_model_dir, name: str) -> dict[str, torch.Tensor]:
 
 
 def test_contributions_are_gated_and_the_ledger_keeps_the_numbers(tmp_path, tiny_model_dir, monkeypatch, capsys):
-    calls = script_answers(monkeypatch, tiny_model_dir)
+    calls = script_answers(monkeypatch, tiny_model_dir, tmp_path)
     gate_set = write_set(tmp_path)
     assert main(["soup", "init", str(tmp_path / "soup"), "--base", str(tiny_model_dir), "method=mean",
                  "min_contributors=1", "--safety-gate", gate_set, "--safety-max-rise", "0.1"]) == 0
