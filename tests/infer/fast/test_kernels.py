@@ -17,7 +17,7 @@ from gym.infer.fast import kernel_build, kernels
 
 BLOCK, GROUP = kernels.BLOCK, kernels.GROUP
 # Rows share each weight load four (float, AVX2) or eight (AVX512-VNNI) at a time: every remainder shows up.
-ROWS = (1, 2, 3, 5, 9, 16, 17)
+ROWS = (1, 2, 3, 5, 8, 9, 16, 17, 40)  # 8 and 40: the pair loop on AVX-512 (linear.cpp, wide_rows)
 QUANT_SHAPES = ((48, 96), (64, 64), (16, 32))  # (N, K): N % 16 == 0, K % 32 == 0
 FLOAT_SHAPES = ((36, 96), (64, 64), (36, 70), (37, 70), (3, 5))  # float kernels take any N and K
 
@@ -470,6 +470,14 @@ def test_compiled_linear_prompt_rows_cross_row_blocks_and_equal_each_row_alone(o
     assert torch.all((got.double() - want).abs() <= 1e-5 * (x.double().abs() @ w.double().abs().T) + 1e-6)
     for r in picked:
         assert torch.equal(got[r], ops.linear(x[r:r + 1], w)[0]), r
+    # Many rows take another loop on AVX-512 (two rows per register, weights in panels): the same bits for every
+    # weight format, for a width that leaves a scalar tail, and for a weight count that leaves a partial tile.
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        for width, count in ((576, 48), (77, 61)):
+            xd, wd = randn(rows, width, seed=402), randn(count, width, seed=403).to(dtype)
+            together = ops.linear(xd, wd)
+            for r in picked:
+                assert torch.equal(together[r], ops.linear(xd[r:r + 1], wd)[0]), (dtype, width, r)
     for pack, op in ((kernels.pack_int8, ops.linear_q8), (kernels.pack_int4, ops.linear_q4)):
         weights, scale = pack(w)
         together = op(x, weights, scale)
