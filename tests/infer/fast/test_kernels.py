@@ -585,6 +585,30 @@ def test_compiled_decode_attention_refuses_a_full_cache(ops):
         ops.decode_attention(q, k, v, keys, values, torch.tensor([0, 3, keys.shape[2]]), scale)
 
 
+@pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(9, 3, 64), (10, 2, 72), (6, 3, 5), (5, 1, 64), (2, 2, 16)])
+def test_compiled_prefill_attention_equals_each_query_decoded_alone(ops, heads, kv_heads, dim):
+    """A prompt's attention takes a kv head's query heads together, eight positions at a time; a decode step takes
+    one head. Each query's output must be the same bits either way (a prefix cached from one is reused by the
+    other), and match softmax attention in float64. The shapes cover 16-lane and 8-lane chunks of a head, a head
+    too narrow for either, groups of 1 to 5 heads, and lengths with and without a remainder of 8."""
+    start, n, scale = 3, 21, dim ** -0.5
+    capacity = start + n
+    q = randn(n, heads, dim, seed=70 + dim)
+    keys, values = randn(1, kv_heads, capacity, dim, seed=71 + dim), randn(1, kv_heads, capacity, dim, seed=72 + dim)
+    together = ops.prefill_attention(q, keys, values, 0, start, scale)
+    group = heads // kv_heads
+    for t in range(n):
+        length = start + t  # the decode step writes position `length` and attends over [0, length]
+        alone = ops.decode_attention(q[t:t + 1].contiguous(), keys[:, :, length].contiguous(),
+                                     values[:, :, length].contiguous(), keys.clone(), values.clone(),
+                                     torch.tensor([length]), scale)
+        assert torch.equal(together[t], alone[0]), t
+        for h in range(heads):
+            k, v = keys[0, h // group, :length + 1].double(), values[0, h // group, :length + 1].double()
+            want = torch.softmax(k @ q[t, h].double() * scale, dim=0) @ v
+            assert torch.allclose(together[t, h].double(), want, atol=1e-5), (t, h)
+
+
 # -- the torch reference path (no compiler) ----------------------------------------------------------------
 @pytest.mark.parametrize("rows", [1, 5, 17])
 def test_reference_linear_float(reference_path, rows):

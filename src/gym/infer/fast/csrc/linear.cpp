@@ -929,17 +929,85 @@ void rope_(at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, int64_t 
 // a . b over n floats, and y += a * x: the inner loops of decode attention. Written out because a float sum is
 // not vectorized by the compiler without -ffast-math (it may not reorder the additions), and a decode step at
 // 16 rows spent a quarter of its time in the scalar dot products of attention.
-inline float dot(const float* a, const float* b, int64_t n) {
-  int64_t d = 0;
-  float total = 0.f;
 #ifdef GYM_AVX2
+// dot()'s eight partial sums before its horizontal sum, for n a multiple of 8: two chains of eight lanes (d in
+// 16s, then one more 8 on the first), added. On AVX-512 one 16-lane register holds both chains (its lower half
+// the first), so it takes half the instructions for the same numbers.
+inline __m256 dot_lanes(const float* a, const float* b, int64_t n) {
+  int64_t d = 0;
+#ifdef GYM_AVX512
+  __m512 acc = _mm512_setzero_ps();
+  for (; d + 16 <= n; d += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + d), _mm512_loadu_ps(b + d), acc);
+  __m256 acc0 = _mm512_castps512_ps256(acc);
+  const __m256 acc1 = _mm512_maskz_extractf32x8_ps(0xff, acc, 1);
+#else
   __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
   for (; d + 16 <= n; d += 16) {
     acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + d), _mm256_loadu_ps(b + d), acc0);
     acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + d + 8), _mm256_loadu_ps(b + d + 8), acc1);
   }
+#endif
   for (; d + 8 <= n; d += 8) acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + d), _mm256_loadu_ps(b + d), acc0);
-  total = hsum(_mm256_add_ps(acc0, acc1));
+  return _mm256_add_ps(acc0, acc1);
+}
+
+// hsum of eight vectors at once: lane i of the result is hsum(v[i]) to the bit. hsum adds lane l to lane l + 4,
+// then those sums 0 + 2 and 1 + 3, then the two; the same pairs are added here, eight vectors per instruction.
+inline __m256 hsum8(const __m256* v) {
+  __m256 s[4];
+  for (int i = 0; i < 4; ++i)  // [v[2i] lanes l + (l + 4) | v[2i + 1]'s]
+    s[i] = _mm256_add_ps(_mm256_permute2f128_ps(v[2 * i], v[2 * i + 1], 0x20),
+                         _mm256_permute2f128_ps(v[2 * i], v[2 * i + 1], 0x31));
+  // [v0: 0+2, 1+3, v2: 0+2, 1+3 | v1's, v3's] and the same for v4..v7
+  const __m256 u0 = _mm256_add_ps(_mm256_shuffle_ps(s[0], s[1], 0x44), _mm256_shuffle_ps(s[0], s[1], 0xee));
+  const __m256 u1 = _mm256_add_ps(_mm256_shuffle_ps(s[2], s[3], 0x44), _mm256_shuffle_ps(s[2], s[3], 0xee));
+  const __m256 w = _mm256_add_ps(_mm256_shuffle_ps(u0, u1, 0x88), _mm256_shuffle_ps(u0, u1, 0xdd));  // v0 2 4 6 | 1 3 5 7
+  return _mm256_permutevar8x32_ps(w, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+// dot_lanes(q, k_i, n) for the eight keys k_i = k + i * n (n a multiple of 8), q's vectors loaded once for all.
+inline void dot_lanes8(const float* q, const float* k, int64_t n, __m256* lanes) {
+#ifdef GYM_AVX512
+  __m512 acc[8];
+  for (int i = 0; i < 8; ++i) acc[i] = _mm512_setzero_ps();
+  int64_t d = 0;
+  for (; d + 16 <= n; d += 16) {
+    const __m512 qv = _mm512_loadu_ps(q + d);
+    for (int i = 0; i < 8; ++i) acc[i] = _mm512_fmadd_ps(qv, _mm512_loadu_ps(k + i * n + d), acc[i]);
+  }
+  for (int i = 0; i < 8; ++i) {
+    __m256 acc0 = _mm512_castps512_ps256(acc[i]);
+    if (d + 8 <= n) acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), _mm256_loadu_ps(k + i * n + d), acc0);
+    lanes[i] = _mm256_add_ps(acc0, _mm512_maskz_extractf32x8_ps(0xff, acc[i], 1));
+  }
+#else
+  for (int half = 0; half < 8; half += 4) {  // 4 keys x 2 chains: 8 of AVX2's 16 registers
+    __m256 acc0[4], acc1[4];
+    for (int i = 0; i < 4; ++i) acc0[i] = acc1[i] = _mm256_setzero_ps();
+    int64_t d = 0;
+    for (; d + 16 <= n; d += 16) {
+      const __m256 q0 = _mm256_loadu_ps(q + d), q1 = _mm256_loadu_ps(q + d + 8);
+      for (int i = 0; i < 4; ++i) {
+        const float* ki = k + (half + i) * n + d;
+        acc0[i] = _mm256_fmadd_ps(q0, _mm256_loadu_ps(ki), acc0[i]);
+        acc1[i] = _mm256_fmadd_ps(q1, _mm256_loadu_ps(ki + 8), acc1[i]);
+      }
+    }
+    for (int i = 0; i < 4; ++i) {
+      if (d + 8 <= n) acc0[i] = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), _mm256_loadu_ps(k + (half + i) * n + d), acc0[i]);
+      lanes[half + i] = _mm256_add_ps(acc0[i], acc1[i]);
+    }
+  }
+#endif
+}
+#endif
+
+inline float dot(const float* a, const float* b, int64_t n) {
+  int64_t d = 0;
+  float total = 0.f;
+#ifdef GYM_AVX2
+  d = n / 8 * 8;
+  total = hsum(dot_lanes(a, b, d));
 #endif
   for (; d < n; ++d) total += a[d] * b[d];
   return total;
@@ -975,37 +1043,119 @@ inline float exp_shifted(float* v, int64_t n, float shift) {
   return total;
 }
 
-// One query head over positions [0, n) of its kv head: softmax(q . k_j * scale) . v_j, into o [dim].
-// `ahead_k` / `ahead_v`: cache lines of the keys and values attended next, fetched one step per position.
-inline void attend(const float* qv, const float* kr, const float* vr, int64_t n, int64_t dim, float scale,
-                   std::vector<float>& scores, float* o, Ahead ahead_k = {}, Ahead ahead_v = {}) {
-  scores.resize(n);
-  float top = -INFINITY;
-  for (int64_t j = 0; j < n; ++j) {
-    ahead_k.step();
-    scores[j] = dot(qv, kr + j * dim, dim) * scale;
-    top = std::max(top, scores[j]);
-  }
-  const float total = exp_shifted(scores.data(), n, top);
+#if defined(GYM_AVX512)
+constexpr int kHeadsAtOnce = 4;  // 4 heads x 64 outputs: 16 accumulators and 4 value vectors
+#else
+constexpr int kHeadsAtOnce = 1;  // 64 outputs: 8 accumulators
+#endif
+
+// The value sums of G query heads (weights p [G][n]) over positions [0, n): out[g] = sum_j p[g][j] v_j. 64 outputs at
+// a time stay in registers over every position, each lane a chain of fused multiply-adds in position order (what
+// axpy computes, without loading and storing o at each position: a 1,024-token prefill's attention 1.6x faster);
+// the G heads share each value vector loaded.
+template <int G>
+inline void weigh_values(const float* p, int64_t n, const float* vr, int64_t dim, float* o, Ahead& ahead_v) {
   int64_t d0 = 0;
-#ifdef GYM_AVX2
-  // 64 outputs at a time stay in registers over every position: the same fused multiply-adds in the same order
-  // as axpy's, without loading and storing o at each position (a 1,024-token prefill's attention 1.6x faster).
+#ifdef GYM_AVX512
   for (; d0 + 64 <= dim; d0 += 64) {
-    __m256 acc[8];
-    for (int i = 0; i < 8; ++i) acc[i] = _mm256_setzero_ps();
+    __m512 acc[4 * G];
+    for (int i = 0; i < 4 * G; ++i) acc[i] = _mm512_setzero_ps();
     for (int64_t j = 0; j < n; ++j) {
       ahead_v.step();
-      const __m256 a = _mm256_set1_ps(scores[j] / total);
       const float* x = vr + j * dim + d0;
-      for (int i = 0; i < 8; ++i) acc[i] = _mm256_fmadd_ps(a, _mm256_loadu_ps(x + 8 * i), acc[i]);
+      __m512 v[4];
+      for (int i = 0; i < 4; ++i) v[i] = _mm512_loadu_ps(x + 16 * i);
+      for (int g = 0; g < G; ++g) {
+        const __m512 a = _mm512_set1_ps(p[g * n + j]);
+        for (int i = 0; i < 4; ++i) acc[4 * g + i] = _mm512_fmadd_ps(a, v[i], acc[4 * g + i]);
+      }
     }
-    for (int i = 0; i < 8; ++i) _mm256_storeu_ps(o + d0 + 8 * i, acc[i]);
+    for (int g = 0; g < G; ++g)
+      for (int i = 0; i < 4; ++i) _mm512_storeu_ps(o + g * dim + d0 + 16 * i, acc[4 * g + i]);
+  }
+#elif defined(GYM_AVX2)
+  for (; d0 + 64 <= dim; d0 += 64) {
+    __m256 acc[8 * G];
+    for (int i = 0; i < 8 * G; ++i) acc[i] = _mm256_setzero_ps();
+    for (int64_t j = 0; j < n; ++j) {
+      ahead_v.step();
+      const float* x = vr + j * dim + d0;
+      for (int g = 0; g < G; ++g) {
+        const __m256 a = _mm256_set1_ps(p[g * n + j]);
+        for (int i = 0; i < 8; ++i) acc[8 * g + i] = _mm256_fmadd_ps(a, _mm256_loadu_ps(x + 8 * i), acc[8 * g + i]);
+      }
+    }
+    for (int g = 0; g < G; ++g)
+      for (int i = 0; i < 8; ++i) _mm256_storeu_ps(o + g * dim + d0 + 8 * i, acc[8 * g + i]);
   }
 #endif
-  for (int64_t d = d0; d < dim; ++d) o[d] = 0.f;
-  if (d0 < dim)
-    for (int64_t j = 0; j < n; ++j) axpy(o + d0, scores[j] / total, vr + j * dim + d0, dim - d0);
+  if (d0 == dim) return;
+  for (int g = 0; g < G; ++g) {
+    for (int64_t d = d0; d < dim; ++d) o[g * dim + d] = 0.f;
+    for (int64_t j = 0; j < n; ++j) axpy(o + g * dim + d0, p[g * n + j], vr + j * dim + d0, dim - d0);
+  }
+}
+
+// `heads` query heads of one kv head (q [heads][dim], consecutive) over positions [0, n) of it:
+// softmax(q . k_j * scale) . v_j, into o [heads][dim]. Each head's numbers are the same whatever `heads` is, so a
+// decode step (one head at a time) and a prompt's prefill (a kv head's group at once) agree to the bit.
+// `ahead_k` / `ahead_v`: cache lines of the keys and values attended next, fetched one step per position.
+inline void attend_heads(const float* q, int64_t heads, const float* kr, const float* vr, int64_t n, int64_t dim,
+                         float scale, std::vector<float>& scores, float* o, Ahead ahead_k = {}, Ahead ahead_v = {}) {
+  scores.resize(heads * n);
+  int64_t j = 0;
+#ifdef GYM_AVX2
+  // Eight positions at a time: their keys stay in L1 for every head, and one hsum8 replaces eight hsums.
+  if (dim % 8 == 0) {
+    const __m256 scale_v = _mm256_set1_ps(scale);
+    for (; j + 8 <= n; j += 8) {
+      for (int i = 0; i < 8; ++i) ahead_k.step();
+      for (int64_t g = 0; g < heads; ++g) {
+        __m256 lanes[8];
+        dot_lanes8(q + g * dim, kr + j * dim, dim, lanes);
+        _mm256_storeu_ps(scores.data() + g * n + j, _mm256_mul_ps(hsum8(lanes), scale_v));
+      }
+    }
+  }
+#endif
+  for (; j < n; ++j) {
+    ahead_k.step();
+    for (int64_t g = 0; g < heads; ++g) scores[g * n + j] = dot(q + g * dim, kr + j * dim, dim) * scale;
+  }
+  for (int64_t g = 0; g < heads; ++g) {
+    float* p = scores.data() + g * n;
+    float top = -INFINITY;
+    int64_t i = 0;
+#ifdef GYM_AVX2
+    // The largest score, eight lanes wide (a maximum is the same in any order): one scalar chain was four cycles
+    // a position.
+    __m256 top_v = _mm256_set1_ps(-INFINITY);
+    for (; i + 8 <= n; i += 8) top_v = _mm256_max_ps(top_v, _mm256_loadu_ps(p + i));
+    alignas(32) float tops[8];
+    _mm256_store_ps(tops, top_v);
+    for (float t : tops) top = std::max(top, t);
+#endif
+    for (; i < n; ++i) top = std::max(top, p[i]);
+    const float total = exp_shifted(p, n, top);
+    i = 0;
+#ifdef GYM_AVX2
+    const __m256 total_v = _mm256_set1_ps(total);  // division is exact-rounded: the same quotients as one by one
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(p + i, _mm256_div_ps(_mm256_loadu_ps(p + i), total_v));
+#endif
+    for (; i < n; ++i) p[i] /= total;
+  }
+  for (int64_t g = 0; g < heads; g += kHeadsAtOnce) {
+    const float* p = scores.data() + g * n;
+    float* out = o + g * dim;
+    switch (std::min<int64_t>(kHeadsAtOnce, heads - g)) {
+#if defined(GYM_AVX512)
+      case 4: weigh_values<4>(p, n, vr, dim, out, ahead_v); break;
+      case 3: weigh_values<3>(p, n, vr, dim, out, ahead_v); break;
+      case 2: weigh_values<2>(p, n, vr, dim, out, ahead_v); break;
+#endif
+      default: weigh_values<1>(p, n, vr, dim, out, ahead_v); break;
+    }
+  }
 }
 
 // One decode step of attention for each row r: store its new key and value (k, v [rows, kv heads, dim]) at
@@ -1051,8 +1201,8 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
         ahead_k = Ahead{nk + 64 * first, nk + 64 * last, per_step};
         ahead_v = Ahead{nv + 64 * first, nv + 64 * last, per_step};
       }
-      attend(qp + i * dim, kp + kv * capacity * dim, vp + kv * capacity * dim, n, dim, float(scale), scores,
-             op + i * dim, ahead_k, ahead_v);
+      attend_heads(qp + i * dim, 1, kp + kv * capacity * dim, vp + kv * capacity * dim, n, dim, float(scale), scores,
+                   op + i * dim, ahead_k, ahead_v);
     }
   });
   return out;
@@ -1074,12 +1224,18 @@ at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& keys, const 
   const float* kp = keys.data_ptr<float>() + slot * kv_heads * capacity * dim;
   const float* vp = values.data_ptr<float>() + slot * kv_heads * capacity * dim;
   float* op = out.data_ptr<float>();
-  parallel_for(0, n * heads, 1, [&](int64_t i0, int64_t i1) {
+  // A kv head's query heads of one token attend together. Query t attends over start + t + 1 positions, so the
+  // threads take every parts-th pair of token and kv head, not a block each: the later tokens' longer rows would
+  // otherwise fall to one thread (a first 256-token chunk split 25% / 75%).
+  const int64_t items = n * kv_heads, parts = std::max(1, at::get_num_threads());
+  parallel_for(0, parts, 1, [&](int64_t p0, int64_t p1) {
     std::vector<float> scores;
-    for (int64_t i = i0; i < i1; ++i) {
-      const int64_t t = i / heads, h = i % heads;
-      attend(qp + i * dim, kp + (h / group) * capacity * dim, vp + (h / group) * capacity * dim, start + t + 1, dim,
-             float(scale), scores, op + i * dim);
+    for (int64_t part = p0; part < p1; ++part) {
+      for (int64_t i = part; i < items; i += parts) {
+        const int64_t t = i / kv_heads, h = i % kv_heads, first = t * heads + h * group;
+        attend_heads(qp + first * dim, group, kp + h * capacity * dim, vp + h * capacity * dim, start + t + 1, dim,
+                     float(scale), scores, op + first * dim);
+      }
     }
   });
   return out;
