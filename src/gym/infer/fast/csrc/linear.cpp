@@ -1043,117 +1043,149 @@ inline float exp_shifted(float* v, int64_t n, float shift) {
   return total;
 }
 
+// Query heads whose value sums are taken together, sharing each value vector loaded: a prompt's queries are
+// bound by reading the values from L2 (a 1,024-position head holds 256 KB of them), not by arithmetic.
 #if defined(GYM_AVX512)
-constexpr int kHeadsAtOnce = 4;  // 4 heads x 64 outputs: 16 accumulators and 4 value vectors
+constexpr int kHeadsAtOnce = 6;  // x 64 outputs: 24 accumulators, 4 value vectors and a weight
+constexpr int64_t kValueWidth = 64;
+#elif defined(GYM_AVX2)
+constexpr int kHeadsAtOnce = 3;  // x 32 outputs: 12 accumulators and a weight
+constexpr int64_t kValueWidth = 32;
 #else
-constexpr int kHeadsAtOnce = 1;  // 64 outputs: 8 accumulators
+constexpr int kHeadsAtOnce = 1;
 #endif
 
-// The value sums of G query heads (weights p [G][n]) over positions [0, n): out[g] = sum_j p[g][j] v_j. 64 outputs at
-// a time stay in registers over every position, each lane a chain of fused multiply-adds in position order (what
-// axpy computes, without loading and storing o at each position: a 1,024-token prefill's attention 1.6x faster);
-// the G heads share each value vector loaded.
+// The value sums of G query heads: o[g] = sum_{j < n[g]} p[g][j] v_j. kValueWidth outputs at a time stay in
+// registers over every position, each lane a chain of fused multiply-adds in position order: what axpy computes,
+// without loading and storing o at each position (a 1,024-token prefill's attention 1.6x faster). Positions that
+// only some heads reach continue those heads' chains from o, so each head's numbers are those it gets alone.
 template <int G>
-inline void weigh_values(const float* p, int64_t n, const float* vr, int64_t dim, float* o, Ahead& ahead_v) {
+inline void weigh_values(const float* const* p, const int64_t* n, const float* vr, int64_t dim, float* const* o,
+                         Ahead& ahead_v) {
+  int64_t shared = n[0];
+  for (int g = 1; g < G; ++g) shared = std::min(shared, n[g]);
   int64_t d0 = 0;
+#ifdef GYM_AVX2
 #ifdef GYM_AVX512
-  for (; d0 + 64 <= dim; d0 += 64) {
-    __m512 acc[4 * G];
-    for (int i = 0; i < 4 * G; ++i) acc[i] = _mm512_setzero_ps();
-    for (int64_t j = 0; j < n; ++j) {
+  using Vec = __m512;
+  constexpr int kLanes = 16;
+  const auto load = [](const float* x) { return _mm512_loadu_ps(x); };
+  const auto fma = [](Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); };
+  const auto set1 = [](float a) { return _mm512_set1_ps(a); };
+  const auto store = [](float* x, Vec v) { _mm512_storeu_ps(x, v); };
+  const auto zero = [] { return _mm512_setzero_ps(); };
+#else
+  using Vec = __m256;
+  constexpr int kLanes = 8;
+  const auto load = [](const float* x) { return _mm256_loadu_ps(x); };
+  const auto fma = [](Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); };
+  const auto set1 = [](float a) { return _mm256_set1_ps(a); };
+  const auto store = [](float* x, Vec v) { _mm256_storeu_ps(x, v); };
+  const auto zero = [] { return _mm256_setzero_ps(); };
+#endif
+  constexpr int V = int(kValueWidth) / kLanes;
+  for (; d0 + kValueWidth <= dim; d0 += kValueWidth) {
+    Vec acc[V * G];
+    for (int i = 0; i < V * G; ++i) acc[i] = zero();
+    for (int64_t j = 0; j < shared; ++j) {
       ahead_v.step();
       const float* x = vr + j * dim + d0;
-      __m512 v[4];
-      for (int i = 0; i < 4; ++i) v[i] = _mm512_loadu_ps(x + 16 * i);
+      Vec v[V];
+      for (int i = 0; i < V; ++i) v[i] = load(x + kLanes * i);
       for (int g = 0; g < G; ++g) {
-        const __m512 a = _mm512_set1_ps(p[g * n + j]);
-        for (int i = 0; i < 4; ++i) acc[4 * g + i] = _mm512_fmadd_ps(a, v[i], acc[4 * g + i]);
+        const Vec a = set1(p[g][j]);
+        for (int i = 0; i < V; ++i) acc[V * g + i] = fma(a, v[i], acc[V * g + i]);
       }
     }
-    for (int g = 0; g < G; ++g)
-      for (int i = 0; i < 4; ++i) _mm512_storeu_ps(o + g * dim + d0 + 16 * i, acc[4 * g + i]);
-  }
-#elif defined(GYM_AVX2)
-  for (; d0 + 64 <= dim; d0 += 64) {
-    __m256 acc[8 * G];
-    for (int i = 0; i < 8 * G; ++i) acc[i] = _mm256_setzero_ps();
-    for (int64_t j = 0; j < n; ++j) {
-      ahead_v.step();
-      const float* x = vr + j * dim + d0;
-      for (int g = 0; g < G; ++g) {
-        const __m256 a = _mm256_set1_ps(p[g * n + j]);
-        for (int i = 0; i < 8; ++i) acc[8 * g + i] = _mm256_fmadd_ps(a, _mm256_loadu_ps(x + 8 * i), acc[8 * g + i]);
+    for (int g = 0; g < G; ++g) {
+      for (int i = 0; i < V; ++i) store(o[g] + d0 + kLanes * i, acc[V * g + i]);
+      if (n[g] == shared) continue;
+      Vec own[V];
+      for (int i = 0; i < V; ++i) own[i] = load(o[g] + d0 + kLanes * i);
+      for (int64_t j = shared; j < n[g]; ++j) {
+        const Vec a = set1(p[g][j]);
+        for (int i = 0; i < V; ++i) own[i] = fma(a, load(vr + j * dim + d0 + kLanes * i), own[i]);
       }
+      for (int i = 0; i < V; ++i) store(o[g] + d0 + kLanes * i, own[i]);
     }
-    for (int g = 0; g < G; ++g)
-      for (int i = 0; i < 8; ++i) _mm256_storeu_ps(o + g * dim + d0 + 8 * i, acc[8 * g + i]);
   }
 #endif
   if (d0 == dim) return;
   for (int g = 0; g < G; ++g) {
-    for (int64_t d = d0; d < dim; ++d) o[g * dim + d] = 0.f;
-    for (int64_t j = 0; j < n; ++j) axpy(o + g * dim + d0, p[g * n + j], vr + j * dim + d0, dim - d0);
+    for (int64_t d = d0; d < dim; ++d) o[g][d] = 0.f;
+    for (int64_t j = 0; j < n[g]; ++j) axpy(o[g] + d0, p[g][j], vr + j * dim + d0, dim - d0);
   }
 }
 
-// `heads` query heads of one kv head (q [heads][dim], consecutive) over positions [0, n) of it:
-// softmax(q . k_j * scale) . v_j, into o [heads][dim]. Each head's numbers are the same whatever `heads` is, so a
-// decode step (one head at a time) and a prompt's prefill (a kv head's group at once) agree to the bit.
+// `count` queries of one kv head (q[c] [dim]), query c over positions [0, n[c]) of it: softmax(q . k_j * scale)
+// . v_j, into o[c] [dim]. Each query's numbers are the same whatever the others are, so a decode step (one query)
+// and a prompt's prefill (a kv head's group of query heads, for two tokens) agree to the bit.
 // `ahead_k` / `ahead_v`: cache lines of the keys and values attended next, fetched one step per position.
-inline void attend_heads(const float* q, int64_t heads, const float* kr, const float* vr, int64_t n, int64_t dim,
-                         float scale, std::vector<float>& scores, float* o, Ahead ahead_k = {}, Ahead ahead_v = {}) {
-  scores.resize(heads * n);
+inline void attend_heads(const float* const* q, const int64_t* n, int64_t count, const float* kr, const float* vr,
+                         int64_t dim, float scale, std::vector<float>& scores, float* const* o, Ahead ahead_k = {},
+                         Ahead ahead_v = {}) {
+  int64_t longest = 0;
+  for (int64_t c = 0; c < count; ++c) longest = std::max(longest, n[c]);
+  scores.resize(count * longest);
+  // Scores for every query up to the longest row: the keys a shorter query does not attend exist (a prompt's keys
+  // are stored before its attention) and their scores are not used.
   int64_t j = 0;
 #ifdef GYM_AVX2
-  // Eight positions at a time: their keys stay in L1 for every head, and one hsum8 replaces eight hsums.
+  // Eight positions at a time: their keys stay in L1 for every query, and one hsum8 replaces eight hsums.
   if (dim % 8 == 0) {
     const __m256 scale_v = _mm256_set1_ps(scale);
-    for (; j + 8 <= n; j += 8) {
+    for (; j + 8 <= longest; j += 8) {
       for (int i = 0; i < 8; ++i) ahead_k.step();
-      for (int64_t g = 0; g < heads; ++g) {
+      for (int64_t c = 0; c < count; ++c) {
         __m256 lanes[8];
-        dot_lanes8(q + g * dim, kr + j * dim, dim, lanes);
-        _mm256_storeu_ps(scores.data() + g * n + j, _mm256_mul_ps(hsum8(lanes), scale_v));
+        dot_lanes8(q[c], kr + j * dim, dim, lanes);
+        _mm256_storeu_ps(scores.data() + c * longest + j, _mm256_mul_ps(hsum8(lanes), scale_v));
       }
     }
   }
 #endif
-  for (; j < n; ++j) {
+  for (; j < longest; ++j) {
     ahead_k.step();
-    for (int64_t g = 0; g < heads; ++g) scores[g * n + j] = dot(q + g * dim, kr + j * dim, dim) * scale;
+    for (int64_t c = 0; c < count; ++c) scores[c * longest + j] = dot(q[c], kr + j * dim, dim) * scale;
   }
-  for (int64_t g = 0; g < heads; ++g) {
-    float* p = scores.data() + g * n;
+  const float* weights[kHeadsAtOnce];
+  for (int64_t c = 0; c < count; ++c) {
+    float* p = scores.data() + c * longest;
+    const int64_t m = n[c];
     float top = -INFINITY;
     int64_t i = 0;
 #ifdef GYM_AVX2
     // The largest score, eight lanes wide (a maximum is the same in any order): one scalar chain was four cycles
     // a position.
     __m256 top_v = _mm256_set1_ps(-INFINITY);
-    for (; i + 8 <= n; i += 8) top_v = _mm256_max_ps(top_v, _mm256_loadu_ps(p + i));
+    for (; i + 8 <= m; i += 8) top_v = _mm256_max_ps(top_v, _mm256_loadu_ps(p + i));
     alignas(32) float tops[8];
     _mm256_store_ps(tops, top_v);
     for (float t : tops) top = std::max(top, t);
 #endif
-    for (; i < n; ++i) top = std::max(top, p[i]);
-    const float total = exp_shifted(p, n, top);
+    for (; i < m; ++i) top = std::max(top, p[i]);
+    const float total = exp_shifted(p, m, top);
     i = 0;
 #ifdef GYM_AVX2
     const __m256 total_v = _mm256_set1_ps(total);  // division is exact-rounded: the same quotients as one by one
-    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(p + i, _mm256_div_ps(_mm256_loadu_ps(p + i), total_v));
+    for (; i + 8 <= m; i += 8) _mm256_storeu_ps(p + i, _mm256_div_ps(_mm256_loadu_ps(p + i), total_v));
 #endif
-    for (; i < n; ++i) p[i] /= total;
+    for (; i < m; ++i) p[i] /= total;
   }
-  for (int64_t g = 0; g < heads; g += kHeadsAtOnce) {
-    const float* p = scores.data() + g * n;
-    float* out = o + g * dim;
-    switch (std::min<int64_t>(kHeadsAtOnce, heads - g)) {
+  for (int64_t c = 0; c < count; c += kHeadsAtOnce) {
+    const int64_t take = std::min<int64_t>(kHeadsAtOnce, count - c);
+    for (int64_t g = 0; g < take; ++g) weights[g] = scores.data() + (c + g) * longest;
+    switch (take) {
 #if defined(GYM_AVX512)
-      case 4: weigh_values<4>(p, n, vr, dim, out, ahead_v); break;
-      case 3: weigh_values<3>(p, n, vr, dim, out, ahead_v); break;
-      case 2: weigh_values<2>(p, n, vr, dim, out, ahead_v); break;
+      case 6: weigh_values<6>(weights, n + c, vr, dim, o + c, ahead_v); break;
+      case 5: weigh_values<5>(weights, n + c, vr, dim, o + c, ahead_v); break;
+      case 4: weigh_values<4>(weights, n + c, vr, dim, o + c, ahead_v); break;
 #endif
-      default: weigh_values<1>(p, n, vr, dim, out, ahead_v); break;
+#if defined(GYM_AVX2)
+      case 3: weigh_values<3>(weights, n + c, vr, dim, o + c, ahead_v); break;
+      case 2: weigh_values<2>(weights, n + c, vr, dim, o + c, ahead_v); break;
+#endif
+      default: weigh_values<1>(weights, n + c, vr, dim, o + c, ahead_v); break;
     }
   }
 }
@@ -1201,8 +1233,10 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
         ahead_k = Ahead{nk + 64 * first, nk + 64 * last, per_step};
         ahead_v = Ahead{nv + 64 * first, nv + 64 * last, per_step};
       }
-      attend_heads(qp + i * dim, 1, kp + kv * capacity * dim, vp + kv * capacity * dim, n, dim, float(scale), scores,
-                   op + i * dim, ahead_k, ahead_v);
+      const float* query = qp + i * dim;
+      float* answer = op + i * dim;
+      attend_heads(&query, &n, 1, kp + kv * capacity * dim, vp + kv * capacity * dim, dim, float(scale), scores,
+                   &answer, ahead_k, ahead_v);
     }
   });
   return out;
@@ -1224,17 +1258,31 @@ at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& keys, const 
   const float* kp = keys.data_ptr<float>() + slot * kv_heads * capacity * dim;
   const float* vp = values.data_ptr<float>() + slot * kv_heads * capacity * dim;
   float* op = out.data_ptr<float>();
-  // A kv head's query heads of one token attend together. Query t attends over start + t + 1 positions, so the
-  // threads take every parts-th pair of token and kv head, not a block each: the later tokens' longer rows would
-  // otherwise fall to one thread (a first 256-token chunk split 25% / 75%).
-  const int64_t items = n * kv_heads, parts = std::max(1, at::get_num_threads());
+  // A kv head's query heads of two consecutive tokens attend together (their positions differ by one), sharing
+  // each key and value read. Query t attends over start + t + 1 positions, so the threads take every parts-th
+  // item, not a block each: the later tokens' longer rows would otherwise fall to one thread (a first 256-token
+  // chunk split 25% / 75%).
+  const int64_t pairs = (n + 1) / 2, items = pairs * kv_heads, parts = std::max(1, at::get_num_threads());
   parallel_for(0, parts, 1, [&](int64_t p0, int64_t p1) {
     std::vector<float> scores;
+    std::vector<const float*> queries;
+    std::vector<float*> answers;
+    std::vector<int64_t> lengths;
     for (int64_t part = p0; part < p1; ++part) {
       for (int64_t i = part; i < items; i += parts) {
-        const int64_t t = i / kv_heads, h = i % kv_heads, first = t * heads + h * group;
-        attend_heads(qp + first * dim, group, kp + h * capacity * dim, vp + h * capacity * dim, start + t + 1, dim,
-                     float(scale), scores, op + first * dim);
+        const int64_t t0 = 2 * (i / kv_heads), h = i % kv_heads;
+        queries.clear();
+        answers.clear();
+        lengths.clear();
+        for (int64_t t = t0; t < std::min(n, t0 + 2); ++t) {
+          for (int64_t g = 0; g < group; ++g) {
+            queries.push_back(qp + (t * heads + h * group + g) * dim);
+            answers.push_back(op + (t * heads + h * group + g) * dim);
+            lengths.push_back(start + t + 1);
+          }
+        }
+        attend_heads(queries.data(), lengths.data(), int64_t(lengths.size()), kp + h * capacity * dim,
+                     vp + h * capacity * dim, dim, float(scale), scores, answers.data());
       }
     }
   });
