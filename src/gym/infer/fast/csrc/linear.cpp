@@ -712,6 +712,57 @@ void linear_float_wide(const float* x, int64_t B, const void* w, int64_t N, int6
 }
 #endif
 
+#if defined(GYM_AVX2) && !defined(GYM_AVX512)
+// A prompt's chunk on AVX2: the loops of linear_float_wide around dot_float's tiles (a thread's weights a panel
+// at a time in L2, each group of kMaxRows rows passing over the whole panel from L1), where for_each_tile keeps a
+// tile in L1 and passes the rows over it from L2. Same tiles, same numbers.
+template <WeightKind kind>
+void linear_float_panels(const float* x, int64_t B, const void* w, int64_t N, int64_t K, float* y) {
+  constexpr int64_t elem = kind == WeightKind::F32 ? 4 : 2;
+  constexpr int T = kTile;
+  const int64_t row_bytes = K * elem, tiles = (N + T - 1) / T;
+  const int64_t panel = std::max<int64_t>(1, (int64_t(1) << 20) / (T * row_bytes));
+  const char* wb = static_cast<const char*>(w);
+  parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
+    float part[T * kMaxRows];
+    for (int64_t p0 = t0; p0 < t1; p0 += panel) {
+      const int64_t p1 = std::min(t1, p0 + panel);
+      for (int64_t b = 0; b < B; b += kMaxRows) {
+        const int rows = int(std::min<int64_t>(kMaxRows, B - b));
+        for (int64_t tile = p0; tile < p1; ++tile) {
+          const int64_t n = tile * T;
+          Ahead ahead;
+          if (b == 0 && tile + 1 < p1) {
+            const auto* next = reinterpret_cast<const uint8_t*>(wb + (n + T) * row_bytes);
+            const int64_t bytes = (std::min(N, n + 2 * T) - n - T) * row_bytes;
+            ahead = Ahead{next, next + bytes, (bytes / 64 + K / 8) / std::max<int64_t>(1, K / 8)};
+          }
+          const auto run = [&](auto rows_tag, auto tiles_tag, int64_t first) {
+            constexpr int R = decltype(rows_tag)::value, TT = decltype(tiles_tag)::value;
+            dot_float<kind, R, TT>(x + b * K, K, wb + first * row_bytes, K, K, part, ahead);
+            for (int t = 0; t < TT; ++t)
+              for (int r = 0; r < R; ++r) y[(b + r) * N + first + t] = part[t * R + r];
+          };
+          const auto by_rows = [&](auto tiles_tag, int64_t first) {
+            switch (rows) {
+              case 1: run(std::integral_constant<int, 1>{}, tiles_tag, first); break;
+              case 2: run(std::integral_constant<int, 2>{}, tiles_tag, first); break;
+              case 3: run(std::integral_constant<int, 3>{}, tiles_tag, first); break;
+              default: run(std::integral_constant<int, kMaxRows>{}, tiles_tag, first); break;
+            }
+          };
+          if (n + T <= N) {
+            by_rows(std::integral_constant<int, T>{}, n);
+          } else {
+            for (int64_t m = n; m < N; ++m) by_rows(std::integral_constant<int, 1>{}, m);
+          }
+        }
+      }
+    }
+  });
+}
+#endif
+
 at::Tensor linear_float(const at::Tensor& x, const at::Tensor& w) {
   TORCH_CHECK(w.dim() == 2 && w.is_contiguous() && w.device().is_cpu(), "weight must be a contiguous 2-D CPU tensor");
   const int64_t B = x.size(0), N = w.size(0), K = w.size(1);
@@ -724,6 +775,11 @@ at::Tensor linear_float(const at::Tensor& x, const at::Tensor& w) {
 #if defined(GYM_AVX512)
     if (wide_rows(B)) {
       linear_float_wide<kind>(xp, B, wp, N, K, yp);
+      return;
+    }
+#elif defined(GYM_AVX2)
+    if (B >= 32) {  // measured at 256 rows: 1.06-1.12x on the embedded model's four shapes
+      linear_float_panels<kind>(xp, B, wp, N, K, yp);
       return;
     }
 #endif
