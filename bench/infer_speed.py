@@ -5,7 +5,8 @@ machine's own read bandwidth, all measured in one run (the baseline for issue #1
   generate    transformers' model.generate, greedy, one stream (the baseline)
   gym         Gym's transformers engine (gym.infer.hf_engine), one stream and --streams concurrent streams
   gym-fast    Gym's fast engine (gym.infer.fast) with weights as each of --fast-dtypes
-  ttft        time to the first token for a --long-prompt-token prompt, through the engine
+  ttft        time to the first token for a --long-prompt-token prompt, through the engine: the mean of 3 in a
+              row on one engine after a warm-up one, as llama-bench times its prompt (a warm-up, then -r 3)
   llama.cpp   with --llamacpp (`make bench-llamacpp`): llama.cpp built from the llama-cpp-python sdist
               (bench/llamacpp.py), the same model written by its own quantizer as F32 / Q8_0 / Q4_0 / Q4_1;
               1 stream and TTFT from llama-bench (tg --tokens, pp --long-prompt-tokens), the concurrent
@@ -66,6 +67,15 @@ def engine_tps(model, tokenizer, prompts: list[list[int]], tokens: int, make_eng
     run_engine(model, tokenizer, [prompts[0][:8]], 1, 1, 4, 1, make_engine)  # warm-up
     tps, ttfts = run_engine(model, tokenizer, prompts, len(prompts), 1, tokens, max(16, len(prompts)), make_engine)
     return tps, sum(ttfts) / len(ttfts)
+
+
+def engine_ttft(model, tokenizer, prompt: list[int], make_engine=None, repetitions: int = 3) -> float:
+    """Mean time to the first token of `prompt`, sent `repetitions` times in a row to one engine after one more
+    time as a warm-up: as llama-bench times a prompt (a warm-up run, then the mean of its repetitions, -r 3 here)."""
+    from serve import run_engine
+
+    _, ttfts = run_engine(model, tokenizer, [prompt], 1, repetitions + 1, 1, 16, make_engine)
+    return sum(ttfts[1:]) / repetitions
 
 
 def fast_engine(model, tokenizer, dtype: str):
@@ -134,7 +144,7 @@ def main() -> None:
         base = generate_tps(model, prompt, args.tokens)
         one, _ = engine_tps(model, tokenizer, [prompt], args.tokens)
         many, _ = engine_tps(model, tokenizer, streams, args.tokens)
-        _, ttft = engine_tps(model, tokenizer, [long_prompt], 1)
+        ttft = engine_ttft(model, tokenizer, long_prompt)
         for label, tps, multi, first in (("generate", base, None, None), ("gym", one, many, ttft)):
             gbs = size * tps / 1e9
             multi_text = f"{multi:>18.1f}" if multi is not None else f"{'-':>18}"
@@ -151,7 +161,7 @@ def main() -> None:
         make = fast_engine(model, tokenizer, name)
         one, _ = engine_tps(model, tokenizer, [prompt], args.tokens, make)
         many, _ = engine_tps(model, tokenizer, streams, args.tokens, make)
-        _, ttft = engine_tps(model, tokenizer, [long_prompt], 1, make)
+        ttft = engine_ttft(model, tokenizer, long_prompt, make)
         gbs = size * one / 1e9
         print(f"{'gym-fast':<10} {name:<9} {one:>15.1f} {gbs:>10.1f} {100 * gbs / probe:>9.0f}% {many:>18.1f} "
               f"{ttft:>14.2f}s")
