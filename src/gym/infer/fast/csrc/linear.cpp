@@ -330,6 +330,16 @@ struct Ahead {
   }
 };
 
+// The tile of weight rows after [n, n + T) (up to row `end`), fetched over a tile's K / 8 steps.
+inline Ahead next_tile(const void* weights, int64_t n, int64_t T, int64_t end, int64_t bytes_per_row, int64_t K) {
+  const auto* next = static_cast<const uint8_t*>(weights) + (n + T) * bytes_per_row;
+  const int64_t bytes = (std::min(end, n + 2 * T) - n - T) * bytes_per_row;
+  return Ahead{next, next + bytes, (bytes / 64 + K / 8) / std::max<int64_t>(1, K / 8)};
+}
+
+// Weights per panel of the many-row float products (linear_float_wide, linear_float_panels): half an L2.
+constexpr int64_t kPanelBytes = int64_t(1) << 20;
+
 // out[t * R + r] = dot(x[r], w[t]) for R activation rows and T weight rows: every weight vector loaded
 // feeds R rows, every activation vector feeds T weight rows, and R and T are compile-time constants
 // so the accumulators live in registers.
@@ -553,11 +563,7 @@ void for_each_tile(int64_t B, int64_t N, int64_t K, int64_t bytes_per_row, const
           // The first rows' pass over a tile fetches the next tile's weights (the later passes find this
           // tile's in the cache).
           Ahead ahead;
-          if (b == b0 && n + kTile < n_end) {
-            const auto* next = static_cast<const uint8_t*>(weights) + (n + kTile) * bytes_per_row;
-            const int64_t bytes = (std::min(n_end, n + 2 * kTile) - n - kTile) * bytes_per_row;
-            ahead = Ahead{next, next + bytes, (bytes / 64 + K / 8) / std::max<int64_t>(1, K / 8)};
-          }
+          if (b == b0 && n + kTile < n_end) ahead = next_tile(weights, n, kTile, n_end, bytes_per_row, K);
           if (!full) {
             for (int64_t m = n; m < std::min(N, n + kTile); ++m) {
               switch (rows) {
@@ -602,12 +608,11 @@ void for_each_tile(int64_t B, int64_t N, int64_t K, int64_t bytes_per_row, const
 // give the same keys, values and logits whether they were prefilled together, one by one, or decoded, and a
 // cached prefix is the prefix the prompt would have computed.
 //
-// The loops are blocked for the caches: a thread's weights go a panel at a time (kWidePanelBytes, kept in L2),
+// The loops are blocked for the caches: a thread's weights go a panel at a time (kPanelBytes, kept in L2),
 // every group of P pairs passes over the whole panel (the group's rows stay in L1), so each weight vector
 // loaded from L2 feeds 2P rows and each activation vector feeds T weight rows.
 constexpr int kWidePairs = 4;
 constexpr int kWideTile = 6;  // 4 x 6 accumulators, 6 weight vectors and an activation vector: 31 registers
-constexpr int64_t kWidePanelBytes = int64_t(1) << 20;
 
 template <WeightKind kind>
 inline __m512 load8_twice(const void* w, int64_t k) {
@@ -664,7 +669,7 @@ void linear_float_wide(const float* x, int64_t B, const void* w, int64_t N, int6
       std::memcpy(packed.data() + (b / 2) * ld_pair + 2 * j + (b % 2) * 8, x + b * K + j, 8 * sizeof(float));
   const int64_t row_bytes = K * elem;
   const int64_t tiles = (N + T - 1) / T;
-  const int64_t panel = std::max<int64_t>(1, kWidePanelBytes / (T * row_bytes));
+  const int64_t panel = std::max<int64_t>(1, kPanelBytes / (T * row_bytes));
   const char* wb = static_cast<const char*>(w);
   const float* all_pairs = packed.data();  // named here: inside the workers, `packed` would be their own
   parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
@@ -679,11 +684,7 @@ void linear_float_wide(const float* x, int64_t B, const void* w, int64_t N, int6
           const int64_t n = tile * T;
           // The first group's pass over the panel reads it from memory: it fetches the next tile meanwhile.
           Ahead ahead;
-          if (g == 0 && tile + 1 < p1) {
-            const auto* next = reinterpret_cast<const uint8_t*>(wb + (n + T) * row_bytes);
-            const int64_t bytes = (std::min(N, n + 2 * T) - n - T) * row_bytes;
-            ahead = Ahead{next, next + bytes, (bytes / 64 + K / 8) / std::max<int64_t>(1, K / 8)};
-          }
+          if (g == 0 && tile + 1 < p1) ahead = next_tile(wb, n, T, N, row_bytes, K);
           const auto run = [&](auto pairs_tag, auto tiles_tag, int64_t first, int count) {
             constexpr int PP = decltype(pairs_tag)::value, TT = decltype(tiles_tag)::value;
             dot_float_pairs<kind, PP, TT>(gp, ld_pair, x + b * K, K, rows, wb + first * row_bytes, K, K, part,
@@ -721,7 +722,7 @@ void linear_float_panels(const float* x, int64_t B, const void* w, int64_t N, in
   constexpr int64_t elem = kind == WeightKind::F32 ? 4 : 2;
   constexpr int T = kTile;
   const int64_t row_bytes = K * elem, tiles = (N + T - 1) / T;
-  const int64_t panel = std::max<int64_t>(1, (int64_t(1) << 20) / (T * row_bytes));
+  const int64_t panel = std::max<int64_t>(1, kPanelBytes / (T * row_bytes));
   const char* wb = static_cast<const char*>(w);
   parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
     float part[T * kMaxRows];
@@ -732,11 +733,7 @@ void linear_float_panels(const float* x, int64_t B, const void* w, int64_t N, in
         for (int64_t tile = p0; tile < p1; ++tile) {
           const int64_t n = tile * T;
           Ahead ahead;
-          if (b == 0 && tile + 1 < p1) {
-            const auto* next = reinterpret_cast<const uint8_t*>(wb + (n + T) * row_bytes);
-            const int64_t bytes = (std::min(N, n + 2 * T) - n - T) * row_bytes;
-            ahead = Ahead{next, next + bytes, (bytes / 64 + K / 8) / std::max<int64_t>(1, K / 8)};
-          }
+          if (b == 0 && tile + 1 < p1) ahead = next_tile(wb, n, T, N, row_bytes, K);
           const auto run = [&](auto rows_tag, auto tiles_tag, int64_t first) {
             constexpr int R = decltype(rows_tag)::value, TT = decltype(tiles_tag)::value;
             dot_float<kind, R, TT>(x + b * K, K, wb + first * row_bytes, K, K, part, ahead);
