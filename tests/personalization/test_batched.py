@@ -167,8 +167,10 @@ def test_packed_kernel_equals_unpacked_reference(out_features, in_features, grou
     rows = torch.tensor([0, 1, 3, 4])
     entries = ([bits[0], bits[2], bits[1], bits[1]], [per_row, grouped, grouped, grouped],
                [in_features, group, group, group])
+    tiled = [kernels.tile_signs(b, out_features, in_features) for b in entries[0]]
+    assert all(torch.equal(kernels.untile_signs(t, out_features, in_features), b) for t, b in zip(tiled, entries[0]))
     y = torch.zeros(5, out_features)
-    kernels.sign_matmul_add_(y, x, rows, *entries)
+    kernels.sign_matmul_add_(y, x, rows, tiled, *entries[1:])
     want = torch.zeros(5, out_features)
     for e, row in enumerate(rows.tolist()):
         matrix = kernels.unpack_signs(entries[0][e], out_features, in_features) * kernels.expand_groups(

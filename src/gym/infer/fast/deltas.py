@@ -42,10 +42,12 @@ class SignDelta:
     scales: torch.Tensor  # float32 [out, groups]
     group_size: int
     shape: tuple[int, int]
+    tiled: bool = False  # bits in the packed kernel's tiles of 32 outputs (kernels.tile_signs)
 
     def dense(self) -> torch.Tensor:
         out_features, in_features = self.shape
-        return kernels.unpack_signs(self.bits, out_features, in_features) * kernels.expand_groups(
+        bits = kernels.untile_signs(self.bits, out_features, in_features) if self.tiled else self.bits
+        return kernels.unpack_signs(bits, out_features, in_features) * kernels.expand_groups(
             self.scales, self.group_size, in_features)
 
     @property
@@ -280,8 +282,12 @@ def _plan(plan: LinearPlan, parts: list[Part], deltas: dict[str, ParamDelta], wi
             else:
                 bits.append(sign.bits.reshape(-1))
                 scales.append(sign.scales.float().reshape(part.size, groups))
-        plan.sign = SignDelta(torch.cat(bits).to(device), torch.cat(scales).contiguous().to(device), group_size,
-                              (width, in_features))
+        joined = torch.cat(bits)
+        # On the CPU the packed kernel reads the signs in tiles of 32 outputs (the same bytes, reordered); a
+        # GPU expands them into the cache (SignDelta.dense reads either layout).
+        tiled = device.type == "cpu"
+        plan.sign = SignDelta((kernels.tile_signs(joined, width, in_features) if tiled else joined).to(device),
+                              torch.cat(scales).contiguous().to(device), group_size, (width, in_features), tiled)
     for part in parts:
         delta = deltas.get(part.param)
         if delta is None or (plan.sign is not None and part.param in signs):
@@ -348,7 +354,7 @@ class RowDeltas:
             if plan is None:
                 continue
             if plan.sign is not None:
-                if variant.packed and kernel:
+                if variant.packed and kernel and plan.sign.tiled:
                     packed.append(index)
                     bits += [plan.sign.bits] * count
                     scales += [plan.sign.scales] * count

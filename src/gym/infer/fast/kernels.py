@@ -411,16 +411,41 @@ def expand_groups(scales: torch.Tensor, group_size: int, in_features: int) -> to
     return scales.repeat_interleave(group_size, dim=1)[:, :in_features]
 
 
+SIGN_TILE = 32  # outputs per tile of the packed kernel's sign layout
+
+
+def tile_signs(bits: torch.Tensor, out_features: int, in_features: int) -> torch.Tensor:
+    """Row-major packed signs (unpack_signs' layout, in_features a multiple of 8) -> the packed kernel's layout:
+    tiles of 32 outputs, each [in/8, 32] (byte j of output n at tile n // 32, row j, column n % 32), the outputs
+    past the last zero. One load then brings 32 outputs' signs for eight inputs."""
+    if in_features % 8:
+        raise ValueError(f"tiled signs need a multiple of 8 inputs, got {in_features}")
+    per_row = in_features // 8
+    rows = bits.reshape(-1)[:out_features * per_row].view(out_features, per_row)
+    padded = -(-out_features // SIGN_TILE) * SIGN_TILE
+    if padded != out_features:
+        rows = torch.cat([rows, rows.new_zeros(padded - out_features, per_row)])
+    return rows.view(-1, SIGN_TILE, per_row).transpose(1, 2).contiguous().view(-1)
+
+
+def untile_signs(tiled: torch.Tensor, out_features: int, in_features: int) -> torch.Tensor:
+    """tile_signs undone: the row-major packed signs."""
+    per_row = in_features // 8
+    rows = tiled.reshape(-1, per_row, SIGN_TILE).transpose(1, 2).reshape(-1, per_row)
+    return rows[:out_features].contiguous().view(-1)
+
+
 def sign_matmul_add_(y: torch.Tensor, x: torch.Tensor, rows: torch.Tensor, bits: list[torch.Tensor],
                      scales: list[torch.Tensor], group_sizes: list[int]) -> None:
     """y[rows[e]] += (scales[e] spread over groups * signs[e]) applied to x[rows[e]], for each entry e: a 1-bit
-    delta's correction on the rows that use it. bits[e] packs [out, in] signs; scales[e] is float32 [out,
-    groups] with groups of group_sizes[e] inputs. Entries sharing one sign matrix should come together."""
-    if _state.get("ok") and x.shape[1] % 8 == 0 and all(g % 8 == 0 or g >= x.shape[1] for g in group_sizes):
+    delta's correction on the rows that use it. bits[e] holds [out, in] signs as tile_signs lays them out (in
+    a multiple of 8); scales[e] is float32 [out, groups] with groups of group_sizes[e] inputs. Entries sharing
+    one sign matrix should come together."""
+    if _state.get("ok") and all(g % 8 == 0 or g >= x.shape[1] for g in group_sizes):
         torch.ops.gym_kernels.sign_matmul_add_(y, x, rows, bits, scales, group_sizes)
         return
     out_features, in_features = y.shape[1], x.shape[1]
     for e, row in enumerate(rows.tolist()):
-        matrix = unpack_signs(bits[e], out_features, in_features) * expand_groups(scales[e], group_sizes[e],
-                                                                                 in_features)
+        signs = unpack_signs(untile_signs(bits[e], out_features, in_features), out_features, in_features)
+        matrix = signs * expand_groups(scales[e], group_sizes[e], in_features)
         y[row] += x[row] @ matrix.T

@@ -1423,11 +1423,13 @@ at::Tensor decode_layers(const at::Tensor& x0, at::TensorList tensors, at::IntAr
 // -- per-row 1-bit deltas ----------------------------------------------------------------------------
 // y[row_e, n] += sum_g scale_e[n, g] * sum_{k in group g} x[row_e, k] * sign_e[n, k] for each entry e: a
 // BitDelta variant's correction alpha * (x @ sign.T), on the rows of the batch that use that variant.
-// The signs stay packed, one bit per weight (bit k of row n at bit (n*K + k) % 8 of byte (n*K + k) / 8,
-// 1 = +1), so a variant costs 1/32 of a float32 weight read per step. With sign = 2b - 1,
-// x . sign = 2 (x . b) - sum(x), and x . b is a masked sum: each byte of bits selects eight activations
-// through a 256-entry table of lane masks, an AND and an ADD per eight weights. Entries that share a
-// sign matrix (rows of one variant) come one after the other, and up to four of them share each byte read.
+// The signs stay packed, one bit per weight (1 = +1), so a variant costs 1/32 of a float32 weight read per
+// step. They are laid out in tiles of 32 outputs (kernels.tile_signs): byte j of output n (its inputs 8j to
+// 8j + 7, lowest bit first) is at (n / 32) * 32 * K/8 + j * 32 + n % 32, outputs past the last zero. One
+// 32-byte load then holds 32 outputs' signs for eight inputs, which the table lookups below take whole,
+// where the row-major layout needed a gather. With sign = 2b - 1, x . sign = 2 (x . b) - sum(x), and
+// x . b is a sum of activations that the bits select.
+constexpr int64_t kSignTile = 32;
 
 struct MaskTable {
   alignas(32) uint32_t lanes[256][8];
@@ -1442,11 +1444,14 @@ const MaskTable& mask_table() {
   return table;
 }
 
-// Every packed product below computes each (row, output) the same way, so a row's correction does not depend
-// on which rows share the call (batch invariance): per group g, the masked sum of x over the group's set bits in
-// eight lanes, k in order, in one chain; the groups folded into eight lanes as h += 2 s_g * that sum; then the
-// lanes summed as ((0+1)+(2+3))+((4+5)+(6+7)), and sum_g s_g * sum(x over g) taken off. Four outputs of one row
-// (sign_dot4) and one output of up to four rows (sign_dot_rows) are two loops over that one recipe.
+// The masked sums (the portable variant, and rows whose groups are not whole blocks of 32): each byte of
+// bits selects eight activations through a 256-entry table of lane masks, an AND and an ADD per eight
+// weights. Every packed product computes each (row, output) the same way, so a row's correction does not
+// depend on which rows share the call (batch invariance): per group g, the masked sum of x over the group's
+// set bits in eight lanes, k in order, in one chain; the groups folded into eight lanes as
+// h += 2 s_g * that sum; then the lanes summed as ((0+1)+(2+3))+((4+5)+(6+7)), and sum_g s_g * sum(x over g)
+// taken off. Four outputs of one row (sign_dot4) and one output of up to four rows (sign_dot_rows) are two
+// loops over that one recipe. `bits` points at an output's first byte; its next byte is kSignTile on.
 
 // ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)): the order the paired horizontal adds of sign_dot4 give.
 inline float lanes_total(const float* l) {
@@ -1471,7 +1476,7 @@ inline void sign_dot_rows(const uint8_t* bits, const float* s, int64_t G, int64_
     __m256 acc[R];
     for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
     for (int64_t k = k0; k < k1; k += 8) {
-      const __m256 mask = _mm256_load_ps(reinterpret_cast<const float*>(table.lanes[bits[k >> 3]]));
+      const __m256 mask = _mm256_load_ps(reinterpret_cast<const float*>(table.lanes[bits[(k >> 3) * kSignTile]]));
       for (int r = 0; r < R; ++r) acc[r] = _mm256_add_ps(acc[r], _mm256_and_ps(mask, _mm256_loadu_ps(x[r] + k)));
     }
     const __m256 twice = _mm256_set1_ps(2.f * s[g]);
@@ -1488,7 +1493,7 @@ inline void sign_dot_rows(const uint8_t* bits, const float* s, int64_t G, int64_
     for (int64_t g = 0; g < G; ++g) {
       float masked = 0.f;
       for (int64_t k = g * size; k < std::min(K, (g + 1) * size); ++k)
-        if ((bits[k >> 3] >> (k & 7)) & 1) masked += x[r][k];
+        if ((bits[(k >> 3) * kSignTile] >> (k & 7)) & 1) masked += x[r][k];
       dot += 2.f * s[g] * masked;
     }
     out[r] = dot - offset[r];
@@ -1496,12 +1501,11 @@ inline void sign_dot_rows(const uint8_t* bits, const float* s, int64_t G, int64_
 #endif
 }
 
-// The same recipe for one activation row and four consecutive sign rows (the common case: one row per
+// The same recipe for one activation row and four consecutive outputs (the common case: one row per
 // variant in a batch), out[o] = sum_g s[o][g] * (x . sign_o over group g). Each activation vector loaded feeds
-// all four outputs, and the horizontal sums are done once for all four. Rows of whole blocks of 32 take the
-// table lookups below instead (AVX-512 and AVX2); this serves the others, and the portable variant.
-inline void sign_dot4(const uint8_t* bits, int64_t row_bytes, const float* s, int64_t G, int64_t size, int64_t K,
-                      const float* x, const float* group_sum, float* out) {
+// all four outputs, and the horizontal sums are done once for all four.
+inline void sign_dot4(const uint8_t* bits, const float* s, int64_t G, int64_t size, int64_t K, const float* x,
+                      const float* group_sum, float* out) {
   float offset[4] = {0.f, 0.f, 0.f, 0.f};  // sum_g s[g] * sum(x over g): x . sign = 2 (x . b) - sum(x)
   for (int o = 0; o < 4; ++o)
     for (int64_t g = 0; g < G; ++g) offset[o] += s[o * G + g] * group_sum[g];
@@ -1516,7 +1520,7 @@ inline void sign_dot4(const uint8_t* bits, int64_t row_bytes, const float* s, in
     for (int64_t k = k0; k < k1; k += 8) {
       const __m256 xv = _mm256_loadu_ps(x + k);
       for (int o = 0; o < 4; ++o) {
-        const __m256 mask = _mm256_load_ps(reinterpret_cast<const float*>(table.lanes[bits[o * row_bytes + (k >> 3)]]));
+        const __m256 mask = _mm256_load_ps(reinterpret_cast<const float*>(table.lanes[bits[o + (k >> 3) * kSignTile]]));
         acc[o] = _mm256_add_ps(acc[o], _mm256_and_ps(mask, xv));
       }
     }
@@ -1535,7 +1539,7 @@ inline void sign_dot4(const uint8_t* bits, int64_t row_bytes, const float* s, in
     for (int64_t g = 0; g < G; ++g) {
       float masked = 0.f;
       for (int64_t k = g * size; k < std::min(K, (g + 1) * size); ++k)
-        if ((bits[o * row_bytes + (k >> 3)] >> (k & 7)) & 1) masked += x[k];
+        if ((bits[o + (k >> 3) * kSignTile] >> (k & 7)) & 1) masked += x[k];
       dot += 2.f * s[o * G + g] * masked;
     }
     out[o] = dot - offset[o];
@@ -1543,76 +1547,13 @@ inline void sign_dot4(const uint8_t* bits, int64_t row_bytes, const float* s, in
 #endif
 }
 
-#if defined(GYM_AVX512)
-constexpr int64_t kLutOutputs = 16;
-// The table-lookup form (as in T-MAC), for rows of whole blocks of 32: for each four activations j of a
-// row, the 16 sums of their subsets, one 512-bit vector built once per row; then, sixteen outputs at a
-// time, each output's four bits for those activations index that table (a permute reads the low four
-// bits of each lane), so one permute and one add take 64 weights, where a masked add takes 16. One
-// 32-bit gather brings sixteen outputs' bits for 32 activations: eight tables' indices.
+#if defined(GYM_AVX2)
+// The table-lookup form (as in T-MAC), for rows whose groups are whole blocks of 32: for each four
+// activations j of a row, the 16 sums of their subsets, built once per row; then each output's four bits
+// for those activations index that table, so one lookup takes four weights of many outputs at once.
 #define GYM_SIGN_LUT 1
 
-void subset_tables(const float* x, int64_t K, float* tables) {
-  const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-  __m512 bit[4];
-  for (int i = 0; i < 4; ++i)
-    bit[i] = _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(lane, unsigned(i)), _mm512_set1_epi32(1)));
-  for (int64_t j = 0; j < K / 4; ++j) {
-    __m512 t = _mm512_mul_ps(_mm512_set1_ps(x[4 * j]), bit[0]);
-    for (int i = 1; i < 4; ++i) t = _mm512_fmadd_ps(_mm512_set1_ps(x[4 * j + i]), bit[i], t);
-    _mm512_storeu_ps(tables + 16 * j, t);
-  }
-}
-
-constexpr int64_t kLutAhead = 2;  // output blocks ahead to prefetch
-
-// y[0..valid) += the signed products of outputs 0..valid (valid <= 16) of one entry; bits and s start at the
-// first of those outputs; group bounds are multiples of 32.
-inline void sign_lut16(const uint8_t* bits, int64_t row_bytes, int64_t valid, const float* s, int64_t G, int64_t size,
-                       int64_t K, const float* tables, const float* group_sum, float* y) {
-  const __mmask16 lanes = valid >= 16 ? __mmask16(0xffff) : __mmask16((1u << valid) - 1);
-  // The gathers read sixteen rows a few bytes at a time, which the hardware prefetchers do not follow
-  // (the bits streamed at ~4 GB/s, an eighth of the machine's read bandwidth): ask for the rows of the
-  // sixteen outputs kLutAhead blocks on now. A prefetch past the end of the bits does not fault.
-  const char* ahead = reinterpret_cast<const char*>(bits) + kLutAhead * 16 * row_bytes;
-  for (int64_t line = 0; line < 16 * row_bytes; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T0);
-  const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-  const __m512i row_offsets = _mm512_mullo_epi32(lane, _mm512_set1_epi32(int32_t(row_bytes)));
-  const __m512i scale_offsets = _mm512_mullo_epi32(lane, _mm512_set1_epi32(int32_t(G)));
-  __m512 total = _mm512_setzero_ps();
-  for (int64_t g = 0; g < G; ++g) {
-    const int64_t k0 = g * size, k1 = std::min(K, k0 + size);
-    __m512 even = _mm512_setzero_ps(), odd = _mm512_setzero_ps();  // two add chains, to hide their latency
-    for (int64_t k = k0; k < k1; k += 32) {
-      const __m512i idx = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), lanes, row_offsets, bits + (k >> 3), 1);
-      const float* t = tables + (k / 4) * 16;
-      even = _mm512_add_ps(even, _mm512_permutexvar_ps(idx, _mm512_loadu_ps(t)));
-      odd = _mm512_add_ps(odd, _mm512_permutexvar_ps(_mm512_srli_epi32(idx, 4), _mm512_loadu_ps(t + 16)));
-      even = _mm512_add_ps(even, _mm512_permutexvar_ps(_mm512_srli_epi32(idx, 8), _mm512_loadu_ps(t + 32)));
-      odd = _mm512_add_ps(odd, _mm512_permutexvar_ps(_mm512_srli_epi32(idx, 12), _mm512_loadu_ps(t + 48)));
-      even = _mm512_add_ps(even, _mm512_permutexvar_ps(_mm512_srli_epi32(idx, 16), _mm512_loadu_ps(t + 64)));
-      odd = _mm512_add_ps(odd, _mm512_permutexvar_ps(_mm512_srli_epi32(idx, 20), _mm512_loadu_ps(t + 80)));
-      even = _mm512_add_ps(even, _mm512_permutexvar_ps(_mm512_srli_epi32(idx, 24), _mm512_loadu_ps(t + 96)));
-      odd = _mm512_add_ps(odd, _mm512_permutexvar_ps(_mm512_srli_epi32(idx, 28), _mm512_loadu_ps(t + 112)));
-    }
-    const __m512 scale = G == 1 ? _mm512_maskz_loadu_ps(lanes, s)
-                                : _mm512_mask_i32gather_ps(_mm512_setzero_ps(), lanes, scale_offsets, s + g, 4);
-    // x . sign over the group = 2 (x . bits) - sum(x)
-    const __m512 dot = _mm512_sub_ps(_mm512_add_ps(_mm512_add_ps(even, odd), _mm512_add_ps(even, odd)),
-                                     _mm512_set1_ps(group_sum[g]));
-    total = _mm512_fmadd_ps(scale, dot, total);
-  }
-  _mm512_mask_storeu_ps(y, lanes, _mm512_add_ps(_mm512_maskz_loadu_ps(lanes, y), total));
-}
-#elif defined(GYM_AVX2)
-// The same table lookups on AVX2, eight outputs at a time: a 16-entry table is two 8-float vectors, and an
-// output's four bits pick from both (a permute reads the low three bits of each lane) while the fourth
-// chooses between the two (a blend reads each lane's sign bit, where a shift by 28 puts it): two permutes,
-// a blend and an add take 32 weights, where the masked adds of sign_dot4 take 8 each. The tables are built as
-// AVX-512's are (the same multiply-adds in the same order), so both paths sum the same numbers.
-#define GYM_SIGN_LUT 1
-constexpr int64_t kLutOutputs = 8;
-
+// tables[16 j + c] = sum of x[4 j + i] over the set bits i of c.
 void subset_tables(const float* x, int64_t K, float* tables) {
   const __m256i low = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
   const __m256i high = _mm256_add_epi32(low, _mm256_set1_epi32(8));
@@ -1633,50 +1574,154 @@ void subset_tables(const float* x, int64_t K, float* tables) {
     _mm256_storeu_ps(tables + 16 * j + 8, t1);
   }
 }
+#endif
 
-constexpr int64_t kLutAhead = 2;  // output blocks ahead to prefetch
+#if defined(GYM_AVX512)
+constexpr int64_t kLutOutputs = 16;
+// AVX-512: the tables stay float32, one 512-bit vector each, and sixteen outputs go at a time: a permute reads
+// the low four bits of each lane, so one permute and one add take 64 weights, where a masked add takes 16.
+// A byte of sixteen outputs, widened to sixteen lanes, indexes two tables (its low and its high four bits).
 
-inline __m256 lookup16(const float* table, __m256i index) {
-  const __m256 low = _mm256_permutevar8x32_ps(_mm256_loadu_ps(table), index);
-  const __m256 high = _mm256_permutevar8x32_ps(_mm256_loadu_ps(table + 8), index);
-  return _mm256_blendv_ps(low, high, _mm256_castsi256_ps(_mm256_slli_epi32(index, 28)));
-}
-
-// y[0..valid) += the signed products of outputs 0..valid (valid <= 8) of one entry, as sign_lut16 does.
-inline void sign_lut8(const uint8_t* bits, int64_t row_bytes, int64_t valid, const float* s, int64_t G, int64_t size,
-                      int64_t K, const float* tables, const float* group_sum, float* y) {
-  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-  const __m256i lanes = _mm256_cmpgt_epi32(_mm256_set1_epi32(int32_t(valid)), lane);  // all ones where valid
-  const char* ahead = reinterpret_cast<const char*>(bits) + kLutAhead * 8 * row_bytes;
-  for (int64_t line = 0; line < 8 * row_bytes; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T0);
-  const __m256i row_offsets = _mm256_mullo_epi32(lane, _mm256_set1_epi32(int32_t(row_bytes)));
-  const __m256i scale_offsets = _mm256_mullo_epi32(lane, _mm256_set1_epi32(int32_t(G)));
-  __m256 total = _mm256_setzero_ps();
+// y[0..valid) += the signed products of outputs 0..valid (valid <= 16) of one entry; bits points at the first
+// of those outputs in its tile, s at its scales; group bounds are multiples of 32.
+inline void sign_lut16(const uint8_t* bits, int64_t valid, const float* s, int64_t G, int64_t size, int64_t K,
+                       const float* tables, const float* group_sum, float* y) {
+  const __mmask16 lanes = valid >= 16 ? __mmask16(0xffff) : __mmask16((1u << valid) - 1);
+  const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m512i scale_offsets = _mm512_mullo_epi32(lane, _mm512_set1_epi32(int32_t(G)));
+  __m512 total = _mm512_setzero_ps();
   for (int64_t g = 0; g < G; ++g) {
     const int64_t k0 = g * size, k1 = std::min(K, k0 + size);
-    __m256 even = _mm256_setzero_ps(), odd = _mm256_setzero_ps();
+    __m512 even = _mm512_setzero_ps(), odd = _mm512_setzero_ps();  // two add chains, to hide their latency
     for (int64_t k = k0; k < k1; k += 32) {
-      const __m256i idx = _mm256_mask_i32gather_epi32(_mm256_setzero_si256(),
-                                                      reinterpret_cast<const int*>(bits + (k >> 3)), row_offsets,
-                                                      lanes, 1);
       const float* t = tables + (k / 4) * 16;
-      even = _mm256_add_ps(even, lookup16(t, idx));
-      odd = _mm256_add_ps(odd, lookup16(t + 16, _mm256_srli_epi32(idx, 4)));
-      even = _mm256_add_ps(even, lookup16(t + 32, _mm256_srli_epi32(idx, 8)));
-      odd = _mm256_add_ps(odd, lookup16(t + 48, _mm256_srli_epi32(idx, 12)));
-      even = _mm256_add_ps(even, lookup16(t + 64, _mm256_srli_epi32(idx, 16)));
-      odd = _mm256_add_ps(odd, lookup16(t + 80, _mm256_srli_epi32(idx, 20)));
-      even = _mm256_add_ps(even, lookup16(t + 96, _mm256_srli_epi32(idx, 24)));
-      odd = _mm256_add_ps(odd, lookup16(t + 112, _mm256_srli_epi32(idx, 28)));
+      const uint8_t* b = bits + (k >> 3) * kSignTile;
+      for (int i = 0; i < 4; ++i) {
+        const __m512i idx = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + i * kSignTile)));
+        even = _mm512_add_ps(even, _mm512_permutexvar_ps(idx, _mm512_loadu_ps(t + 32 * i)));
+        odd = _mm512_add_ps(odd, _mm512_permutexvar_ps(_mm512_srli_epi32(idx, 4), _mm512_loadu_ps(t + 32 * i + 16)));
+      }
     }
-    const __m256 scale = G == 1 ? _mm256_maskload_ps(s, lanes)
-                                : _mm256_mask_i32gather_ps(_mm256_setzero_ps(), s + g, scale_offsets,
-                                                           _mm256_castsi256_ps(lanes), 4);
-    const __m256 both = _mm256_add_ps(even, odd);
-    const __m256 dot = _mm256_sub_ps(_mm256_add_ps(both, both), _mm256_set1_ps(group_sum[g]));
-    total = _mm256_fmadd_ps(scale, dot, total);
+    const __m512 scale = G == 1 ? _mm512_maskz_loadu_ps(lanes, s)
+                                : _mm512_mask_i32gather_ps(_mm512_setzero_ps(), lanes, scale_offsets, s + g, 4);
+    // x . sign over the group = 2 (x . bits) - sum(x)
+    const __m512 dot = _mm512_sub_ps(_mm512_add_ps(_mm512_add_ps(even, odd), _mm512_add_ps(even, odd)),
+                                     _mm512_set1_ps(group_sum[g]));
+    total = _mm512_fmadd_ps(scale, dot, total);
   }
-  _mm256_maskstore_ps(y, lanes, _mm256_add_ps(_mm256_maskload_ps(y, lanes), total));
+  _mm512_mask_storeu_ps(y, lanes, _mm512_add_ps(_mm512_maskz_loadu_ps(lanes, y), total));
+}
+#elif defined(GYM_AVX2)
+// AVX2 has no 16-entry float permute (a table is two vectors, a lookup two permutes and a blend, 5 weights
+// per instruction: no faster than the masked sums). Its byte shuffle is a 16-entry table lookup for 32 lanes
+// at once, so the tables go into fixed point: each row's subset sums scaled by one step (2^22 steps to the
+// largest) and rounded to integers u + 2^22 in [0, 2^23], kept as three byte planes. A shuffle per plane
+// looks up 32 outputs; the planes are summed apart as 16-bit lanes, and every 512 activations (128 lookups:
+// the sums stay under 2^15 per plane, 2^30 in all) folded into float64. x . b over a group is then that sum
+// times the step, exact to the rounding of the tables: at most half a step per lookup, 2^-23 of the row's
+// largest subset sum. Float products of the merged weights round at about 2^-24 of each product, so the two
+// agree to ~1e-6 relative; tests/personalization/test_batched.py holds both to the float64 reference.
+#define GYM_SIGN_PLANES 1
+constexpr int64_t kLutOutputs = kSignTile;
+constexpr int kPlaneBits = 22;
+constexpr int64_t kPlaneChunk = 512;  // activations between folds into float64
+constexpr int64_t kPlaneBytes = 48;   // per four activations: three planes of sixteen entries
+
+// planes[48 j + 16 p + c] = byte p of round(tables[16 j + c] / step) + 2^22; returns the step.
+double quantize_tables(const float* tables, int64_t K, uint8_t* planes) {
+  __m256 largest = _mm256_setzero_ps();
+  const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  for (int64_t i = 0; i < K * 4; i += 8) largest = _mm256_max_ps(largest, _mm256_and_ps(magnitude, _mm256_loadu_ps(tables + i)));
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, largest);
+  const float top = *std::max_element(lanes, lanes + 8);
+  const float inverse = top > 0.f ? float(1 << kPlaneBits) / top : 1.f;
+  const __m256 scale = _mm256_set1_ps(inverse);
+  const __m256i bias = _mm256_set1_epi32(1 << kPlaneBits), low_byte = _mm256_set1_epi32(0xff);
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  for (int64_t j = 0; j < K / 4; ++j) {
+    // cvtps rounds to nearest even; u stays within [0, 2^23] (|sum| <= top, so |sum * inverse| <= 2^22 + ulp)
+    const __m256i a = _mm256_add_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(tables + 16 * j), scale)), bias);
+    const __m256i b = _mm256_add_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(tables + 16 * j + 8), scale)), bias);
+    for (int p = 0; p < 3; ++p) {
+      const __m256i pa = _mm256_and_si256(_mm256_srli_epi32(a, 8 * p), low_byte);
+      const __m256i pb = _mm256_and_si256(_mm256_srli_epi32(b, 8 * p), low_byte);
+      // packs: [a0-3 b0-3 | a4-7 b4-7] as 16 bits, packus: the same as bytes twice per half; then in order
+      const __m256i words = _mm256_packs_epi32(pa, pb);
+      const __m256i bytes = _mm256_permutevar8x32_epi32(_mm256_packus_epi16(words, words), order);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(planes + kPlaneBytes * j + 16 * p), _mm256_castsi256_si128(bytes));
+    }
+  }
+  return 1.0 / double(inverse);
+}
+
+// Fold one chunk's plane sums into float64, per output in lane order (see plane_output). word[p] holds the
+// 16-bit sums of each pair of outputs' bytes (the even output's sum plus 256 times the odd's, modulo 2^16),
+// odd[p] the odd outputs' sums alone, so even = word - 256 odd.
+inline void fold_planes(const __m256i* word, const __m256i* odd, int64_t lookups, double* acc) {
+  const __m256i zero = _mm256_setzero_si256();
+  __m256i part[4] = {zero, zero, zero, zero};  // even lo, even hi, odd lo, odd hi: 32-bit lanes
+  for (int p = 0; p < 3; ++p) {
+    const __m256i even = _mm256_sub_epi16(word[p], _mm256_slli_epi16(odd[p], 8));
+    const int shift = 8 * p;
+    part[0] = _mm256_add_epi32(part[0], _mm256_slli_epi32(_mm256_unpacklo_epi16(even, zero), shift));
+    part[1] = _mm256_add_epi32(part[1], _mm256_slli_epi32(_mm256_unpackhi_epi16(even, zero), shift));
+    part[2] = _mm256_add_epi32(part[2], _mm256_slli_epi32(_mm256_unpacklo_epi16(odd[p], zero), shift));
+    part[3] = _mm256_add_epi32(part[3], _mm256_slli_epi32(_mm256_unpackhi_epi16(odd[p], zero), shift));
+  }
+  const __m256i bias = _mm256_set1_epi32(int32_t(lookups << kPlaneBits));
+  for (int q = 0; q < 4; ++q) {
+    const __m256i exact = _mm256_sub_epi32(part[q], bias);
+    __m256d* a = reinterpret_cast<__m256d*>(acc + 8 * q);
+    _mm256_store_pd(acc + 8 * q, _mm256_add_pd(a[0], _mm256_cvtepi32_pd(_mm256_castsi256_si128(exact))));
+    _mm256_store_pd(acc + 8 * q + 4, _mm256_add_pd(a[1], _mm256_cvtepi32_pd(_mm256_extracti128_si256(exact, 1))));
+  }
+}
+
+// The output (of 32) that fold_planes leaves at acc[8 q + m]: unpacklo/hi take 16-bit lanes 0-3 / 4-7 of each
+// 128-bit half, and the 16-bit lane l holds outputs 2 l (even) and 2 l + 1 (odd).
+constexpr int plane_output(int q, int m) {
+  return 2 * ((q % 2 == 0) ? (m < 4 ? m : m + 4) : (m < 4 ? m + 4 : m + 8)) + (q >= 2 ? 1 : 0);
+}
+
+// y[0..valid) += the signed products of the outputs of one tile (valid <= 32) of one entry.
+inline void sign_planes32(const uint8_t* tile, int64_t valid, const float* s, int64_t G, int64_t size, int64_t K,
+                          const uint8_t* planes, double step, const float* group_sum, float* y) {
+  const __m256i low4 = _mm256_set1_epi8(0x0f);
+  alignas(32) double total[kSignTile] = {};
+  for (int64_t g = 0; g < G; ++g) {
+    const int64_t k0 = g * size, k1 = std::min(K, k0 + size);
+    alignas(32) double acc[kSignTile] = {};
+    for (int64_t c0 = k0; c0 < k1; c0 += kPlaneChunk) {
+      const int64_t c1 = std::min(k1, c0 + kPlaneChunk);
+      __m256i w0 = _mm256_setzero_si256(), w1 = w0, w2 = w0, o0 = w0, o1 = w0, o2 = w0;
+      for (int64_t k = c0; k < c1; k += 8) {
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile + (k >> 3) * kSignTile));
+        const uint8_t* t = planes + (k / 4) * kPlaneBytes;
+        const __m256i nibbles[2] = {_mm256_and_si256(v, low4), _mm256_and_si256(_mm256_srli_epi16(v, 4), low4)};
+        for (int h = 0; h < 2; ++h) {
+          const uint8_t* th = t + h * kPlaneBytes;
+          const __m256i r0 = _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(th))), nibbles[h]);
+          const __m256i r1 = _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(th + 16))), nibbles[h]);
+          const __m256i r2 = _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(th + 32))), nibbles[h]);
+          w0 = _mm256_add_epi16(w0, r0);
+          o0 = _mm256_add_epi16(o0, _mm256_srli_epi16(r0, 8));
+          w1 = _mm256_add_epi16(w1, r1);
+          o1 = _mm256_add_epi16(o1, _mm256_srli_epi16(r1, 8));
+          w2 = _mm256_add_epi16(w2, r2);
+          o2 = _mm256_add_epi16(o2, _mm256_srli_epi16(r2, 8));
+        }
+      }
+      const __m256i word[3] = {w0, w1, w2}, odd[3] = {o0, o1, o2};
+      fold_planes(word, odd, (c1 - c0) / 4, acc);
+    }
+    for (int q = 0; q < 4; ++q)
+      for (int m = 0; m < 8; ++m) {
+        const int o = plane_output(q, m);
+        if (o < valid) total[o] += double(s[o * G + g]) * (2.0 * acc[8 * q + m] * step - double(group_sum[g]));
+      }
+  }
+  for (int64_t o = 0; o < valid; ++o) y[o] += float(total[o]);
 }
 #endif
 
@@ -1690,26 +1735,23 @@ void sign_matmul_add_(at::Tensor& y, const at::Tensor& x, const at::Tensor& rows
   TORCH_CHECK(int64_t(bits.size()) == E && int64_t(scales.size()) == E && int64_t(group_sizes.size()) == E,
               "one sign matrix, scale grid and group size per entry");
   TORCH_CHECK(K % 8 == 0, "packed sign rows need a multiple of 8 inputs, got ", K);
+  const int64_t tiles = (N + kSignTile - 1) / kSignTile, tile_bytes = kSignTile * K / 8;
   const int64_t* row = rows.data_ptr<int64_t>();
   std::vector<const uint8_t*> bit_ptr(E);
   std::vector<const float*> scale_ptr(E);
   std::vector<int64_t> groups(E);
-  // Per entry, the sum of its row's activations over each group: x . sign = 2 (x . b) - that sum.
-  std::vector<std::vector<float>> group_sum(E);
   for (int64_t e = 0; e < E; ++e) {
     TORCH_CHECK(row[e] >= 0 && row[e] < x.size(0), "entry row out of range");
     const int64_t size = group_sizes[e];
     TORCH_CHECK(size > 0 && (size % 8 == 0 || size >= K), "group size must be a multiple of 8 (or the row)");
     groups[e] = (K + size - 1) / size;
-    TORCH_CHECK(bits[e].scalar_type() == at::kByte && bits[e].is_contiguous() && bits[e].numel() == N * K / 8,
-                "sign matrix ", e, " must hold ", N * K / 8, " packed bytes");
+    TORCH_CHECK(bits[e].scalar_type() == at::kByte && bits[e].is_contiguous() && bits[e].numel() == tiles * tile_bytes,
+                "sign matrix ", e, " must hold ", tiles * tile_bytes, " bytes: [", N, ", ", K,
+                "] signs in tiles of 32 outputs (kernels.tile_signs)");
     TORCH_CHECK(scales[e].scalar_type() == at::kFloat && scales[e].is_contiguous() &&
                 scales[e].numel() == N * groups[e], "scale grid ", e, " must be float32 [", N, ", ", groups[e], "]");
     bit_ptr[e] = bits[e].data_ptr<uint8_t>();
     scale_ptr[e] = scales[e].data_ptr<float>();
-    const float* xr = x.data_ptr<float>() + row[e] * K;
-    group_sum[e].assign(groups[e], 0.f);
-    for (int64_t k = 0; k < K; ++k) group_sum[e][std::min(k / size, groups[e] - 1)] += xr[k];
   }
   // Runs of entries sharing one sign matrix, at most four long.
   std::vector<std::pair<int64_t, int64_t>> runs;
@@ -1723,46 +1765,65 @@ void sign_matmul_add_(at::Tensor& y, const at::Tensor& x, const at::Tensor& rows
   }
   float* yp = y.data_ptr<float>();
   const float* xp = x.data_ptr<float>();
-  const int64_t row_bytes = K / 8;
-  constexpr int64_t kOutputs = 16;
-#ifdef GYM_SIGN_LUT
-  // Entries whose groups are whole blocks of 32 take the table-lookup form; their tables first.
+  // Per entry, the sum of its row's activations over each group (x . sign = 2 (x . b) - that sum), and where
+  // it takes the table lookups, its tables: built in parallel over the entries, each as it is alone.
+  std::vector<int64_t> sum_at(E + 1, 0);
+  for (int64_t e = 0; e < E; ++e) sum_at[e + 1] = sum_at[e] + groups[e];
+  std::vector<float> group_sum(sum_at[E]);
   std::vector<char> lookup(E, 0);
-  std::vector<int64_t> table_at(E, -1);
-  int64_t table_floats = 0;
+#ifdef GYM_SIGN_LUT
   // GYM_SIGN_LUT=0 keeps every entry on the masked sums: the baseline bench/variants.py measures the table
   // lookups against, in the same build.
   static const bool tables_on = [] {
     const char* setting = std::getenv("GYM_SIGN_LUT");
     return setting == nullptr || std::strcmp(setting, "0") != 0;
   }();
-  if (K % 32 == 0 && tables_on) {
-    for (int64_t e = 0; e < E; ++e) {
-      if (group_sizes[e] % 32 == 0 || group_sizes[e] >= K) {
-        lookup[e] = 1;
-        table_at[e] = table_floats;
-        table_floats += K / 4 * 16;
-      }
-    }
-  }
-  std::vector<float> tables(table_floats);
-  for (int64_t e = 0; e < E; ++e)
-    if (lookup[e]) subset_tables(xp + row[e] * K, K, tables.data() + table_at[e]);
+  if (K % 32 == 0 && tables_on)
+    for (int64_t e = 0; e < E; ++e) lookup[e] = group_sizes[e] % 32 == 0 || group_sizes[e] >= K;
+  std::vector<int64_t> table_at(E + 1, 0);
+  for (int64_t e = 0; e < E; ++e) table_at[e + 1] = table_at[e] + (lookup[e] ? K / 4 : 0);
+  std::vector<float> tables(table_at[E] * 16);
+#ifdef GYM_SIGN_PLANES
+  std::vector<uint8_t> planes(table_at[E] * kPlaneBytes);
+  std::vector<double> steps(E, 1.0);
 #endif
-  parallel_for(0, (N + kOutputs - 1) / kOutputs, 1, [&](int64_t t0, int64_t t1) {
+#endif
+  parallel_for(0, E, 1, [&](int64_t e0, int64_t e1) {
+    for (int64_t e = e0; e < e1; ++e) {
+      const float* xr = xp + row[e] * K;
+      const int64_t size = group_sizes[e];
+      for (int64_t g = 0; g < groups[e]; ++g) {
+        float sum = 0.f;  // k in order, one chain
+        for (int64_t k = g * size; k < std::min(K, (g + 1) * size); ++k) sum += xr[k];
+        group_sum[sum_at[e] + g] = sum;
+      }
+#ifdef GYM_SIGN_LUT
+      if (!lookup[e]) continue;
+      subset_tables(xr, K, tables.data() + table_at[e] * 16);
+#ifdef GYM_SIGN_PLANES
+      steps[e] = quantize_tables(tables.data() + table_at[e] * 16, K, planes.data() + table_at[e] * kPlaneBytes);
+#endif
+#endif
+    }
+  });
+  parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
     for (const auto& [first, last] : runs) {
+      const int64_t G = groups[first], size = group_sizes[first];
 #ifdef GYM_SIGN_LUT
       if (lookup[first]) {
-        const int64_t G = groups[first], size = group_sizes[first];
         for (int64_t e = first; e < last; ++e)
-          for (int64_t n = t0 * kOutputs; n < std::min(N, t1 * kOutputs); n += kLutOutputs)
-#if defined(GYM_AVX512)
-            sign_lut16(bit_ptr[e] + n * row_bytes, row_bytes, std::min<int64_t>(16, N - n), scale_ptr[e] + n * G, G,
-                       size, K, tables.data() + table_at[e], group_sum[e].data(), yp + row[e] * N + n);
+          for (int64_t n = t0 * kSignTile; n < std::min(N, t1 * kSignTile); n += kLutOutputs) {
+            const uint8_t* b = bit_ptr[e] + (n / kSignTile) * tile_bytes + n % kSignTile;
+            const int64_t valid = std::min<int64_t>(kLutOutputs, N - n);
+            float* out = yp + row[e] * N + n;
+#if defined(GYM_SIGN_PLANES)
+            sign_planes32(b, valid, scale_ptr[e] + n * G, G, size, K, planes.data() + table_at[e] * kPlaneBytes,
+                          steps[e], group_sum.data() + sum_at[e], out);
 #else
-            sign_lut8(bit_ptr[e] + n * row_bytes, row_bytes, std::min<int64_t>(8, N - n), scale_ptr[e] + n * G, G,
-                      size, K, tables.data() + table_at[e], group_sum[e].data(), yp + row[e] * N + n);
+            sign_lut16(b, valid, scale_ptr[e] + n * G, G, size, K, tables.data() + table_at[e] * 16,
+                       group_sum.data() + sum_at[e], out);
 #endif
+          }
         continue;
       }
 #endif
@@ -1771,21 +1832,22 @@ void sign_matmul_add_(at::Tensor& y, const at::Tensor& x, const at::Tensor& rows
       const float* sums[4];
       for (int r = 0; r < R; ++r) {
         xs[r] = xp + row[first + r] * K;
-        sums[r] = group_sum[first + r].data();
+        sums[r] = group_sum.data() + sum_at[first + r];
       }
-      const int64_t G = groups[first], size = group_sizes[first];
-      const int64_t end = std::min(N, t1 * kOutputs);
-      int64_t n = t0 * kOutputs;
+      const int64_t end = std::min(N, t1 * kSignTile);
+      int64_t n = t0 * kSignTile;
+      auto bytes_of = [&](int64_t output) {
+        return bit_ptr[first] + (output / kSignTile) * tile_bytes + output % kSignTile;
+      };
       if (R == 1) {
-        for (; n + 4 <= end; n += 4) {
+        for (; n + 4 <= end; n += 4) {  // four outputs of one tile: n is a multiple of 4
           float out[4];
-          sign_dot4(bit_ptr[first] + n * row_bytes, row_bytes, scale_ptr[first] + n * G, G, size, K, xs[0],
-                    sums[0], out);
+          sign_dot4(bytes_of(n), scale_ptr[first] + n * G, G, size, K, xs[0], sums[0], out);
           for (int o = 0; o < 4; ++o) yp[row[first] * N + n + o] += out[o];
         }
       }
       for (; n < end; ++n) {
-        const uint8_t* b = bit_ptr[first] + n * row_bytes;
+        const uint8_t* b = bytes_of(n);
         const float* s = scale_ptr[first] + n * G;
         float out[4];
         switch (R) {
