@@ -156,6 +156,9 @@ GPU_CONFIGS = {
 LIGER_CONFIGS = {
     "trl (defaults + liger)": lambda *a: run_trl(*a, bf16=True, use_liger_kernel=True),
     "gym (defaults + liger)": lambda *a: run_gym(*a, use_liger_kernel=True),
+    # The low-memory setting: both of TRL's memory savers on.
+    "gym (gradient checkpointing on + liger)": lambda *a: run_gym(*a, gradient_checkpointing=True,
+                                                                   use_liger_kernel=True),
 }
 FLASH_CONFIGS = {
     "trl (defaults + flash-attn 2)": lambda *a: run_trl(*a, bf16=True,

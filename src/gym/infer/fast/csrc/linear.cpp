@@ -1684,6 +1684,10 @@ constexpr int plane_output(int q, int m) {
   return 2 * ((q % 2 == 0) ? (m < 4 ? m : m + 4) : (m < 4 ? m + 4 : m + 8)) + (q >= 2 ? 1 : 0);
 }
 
+inline __m256i broadcast16(const uint8_t* p) {
+  return _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
 // y[0..valid) += the signed products of the outputs of one tile (valid <= 32) of one entry.
 inline void sign_planes32(const uint8_t* tile, int64_t valid, const float* s, int64_t G, int64_t size, int64_t K,
                           const uint8_t* planes, double step, const float* group_sum, float* y) {
@@ -1695,22 +1699,24 @@ inline void sign_planes32(const uint8_t* tile, int64_t valid, const float* s, in
     for (int64_t c0 = k0; c0 < k1; c0 += kPlaneChunk) {
       const int64_t c1 = std::min(k1, c0 + kPlaneChunk);
       __m256i w0 = _mm256_setzero_si256(), w1 = w0, w2 = w0, o0 = w0, o1 = w0, o2 = w0;
-      for (int64_t k = c0; k < c1; k += 8) {
-        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile + (k >> 3) * kSignTile));
-        const uint8_t* t = planes + (k / 4) * kPlaneBytes;
-        const __m256i nibbles[2] = {_mm256_and_si256(v, low4), _mm256_and_si256(_mm256_srli_epi16(v, 4), low4)};
-        for (int h = 0; h < 2; ++h) {
-          const uint8_t* th = t + h * kPlaneBytes;
-          const __m256i r0 = _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(th))), nibbles[h]);
-          const __m256i r1 = _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(th + 16))), nibbles[h]);
-          const __m256i r2 = _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(th + 32))), nibbles[h]);
-          w0 = _mm256_add_epi16(w0, r0);
-          o0 = _mm256_add_epi16(o0, _mm256_srli_epi16(r0, 8));
-          w1 = _mm256_add_epi16(w1, r1);
-          o1 = _mm256_add_epi16(o1, _mm256_srli_epi16(r1, 8));
-          w2 = _mm256_add_epi16(w2, r2);
-          o2 = _mm256_add_epi16(o2, _mm256_srli_epi16(r2, 8));
-        }
+      // Each plane's lookup is added as soon as it is made: fewer vectors live at once, no spills.
+      const auto add = [&](const uint8_t* table, __m256i index) {
+        const __m256i r0 = _mm256_shuffle_epi8(broadcast16(table), index);
+        w0 = _mm256_add_epi16(w0, r0);
+        o0 = _mm256_add_epi16(o0, _mm256_srli_epi16(r0, 8));
+        const __m256i r1 = _mm256_shuffle_epi8(broadcast16(table + 16), index);
+        w1 = _mm256_add_epi16(w1, r1);
+        o1 = _mm256_add_epi16(o1, _mm256_srli_epi16(r1, 8));
+        const __m256i r2 = _mm256_shuffle_epi8(broadcast16(table + 32), index);
+        w2 = _mm256_add_epi16(w2, r2);
+        o2 = _mm256_add_epi16(o2, _mm256_srli_epi16(r2, 8));
+      };
+      const uint8_t* t = planes + (c0 / 4) * kPlaneBytes;
+      for (const uint8_t *v = tile + (c0 >> 3) * kSignTile, *end = tile + (c1 >> 3) * kSignTile; v < end;
+           v += kSignTile, t += 2 * kPlaneBytes) {
+        const __m256i codes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v));
+        add(t, _mm256_and_si256(codes, low4));                                    // inputs 8j .. 8j + 3
+        add(t + kPlaneBytes, _mm256_and_si256(_mm256_srli_epi16(codes, 4), low4));  // 8j + 4 .. 8j + 7
       }
       const __m256i word[3] = {w0, w1, w2}, odd[3] = {o0, o1, o2};
       fold_planes(word, odd, (c1 - c0) / 4, acc);
@@ -1724,6 +1730,22 @@ inline void sign_planes32(const uint8_t* tile, int64_t valid, const float* s, in
   for (int64_t o = 0; o < valid; ++o) y[o] += float(total[o]);
 }
 #endif
+
+// sum(x[0..n)) in eight lanes (one chain of adds per lane, a whole row's in a few hundred cycles where one
+// chain took thousands), summed as lanes_total does, then the tail; the same every call for the same x.
+inline float range_sum(const float* x, int64_t n) {
+  int64_t k = 0;
+  float total = 0.f;
+#ifdef GYM_AVX2
+  __m256 lanes = _mm256_setzero_ps();
+  for (; k + 8 <= n; k += 8) lanes = _mm256_add_ps(lanes, _mm256_loadu_ps(x + k));
+  alignas(32) float l[8];
+  _mm256_store_ps(l, lanes);
+  total = lanes_total(l);
+#endif
+  for (; k < n; ++k) total += x[k];
+  return total;
+}
 
 void sign_matmul_add_(at::Tensor& y, const at::Tensor& x, const at::Tensor& rows, at::TensorList bits,
                       at::TensorList scales, at::IntArrayRef group_sizes) {
@@ -1792,11 +1814,8 @@ void sign_matmul_add_(at::Tensor& y, const at::Tensor& x, const at::Tensor& rows
     for (int64_t e = e0; e < e1; ++e) {
       const float* xr = xp + row[e] * K;
       const int64_t size = group_sizes[e];
-      for (int64_t g = 0; g < groups[e]; ++g) {
-        float sum = 0.f;  // k in order, one chain
-        for (int64_t k = g * size; k < std::min(K, (g + 1) * size); ++k) sum += xr[k];
-        group_sum[sum_at[e] + g] = sum;
-      }
+      for (int64_t g = 0; g < groups[e]; ++g)
+        group_sum[sum_at[e] + g] = range_sum(xr + g * size, std::min(K, (g + 1) * size) - g * size);
 #ifdef GYM_SIGN_LUT
       if (!lookup[e]) continue;
       subset_tables(xr, K, tables.data() + table_at[e] * 16);
