@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import time
 
 import pytest
 
+import gym.webui.jobs as jobs
 from gym.webui.jobs import JobStore, sanitize_name
 
 
@@ -29,6 +32,28 @@ def test_a_failing_command_is_failed_with_its_message(tmp_path):
     assert store.wait(job, timeout=120) == 2
     job = store.get(job.id)
     assert job.status == "failed" and "did you mean 'learning_rate'" in job.console().lower()
+
+
+def test_the_supervisor_runs_the_command_as_last_set_even_when_the_server_is_slow(tmp_path, monkeypatch):
+    """The supervisor reads the command from job.json, so start saves it first: here the server gets the CPU back
+    only after the supervisor has ended (a loaded machine), and the changed command and a Resume's extra argument
+    still reach the process (saved after Popen, the supervisor ran the job's previous command)."""
+    real_popen = subprocess.Popen
+
+    def slow_server(*args, **kwargs):
+        proc = real_popen(*args, **kwargs)
+        proc.wait()
+        return proc
+
+    monkeypatch.setattr(jobs.subprocess, "Popen", slow_server)
+    store = JobStore(tmp_path / "runs")
+    job = store.create("train", "t", ["version"])
+    seen = tmp_path / "seen"
+    job.argv = [sys.executable, "-c",
+                f"import pathlib, sys; pathlib.Path({str(seen)!r}).write_text(repr(sys.argv[1:]))"]
+    assert store.wait(store.start(job), timeout=120) == 0 and seen.read_text() == "[]"
+    assert store.wait(store.restart(store.get(job.id), ["resume_from_checkpoint=true"]), timeout=120) == 0
+    assert seen.read_text() == "['resume_from_checkpoint=true']"
 
 
 @pytest.mark.slow

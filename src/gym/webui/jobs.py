@@ -209,6 +209,10 @@ class JobStore:
 
     def start(self, job: Job) -> Job:
         env = self._environment(job)
+        # The supervisor runs the argv it reads from job.json, so the command (restart's extra_args, a caller's
+        # change) must be on disk before it starts: saved only after Popen, a server slow to get the CPU back
+        # let the supervisor run the previous command (a Resume without resume_from_checkpoint).
+        self._save(job)
         console = (job.folder / CONSOLE_FILE).open("ab")
         try:
             proc = subprocess.Popen([sys.executable, "-m", SUPERVISOR, str(job.folder)], stdout=console,
