@@ -96,6 +96,37 @@ def test_mixed_batch_rows_equal_their_merged_models(variants, cache_mb):
             assert (step[index] - _alone(base, tokens)[1][0]).abs().max() > 1e-2
 
 
+def test_consecutive_steps_reuse_their_plans_only_while_the_rows_variants_stay(variants):
+    """A decode step keeps the previous step's per-projection plans while every row has the same variant; a
+    reordered batch, or a variant switched to its unpacked matrices, gets new ones and the right numbers."""
+    base, made = variants
+    decoder, compiled, _ = _decoders(base, made, 256)
+    bit, lora = compiled["bit"], compiled["lora"]
+    _decode_all(decoder, [(TOKENS[0], bit), (TOKENS[1], lora)])
+    kept = decoder._last_deltas
+    decoder.decode([5, 6], [len(TOKENS[0]) + 1, len(TOKENS[1]) + 1], [bit, lora])
+    assert decoder._last_deltas is kept
+    swapped = decoder.decode([5, 6], [len(TOKENS[0]) + 2, len(TOKENS[1]) + 2], [lora, bit])
+    assert decoder._last_deltas is not kept
+    fresh, compiled_again, _ = _decoders(base, made, 256)
+    _decode_all(fresh, [(TOKENS[0], compiled_again["bit"]), (TOKENS[1], compiled_again["lora"])])
+    fresh.decode([5, 6], [len(TOKENS[0]) + 1, len(TOKENS[1]) + 1], [compiled_again["bit"], compiled_again["lora"]])
+    want = fresh.decode([5, 6], [len(TOKENS[0]) + 2, len(TOKENS[1]) + 2],
+                        [compiled_again["lora"], compiled_again["bit"]])
+    torch.testing.assert_close(swapped, want, atol=1e-5, rtol=1e-5)
+    kept = decoder._last_deltas
+    bit.packed = False  # the same objects, another path: the plans must not be reused
+    try:
+        unpacked = decoder.decode([7, 8], [len(TOKENS[0]) + 3, len(TOKENS[1]) + 3], [lora, bit])
+    finally:
+        bit.packed = True
+    assert decoder._last_deltas is not kept
+    compiled_again["bit"].packed = False
+    want = fresh.decode([7, 8], [len(TOKENS[0]) + 3, len(TOKENS[1]) + 3],
+                        [compiled_again["lora"], compiled_again["bit"]])
+    torch.testing.assert_close(unpacked, want, atol=1e-5, rtol=1e-5)
+
+
 def test_a_rows_answer_does_not_depend_on_its_neighbours(variants):
     base, made = variants
     decoder, compiled, _ = _decoders(base, made, 256)

@@ -90,6 +90,7 @@ class FastDecoder(SlotCache):
                  packed: PackCache | None = None) -> None:
         # The compiled kernels when they build (once per machine), else their torch reference.
         self.compiled = kernels.kernel_status() is None
+        self._last_deltas: RowDeltas | None = None  # see _step_deltas
         self.spec = DecoderSpec.from_config(model.config)
         self.dtype = dtype
         self.max_length = self.spec.max_length(max_length)
@@ -216,6 +217,14 @@ class FastDecoder(SlotCache):
         x = self.embed[ids].float()
         return deltas.embed(ids, x) if deltas else x
 
+    def _step_deltas(self, variants: list[CompiledVariant | None]) -> RowDeltas:
+        """The step's RowDeltas; the previous step's while the rows' variants are the same (a decode's common
+        case), so its per-projection plans are made once, not ~120 times a step."""
+        last = self._last_deltas
+        if last is None or not last.same_rows(variants):
+            last = self._last_deltas = RowDeltas(variants)
+        return last
+
     def decode(self, tokens: list[int], lengths: list[int],
                variants: list[CompiledVariant | None] | None = None) -> torch.Tensor:
         """One token for each of the first len(tokens) slots, slot i holding lengths[i] positions already,
@@ -225,7 +234,7 @@ class FastDecoder(SlotCache):
         self.grow(max(lengths) + 1)
         positions = torch.tensor(lengths)
         heads, kv, dim = self.spec.heads, self.spec.kv_heads, self.spec.head_dim
-        deltas = RowDeltas(variants or [])
+        deltas = self._step_deltas(variants or [])
         x = self._embed(tokens, deltas)
         cos, sin = self.cos[positions], self.sin[positions]
         scale = dim ** -0.5

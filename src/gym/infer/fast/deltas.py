@@ -309,6 +309,21 @@ def _matmul(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 
 
+@dataclass
+class _KeyPlan:
+    """One projection's corrections for one step's rows: the packed kernel's (rows, bits, scales, group sizes),
+    and (variant, rows, plan, whether its signs went to the kernel) for whatever else applies."""
+
+    entries: tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor], list[int]] | None
+    others: list[tuple[CompiledVariant, torch.Tensor, LinearPlan, bool]]
+
+
+def _signature(variants: list[CompiledVariant | None]) -> tuple[tuple[int, bool] | None, ...]:
+    # id() is safe here: the RowDeltas holding a signature holds its variants too, so none can be freed and
+    # its address reused while the signature is compared against.
+    return tuple(None if v is None else (id(v), v.packed) for v in variants)
+
+
 class RowDeltas:
     """The variants of one step's rows (None: the base), applied as corrections after each base product."""
 
@@ -322,6 +337,14 @@ class RowDeltas:
         # kernel's entries are made once (Python bookkeeping had cost ~20 ms of a 16-variant int8 step).
         self._placed: dict[torch.device, list[tuple[CompiledVariant, torch.Tensor, int]]] = {}
         self._joined: dict[tuple[torch.device, tuple[int, ...]], torch.Tensor] = {}
+        # Per projection, what linear() does: built at its first call. A decoder keeps one RowDeltas while its
+        # rows' variants stay the same (same_rows), so a decode step reuses the previous step's plans.
+        self._plans: dict[tuple[str, torch.device, bool], _KeyPlan] = {}
+        self.signature = _signature(variants)
+
+    def same_rows(self, variants: list[CompiledVariant | None]) -> bool:
+        """Whether `variants` (one per row) are this object's, in the same order and packing."""
+        return self.signature == _signature(variants)
 
     def __bool__(self) -> bool:
         return bool(self.groups)
@@ -341,26 +364,40 @@ class RowDeltas:
             joined = self._joined[(device, which)] = torch.cat([placed[i][1] for i in which])
         return joined
 
-    def linear(self, key: str, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """y (= x @ W.T of the base, [rows, out]) plus each row's variant's correction, in place."""
+    def _linear_plan(self, key: str, device: torch.device, kernel: bool) -> _KeyPlan:
+        """What linear() does for `key`: the packed kernel's entries, and the rows that take the other paths."""
         packed: list[int] = []
         bits: list[torch.Tensor] = []
         scales: list[torch.Tensor] = []
         sizes: list[int] = []
-        kernel = y.device.type == "cpu" and y.dtype == torch.float32
-        product = _row_product if kernel else _matmul
-        for index, (variant, rows, count) in enumerate(self._on(x.device)):
+        others: list[tuple[CompiledVariant, torch.Tensor, LinearPlan, bool]] = []
+        for index, (variant, rows, count) in enumerate(self._on(device)):
             plan = variant.linears.get(key)
             if plan is None:
                 continue
-            if plan.sign is not None:
-                if variant.packed and kernel and plan.sign.tiled:
-                    packed.append(index)
-                    bits += [plan.sign.bits] * count
-                    scales += [plan.sign.scales] * count
-                    sizes += [plan.sign.group_size] * count
-                else:
-                    y[rows] += product(x[rows], variant.matrix(key, plan.sign, y.device, y.dtype))
+            sign = plan.sign
+            through_kernel = sign is not None and variant.packed and kernel and sign.tiled
+            if sign is not None and through_kernel:
+                packed.append(index)
+                bits += [sign.bits] * count
+                scales += [sign.scales] * count
+                sizes += [sign.group_size] * count
+            if not through_kernel or plan.pieces or plan.bias is not None:
+                others.append((variant, rows, plan, through_kernel))
+        entries = (self._rows_of(device, tuple(packed)), bits, scales, sizes) if packed else None
+        return _KeyPlan(entries, others)
+
+    def linear(self, key: str, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """y (= x @ W.T of the base, [rows, out]) plus each row's variant's correction, in place."""
+        kernel = y.device.type == "cpu" and y.dtype == torch.float32
+        plan_key = (key, x.device, kernel)
+        key_plan = self._plans.get(plan_key)
+        if key_plan is None:
+            key_plan = self._plans[plan_key] = self._linear_plan(key, x.device, kernel)
+        product = _row_product if kernel else _matmul
+        for variant, rows, plan, through_kernel in key_plan.others:
+            if plan.sign is not None and not through_kernel:
+                y[rows] += product(x[rows], variant.matrix(key, plan.sign, y.device, y.dtype))
             for start, stop, delta in plan.pieces:
                 if isinstance(delta, LowRankDelta):
                     correction = product(product(x[rows].float(), delta.down), delta.up)
@@ -369,8 +406,9 @@ class RowDeltas:
                 y[rows, start:stop] += correction.to(y.dtype)
             if plan.bias is not None:
                 y[rows] += plan.bias.to(y.dtype)
-        if packed:
-            kernels.sign_matmul_add_(y, x.contiguous(), self._rows_of(x.device, tuple(packed)), bits, scales, sizes)
+        if key_plan.entries is not None:
+            rows_, bits, scales, sizes = key_plan.entries
+            kernels.sign_matmul_add_(y, x.contiguous(), rows_, bits, scales, sizes)
         return y
 
     def norm(self, key: str, x: torch.Tensor, normed: torch.Tensor, eps: float) -> torch.Tensor:
