@@ -186,16 +186,19 @@ def kernel_variant(request):
     (16, 64, 32),  # table lookups, one block per group
     (20, 64, 64),  # table lookups ending four outputs into a block of eight (AVX2) or sixteen (AVX-512)
 ])
-def test_packed_kernel_equals_unpacked_reference(out_features, in_features, group, kernel_variant):
+@pytest.mark.parametrize("rows", [[0, 1, 3, 4], [0, 3, 3, 4]], ids=["a row each", "two on one row"])
+def test_packed_kernel_equals_unpacked_reference(out_features, in_features, group, rows, kernel_variant):
     """Rows of one variant alone, and runs of rows sharing a variant, against x @ W.T (AVX-512 and AVX2 take
-    rows of whole blocks of 32 through table lookups, the portable path through masked sums)."""
+    rows of whole blocks of 32 through table lookups, the portable path through masked sums). With a row
+    each, AVX2 splits the entries between its threads; two entries adding into one row take the split by
+    output tiles instead."""
     g = torch.Generator().manual_seed(out_features + in_features + group)
     x = torch.randn(5, in_features, generator=g)
     bits = [torch.randint(0, 256, (out_features * in_features // 8,), dtype=torch.uint8, generator=g)
             for _ in range(3)]
     per_row, grouped = torch.rand(out_features, 1, generator=g), torch.rand(out_features, -(-in_features // group),
                                                                            generator=g)
-    rows = torch.tensor([0, 1, 3, 4])
+    rows = torch.tensor(rows)
     entries = ([bits[0], bits[2], bits[1], bits[1]], [per_row, grouped, grouped, grouped],
                [in_features, group, group, group])
     tiled = [kernels.tile_signs(b, out_features, in_features) for b in entries[0]]
@@ -206,7 +209,7 @@ def test_packed_kernel_equals_unpacked_reference(out_features, in_features, grou
     for e, row in enumerate(rows.tolist()):
         matrix = kernels.unpack_signs(entries[0][e], out_features, in_features) * kernels.expand_groups(
             entries[1][e], entries[2][e], in_features)
-        want[row] = x[row].double() @ matrix.double().T
+        want[row] += x[row].double() @ matrix.double().T
     torch.testing.assert_close(y, want, atol=1e-4, rtol=1e-5)
     assert y[2].abs().sum() == 0
 

@@ -1749,6 +1749,63 @@ inline float range_sum(const float* x, int64_t n) {
 
 constexpr int64_t kSignAhead = 2;  // tiles of signs to prefetch ahead
 
+inline bool sign_tables_on() {
+  // GYM_SIGN_LUT=0 keeps every entry on the masked sums: the baseline bench/variants.py measures the table
+  // lookups against, in the same build.
+  static const bool on = [] {
+    const char* setting = std::getenv("GYM_SIGN_LUT");
+    return setting == nullptr || std::strcmp(setting, "0") != 0;
+  }();
+  return on;
+}
+
+#ifdef GYM_SIGN_PLANES
+// The byte-shuffle lookups when every entry takes them and no two entries share a row (a decode step's batch,
+// one variant per row): the (entry, tile) pairs are split between the threads in one pass, and a thread
+// builds the planes of each entry it reaches in its own scratch, just before that entry's tiles. A split by
+// tiles alone needs every entry's planes first, so a second pass behind a wait for the slowest thread (a
+// fifth of a step's 1-bit time, waiting, on a 2-core machine), and a thread then reads each entry's signs in
+// short runs; here each entry's are one stream. Returns false (nothing done) where it does not apply.
+bool sign_planes_by_entry(float* yp, const float* xp, const int64_t* row, int64_t E, int64_t K, int64_t N,
+                          const std::vector<const uint8_t*>& bit_ptr, const std::vector<const float*>& scale_ptr,
+                          const std::vector<int64_t>& groups, at::IntArrayRef group_sizes) {
+  if (K % 32 != 0 || !sign_tables_on()) return false;
+  for (int64_t e = 0; e < E; ++e)
+    if (group_sizes[e] % 32 != 0 && group_sizes[e] < K) return false;
+  std::vector<int64_t> sorted(row, row + E);
+  std::sort(sorted.begin(), sorted.end());
+  if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end()) return false;
+  const int64_t tiles = (N + kSignTile - 1) / kSignTile, tile_bytes = kSignTile * K / 8;
+  parallel_for(0, E * tiles, 1, [&](int64_t i0, int64_t i1) {
+    thread_local std::vector<float> tables, group_sum;
+    thread_local std::vector<uint8_t> planes;
+    tables.resize(K * 4);
+    planes.resize(K / 4 * kPlaneBytes);
+    const auto prefetch = [&](int64_t item) {
+      if (item >= i1) return;
+      const char* at = reinterpret_cast<const char*>(bit_ptr[item / tiles] + (item % tiles) * tile_bytes);
+      for (int64_t line = 0; line < tile_bytes; line += 64) _mm_prefetch(at + line, _MM_HINT_T0);
+    };
+    for (int64_t i = i0; i < i1;) {
+      const int64_t e = i / tiles, first = i % tiles, last = std::min(tiles, first + (i1 - i));
+      const float* xr = xp + row[e] * K;
+      const int64_t G = groups[e], size = group_sizes[e];
+      group_sum.resize(G);
+      for (int64_t g = 0; g < G; ++g) group_sum[g] = range_sum(xr + g * size, std::min(K, (g + 1) * size) - g * size);
+      subset_tables(xr, K, tables.data());
+      const double step = quantize_tables(tables.data(), K, planes.data());
+      for (int64_t t = first; t < last; ++t, ++i) {
+        prefetch(i + kSignAhead);
+        const int64_t n = t * kSignTile;
+        sign_planes32(bit_ptr[e] + t * tile_bytes, std::min<int64_t>(kSignTile, N - n), scale_ptr[e] + n * G, G,
+                      size, K, planes.data(), step, group_sum.data(), yp + row[e] * N + n);
+      }
+    }
+  });
+  return true;
+}
+#endif
+
 void sign_matmul_add_(at::Tensor& y, const at::Tensor& x, const at::Tensor& rows, at::TensorList bits,
                       at::TensorList scales, at::IntArrayRef group_sizes) {
   const int64_t E = rows.numel(), K = x.size(1), N = y.size(1);
@@ -1777,6 +1834,11 @@ void sign_matmul_add_(at::Tensor& y, const at::Tensor& x, const at::Tensor& rows
     bit_ptr[e] = bits[e].data_ptr<uint8_t>();
     scale_ptr[e] = scales[e].data_ptr<float>();
   }
+  float* yp = y.data_ptr<float>();
+  const float* xp = x.data_ptr<float>();
+#ifdef GYM_SIGN_PLANES
+  if (sign_planes_by_entry(yp, xp, row, E, K, N, bit_ptr, scale_ptr, groups, group_sizes)) return;
+#endif
   // Runs of entries sharing one sign matrix, at most four long.
   std::vector<std::pair<int64_t, int64_t>> runs;
   for (int64_t e = 0; e < E;) {
@@ -1787,8 +1849,6 @@ void sign_matmul_add_(at::Tensor& y, const at::Tensor& x, const at::Tensor& rows
     runs.emplace_back(e, end);
     e = end;
   }
-  float* yp = y.data_ptr<float>();
-  const float* xp = x.data_ptr<float>();
   // Per entry, the sum of its row's activations over each group (x . sign = 2 (x . b) - that sum), and where
   // it takes the table lookups, its tables: built in parallel over the entries, each as it is alone.
   std::vector<int64_t> sum_at(E + 1, 0);
@@ -1796,13 +1856,7 @@ void sign_matmul_add_(at::Tensor& y, const at::Tensor& x, const at::Tensor& rows
   std::vector<float> group_sum(sum_at[E]);
   std::vector<char> lookup(E, 0);
 #ifdef GYM_SIGN_LUT
-  // GYM_SIGN_LUT=0 keeps every entry on the masked sums: the baseline bench/variants.py measures the table
-  // lookups against, in the same build.
-  static const bool tables_on = [] {
-    const char* setting = std::getenv("GYM_SIGN_LUT");
-    return setting == nullptr || std::strcmp(setting, "0") != 0;
-  }();
-  if (K % 32 == 0 && tables_on)
+  if (K % 32 == 0 && sign_tables_on())
     for (int64_t e = 0; e < E; ++e) lookup[e] = group_sizes[e] % 32 == 0 || group_sizes[e] >= K;
   std::vector<int64_t> table_at(E + 1, 0);
   for (int64_t e = 0; e < E; ++e) table_at[e + 1] = table_at[e] + (lookup[e] ? K / 4 : 0);
