@@ -13,6 +13,9 @@ Rows of the table, for each N in --counts (a batch of --batch rows; row r of ste
   disk          bytes of one variant's delta file
   mixed         tokens/s of decode steps mixing the N variants (each base product once, per-row deltas)
   base          tokens/s of the same steps with every row on the base: the ceiling
+  mixed / base  the median over --rounds rounds, each timing base then mixed back to back, and the rounds'
+                range: a shared machine's speed drifts by tens of percent within a minute, so a ratio is only
+                trusted from timings taken side by side, and the median of several
   merged        tokens/s if each variant were its own merged model: the rows of a step split into one
                 smaller batch per model, run one after another (timed on the base decoder, whose shapes
                 a merged model shares); memory = N x the served model. "-" where N models exceed --memory-gib
@@ -33,6 +36,7 @@ import contextlib
 import ctypes
 import gc
 import os
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -131,6 +135,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--prompt-tokens", type=int, default=64)
     parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=5, help="base/mixed timing pairs per N (median reported)")
     parser.add_argument("--dtype", default="int8", help="served weights on the CPU (float32, bfloat16, int8, int4)")
     parser.add_argument("--cache-mb", type=int, default=1024, help="the unpacked-delta LRU (infer_variant_cache_mb)")
     parser.add_argument("--memory-gib", type=float, default=24.0, help="the machine's memory, for the merged rows")
@@ -189,7 +194,7 @@ def main() -> None:
           f"{swap:.2f} s", flush=True)
 
     header = ("| N | variants held MB (per variant) | process GB | disk MB / variant | mixed tok/s | base tok/s | "
-              "mixed / base | merged tok/s | merged memory GB | swap tok/s |")
+              "mixed / base (rounds' range) | merged tok/s | merged memory GB | swap tok/s |")
     print(header)
     print("|---" * (header.count("|") - 1) + "|")
     cache = UnpackedCache(args.cache_mb << 20)
@@ -206,15 +211,24 @@ def main() -> None:
         gc.collect()
         held = sum(variant.nbytes for variant in compiled)
         process = resident_bytes(device)
-        mixed = step_seconds(decoder, args.batch, args.prompt_tokens, args.steps,
-                             lambda s, n=n: [compiled[(s * args.batch + r) % n] for r in range(args.batch)], device)
+        rounds = []
+        for _ in range(args.rounds):
+            base_round = step_seconds(decoder, args.batch, args.prompt_tokens, args.steps, lambda s: None, device)
+            mixed_round = step_seconds(
+                decoder, args.batch, args.prompt_tokens, args.steps,
+                lambda s, n=n: [compiled[(s * args.batch + r) % n] for r in range(args.batch)], device)
+            rounds.append((base_round, mixed_round))
+        base_n = statistics.median(b for b, _ in rounds)
+        mixed = statistics.median(m for _, m in rounds)
+        ratios = sorted(b / m for b, m in rounds)
         groups = min(n, args.batch)
         merged_step = groups * rows_time[max(1, args.batch // groups)]
         merged_memory = n * served_bytes
         fits = merged_memory <= args.memory_gib * 2**30
         swap_step = groups * swap + merged_step
         print(f"| {n} | {held / 1e6:.0f} ({held / n / 1e6:.1f}) | {process / 1e9:.2f} | {on_disk / 1e6:.2f} | "
-              f"{args.batch / mixed:.1f} | {args.batch / base_step:.1f} | {base_step / mixed:.0%} | "
+              f"{args.batch / mixed:.1f} | {args.batch / base_n:.1f} | {statistics.median(ratios):.0%} "
+              f"({ratios[0]:.0%}-{ratios[-1]:.0%}) | "
               f"{args.batch / merged_step:.1f}{'' if fits else ' (does not fit)'} | {merged_memory / 1e9:.1f} | "
               f"{args.batch / swap_step:.2f} |", flush=True)
         if n == 16 and device.type == "cpu":
@@ -225,7 +239,7 @@ def main() -> None:
             for variant in compiled[:16]:
                 variant.packed = True
             print(f"| 16, unpacked into a {args.cache_mb} MB LRU | cache {cache.used / 1e6:.0f} MB, {cache.evictions} "
-                  f"evictions | | | {args.batch / unpacked:.1f} | | {base_step / unpacked:.0%} | | | |", flush=True)
+                  f"evictions | | | {args.batch / unpacked:.1f} | | {base_n / unpacked:.0%} | | | |", flush=True)
             cache.clear()
 
 
