@@ -80,3 +80,20 @@ def test_a_remembered_class_that_fails_falls_back_to_autotokenizer(folder, monke
     monkeypatch.setattr(tokenizer_class, "remembered", lambda path: Broken)
     again = load_tokenizer(str(folder))
     assert type(again) is type(first) and again.encode(TEXT) == first.encode(TEXT)
+
+
+def test_a_converted_gguf_folder_is_remembered_at_conversion(tiny_model_dir, tmp_path, monkeypatch):
+    """Converting a GGUF loads its tokenizer through AutoTokenizer anyway; the folder it writes is remembered
+    then, so the first start after the conversion already skips AutoTokenizer."""
+    from gym.cli import main
+    from gym.models.loader import resolve_model_path
+
+    monkeypatch.setenv("GYM_HOME", str(tmp_path / "home"))
+    assert main(["export", "--model_name_or_path", str(tiny_model_dir), "--export_dir", str(tmp_path / "out"),
+                 "--format", "gguf", "--quantization", "f32"]) == 0
+    [gguf_path] = (tmp_path / "out").glob("*.gguf")
+    converted = resolve_model_path(str(gguf_path))
+    assert tokenizer_class.remembered(converted) is not None
+    _refuse_auto(monkeypatch)
+    tokenizer = load_tokenizer(converted)
+    assert tokenizer.encode(TEXT) == transformers.PreTrainedTokenizerFast.from_pretrained(tiny_model_dir).encode(TEXT)
