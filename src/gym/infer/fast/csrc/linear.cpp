@@ -1751,7 +1751,19 @@ inline float range_sum(const float* x, int64_t n) {
   return total;
 }
 
+// out[g] = the sum of x over group g (x . sign = 2 (x . b) - that sum), for the G groups of `size` of a row.
+inline void group_sums(const float* x, int64_t K, int64_t size, int64_t G, float* out) {
+  for (int64_t g = 0; g < G; ++g) out[g] = range_sum(x + g * size, std::min(K, (g + 1) * size) - g * size);
+}
+
 constexpr int64_t kSignAhead = 2;  // tiles of signs to prefetch ahead
+
+#ifdef GYM_SIGN_LUT
+inline void prefetch_tile(const uint8_t* tile, int64_t tile_bytes) {
+  const char* at = reinterpret_cast<const char*>(tile);
+  for (int64_t line = 0; line < tile_bytes; line += 64) _mm_prefetch(at + line, _MM_HINT_T0);
+}
+#endif
 
 inline bool sign_tables_on() {
   // GYM_SIGN_LUT=0 keeps every entry on the masked sums: the baseline bench/variants.py measures the table
@@ -1787,16 +1799,14 @@ bool sign_planes_by_entry(float* yp, const float* xp, const int64_t* row, int64_
     tables.resize(K * 4);
     planes.resize(K / 4 * kPlaneBytes);
     const auto prefetch = [&](int64_t item) {
-      if (item >= i1) return;
-      const char* at = reinterpret_cast<const char*>(bit_ptr[item / tiles] + (item % tiles) * tile_bytes);
-      for (int64_t line = 0; line < tile_bytes; line += 64) _mm_prefetch(at + line, _MM_HINT_T0);
+      if (item < i1) prefetch_tile(bit_ptr[item / tiles] + (item % tiles) * tile_bytes, tile_bytes);
     };
     for (int64_t i = i0; i < i1;) {
       const int64_t e = i / tiles, first = i % tiles, last = std::min(tiles, first + (i1 - i));
       const float* xr = xp + row[e] * K;
       const int64_t G = groups[e], size = group_sizes[e];
       group_sum.resize(G);
-      for (int64_t g = 0; g < G; ++g) group_sum[g] = range_sum(xr + g * size, std::min(K, (g + 1) * size) - g * size);
+      group_sums(xr, K, size, G, group_sum.data());
       subset_tables(xr, K, tables.data());
       const double step = quantize_tables(tables.data(), K, planes.data());
       for (int64_t t = first; t < last; ++t, ++i) {
@@ -1875,8 +1885,7 @@ void sign_matmul_add_(at::Tensor& y, const at::Tensor& x, const at::Tensor& rows
     for (int64_t e = e0; e < e1; ++e) {
       const float* xr = xp + row[e] * K;
       const int64_t size = group_sizes[e];
-      for (int64_t g = 0; g < groups[e]; ++g)
-        group_sum[sum_at[e] + g] = range_sum(xr + g * size, std::min(K, (g + 1) * size) - g * size);
+      group_sums(xr, K, size, groups[e], group_sum.data() + sum_at[e]);
 #ifdef GYM_SIGN_LUT
       if (!lookup[e]) continue;
       subset_tables(xr, K, tables.data() + table_at[e] * 16);
@@ -1898,8 +1907,7 @@ void sign_matmul_add_(at::Tensor& y, const at::Tensor& x, const at::Tensor& rows
         target = t0 + (target - t1);
         if (++e >= E || !lookup[e] || target >= t1) return;
       }
-      const char* at = reinterpret_cast<const char*>(bit_ptr[e] + target * tile_bytes);
-      for (int64_t line = 0; line < tile_bytes; line += 64) _mm_prefetch(at + line, _MM_HINT_T0);
+      prefetch_tile(bit_ptr[e] + target * tile_bytes, tile_bytes);
     };
 #endif
     for (const auto& [first, last] : runs) {
