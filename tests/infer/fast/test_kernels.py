@@ -485,6 +485,25 @@ def test_compiled_linear_prompt_rows_cross_row_blocks_and_equal_each_row_alone(o
             assert torch.equal(together[r], op(x[r:r + 1], weights, scale)[0]), (op, r)
 
 
+def test_compiled_linear_decode_rows_taken_in_pieces_equal_the_same_rows_in_a_prompt(ops):
+    """A decode step's few float rows are split between the threads in pieces of ~256 KB of weights taken in turn
+    (any thread may compute any piece): 2,000 weight rows of 576 are 18 pieces, the last tile partial. Every
+    output must equal the float64 product within float32's bound, and a row's outputs must be the same bits as
+    that row's in a many-row call, which splits the weights in fixed ranges, and as in a call with another row
+    count; for every weight format."""
+    n, k = 2000, 576
+    x = randn(9, k, seed=500)
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        w = randn(n, k, seed=501).to(dtype)
+        one = ops.linear(x[:1], w)
+        want = x[:1].double() @ w.double().T
+        assert torch.all((one.double() - want).abs() <= 1e-5 * (x[:1].double().abs() @ w.double().abs().T) + 1e-6)
+        many = ops.linear(x, w)
+        assert torch.equal(one[0], many[0]), dtype
+        for rows in (2, 3, 4):
+            assert torch.equal(ops.linear(x[:rows], w), many[:rows]), (dtype, rows)
+
+
 def test_compiled_linear_quantized_zero_activation_blocks(ops):
     x = randn(5, 96, seed=11)
     x[0] = 0  # a whole row of zeros
