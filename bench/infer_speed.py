@@ -11,6 +11,14 @@ machine's own read bandwidth, all measured in one run (the baseline for issue #1
               (bench/llamacpp.py), the same model written by its own quantizer as F32 / Q8_0 / Q4_0 / Q4_1;
               1 stream and TTFT from llama-bench (tg --tokens, pp --long-prompt-tokens), the concurrent
               streams through llama-server with that many parallel slots and the same client load
+  paired      with --llamacpp and --rounds N: one stream's decode rate and the TTFT of each fast format against
+              llama.cpp's at equal bits (float32/F32, int8/Q8_0, int4/Q4_0), N rounds each timing Gym then
+              llama-bench back to back; the median ratios and the rounds' ranges. On a machine whose speed
+              drifts by 10-30% within minutes, rows measured minutes apart do not compare; a round's two
+              timings do. Both sides time decoding alone, as llama-bench's tg does: Gym's rate is the tokens
+              after the first over the time after the first (sampled, top-p), the mean of 3 answers on one
+              engine after a warm-up one; llama-bench's is tg --tokens, a warm-up then the mean of -r 3. TTFT
+              as in the table (Gym's ttft above; llama-bench's pp --long-prompt-tokens)
 Each dtype in --dtypes is measured (bfloat16 only where the CPU has native bf16). Effective bandwidth is
 the bytes of weights read per decoded token times tokens/s; `% of probe` compares it with the probe.
 Every answer is exactly --tokens tokens (no stop token), so all rows do the same work.
@@ -102,6 +110,9 @@ def main() -> None:
     parser.add_argument("--fast-dtypes", default="float32,bfloat16,int8,int4", help="Gym's fast engine formats")
     parser.add_argument("--llamacpp", action="store_true", help="also measure llama.cpp (built once, ~10 min)")
     parser.add_argument("--gguf-types", default="F32,Q8_0,Q4_0,Q4_1", help="llama.cpp weight types with --llamacpp")
+    parser.add_argument("--rounds", type=int, default=0,
+                        help="with --llamacpp: paired rounds of one stream's decode rate and TTFT, Gym then "
+                             "llama.cpp, per format (median ratios reported; 0: none)")
     parser.add_argument("--isa", choices=["native", "native-noamx", "avx2"], default="native",
                         help="avx2: Gym's AVX2 kernels (GYM_KERNEL_ISA=avx2) against llama.cpp built for AVX2 only "
                              "(GGML_NATIVE=OFF GGML_AVX2=ON GGML_AVX512=OFF ...): the AVX2 paths of both, on any "
@@ -169,6 +180,8 @@ def main() -> None:
         print(f"(gym-fast ran its torch reference: the kernels are not available: {missing})")
     if args.llamacpp:
         llamacpp_rows(streams, long_prompt, args, probe)
+        if args.rounds > 0:
+            paired_rounds(model, tokenizer, prompt, long_prompt, args)
 
 
 def cpu_summary() -> str:
@@ -200,6 +213,63 @@ def llamacpp_rows(streams: list[list[int]], long_prompt: list[int], args, probe:
         gbs = file.stat().st_size * rates["decode"] / 1e9
         print(f"{'llama.cpp':<10} {kind:<9} {rates['decode']:>15.1f} {gbs:>10.1f} {100 * gbs / probe:>9.0f}% "
               f"{many:>18.1f} {len(long_prompt) / rates['prefill']:>14.2f}s")
+
+
+PAIRS = {"float32": "F32", "int8": "Q8_0", "int4": "Q4_0"}  # Gym's format and llama.cpp's at equal bits
+
+
+def engine_decode_tps(model, tokenizer, prompt: list[int], tokens: int, make_engine, repetitions: int = 3) -> float:
+    """One stream's decode rate on one engine: the mean over `repetitions` answers, after a warm-up one, of the
+    tokens after the first over the time after the first, as llama-bench's tg times decoding alone."""
+    from gym.infer.requests import Piece, SamplingParams
+
+    engine = make_engine(1)
+    rates = []
+    try:
+        for r in range(repetitions + 1):
+            request = engine.submit(prompt, SamplingParams(max_new_tokens=tokens, do_sample=True, temperature=0.7,
+                                                           top_p=0.9, seed=r))
+            first = None
+            for event in request.events():
+                if first is None and isinstance(event, Piece):
+                    first = time.perf_counter()
+            if r and first is not None and len(request.generated) > 1:
+                rates.append((len(request.generated) - 1) / (time.perf_counter() - first))
+    finally:
+        engine.shutdown()
+    return sum(rates) / len(rates)
+
+
+def paired_rounds(model, tokenizer, prompt: list[int], long_prompt: list[int], args) -> None:
+    import statistics
+
+    import llamacpp
+
+    from gym.models.loader import embedded_gguf_path
+
+    wanted = [(fast, gguf) for fast, gguf in PAIRS.items()
+              if fast in args.fast_dtypes.split(",") and gguf in args.gguf_types.split(",")]
+    files = llamacpp.gguf_files(embedded_gguf_path("smollm2-135m"), tuple(gguf for _, gguf in wanted))
+    threads = torch.get_num_threads()
+    print(f"\nGym then llama.cpp back to back, {args.rounds} rounds per format: one stream's decode rate "
+          f"({args.tokens} tokens) and TTFT ({len(long_prompt)} tokens); medians, ratios Gym / llama.cpp:")
+    print(f"{'format':<14} {'Gym tok/s':>10} {'llama.cpp':>10} {'ratio':>7} {'rounds':>11} | {'Gym TTFT':>9} "
+          f"{'llama.cpp':>10} {'ratio':>7} {'rounds':>11}")
+    for fast, gguf in wanted:
+        make = fast_engine(model, tokenizer, fast)
+        rounds = []
+        for _ in range(args.rounds):
+            ours = engine_decode_tps(model, tokenizer, prompt, args.tokens, make)
+            ours_ttft = engine_ttft(model, tokenizer, long_prompt, make)
+            theirs = llamacpp.llama_bench(files[gguf], threads=threads, prompt=len(long_prompt), generate=args.tokens)
+            rounds.append((ours, theirs["decode"], ours_ttft, len(long_prompt) / theirs["prefill"]))
+        decode = sorted(r[0] / r[1] for r in rounds)
+        ttft = sorted(r[2] / r[3] for r in rounds)
+        print(f"{fast + ' / ' + gguf:<14} {statistics.median(r[0] for r in rounds):>10.1f} "
+              f"{statistics.median(r[1] for r in rounds):>10.1f} {statistics.median(decode):>6.2f}x "
+              f"{decode[0]:>5.2f}-{decode[-1]:.2f}x | {statistics.median(r[2] for r in rounds):>8.2f}s "
+              f"{statistics.median(r[3] for r in rounds):>9.2f}s {statistics.median(ttft):>6.2f}x "
+              f"{ttft[0]:>5.2f}-{ttft[-1]:.2f}x", flush=True)
 
 
 def llama_server_tps(file, streams: list[list[int]], tokens: int, threads: int) -> float:
