@@ -573,8 +573,18 @@ inline int64_t row_block(int64_t row_bytes, int64_t multiple) {
 // taken in turn from a shared counter even that out. Measured on the embedded model's one-row float32 decode
 // step, 8 alternating processes each against the fixed halves: 256 KB pieces 1.03x faster on average (faster
 // in 6 of 8); 64 KB pieces were slower in 3 of 3 (each piece's first tile is not fetched ahead, and the two
-// threads' streams interleave finely).
+// threads' streams interleave finely). Each thread gets at least four pieces of at least kMinPieceBytes, so that
+// the last piece taken costs little against the whole: a product too small for that (576 x 576 floats on 16
+// threads) keeps the fixed ranges.
 constexpr int64_t kPieceBytes = int64_t(256) << 10;
+constexpr int64_t kMinPieceBytes = int64_t(128) << 10;
+
+// Tiles per piece of a decode step's product of `weight_bytes` (0: fixed ranges).
+inline int64_t piece_tiles(int64_t weight_bytes, int64_t tile_bytes) {
+  const int64_t share = weight_bytes / (4 * std::max(1, at::get_num_threads()));
+  if (share < kMinPieceBytes) return 0;
+  return std::max<int64_t>(1, std::min(kPieceBytes, share) / std::max<int64_t>(1, tile_bytes));
+}
 
 // Each thread takes a range of output features (for a decode step's few rows, pieces in turn), kTile at a
 // time; within a tile, groups of up to kMaxRows activation rows share every weight vector loaded. `tile(R, T, n, b)` computes rows b..b+R
@@ -586,7 +596,7 @@ void for_each_tile(int64_t B, int64_t N, int64_t K, int64_t bytes_per_row, const
   const int64_t grain = std::max<int64_t>(kTile, (int64_t(1) << 16) / std::max<int64_t>(1, bytes_per_row));
   const int64_t block = row_block(K * int64_t(sizeof(float)), kMaxRows);
   // A decode step's few rows: the threads take the tiles a piece at a time (see kPieceBytes).
-  const int64_t piece = B <= kMaxRows ? std::max<int64_t>(1, kPieceBytes / (kTile * bytes_per_row)) : 0;
+  const int64_t piece = B <= kMaxRows ? piece_tiles(N * bytes_per_row, kTile * bytes_per_row) : 0;
   parallel_for_pieces(0, (N + kTile - 1) / kTile, (grain + kTile - 1) / kTile, piece, [&](int64_t t0, int64_t t1) {
     for (int64_t b0 = 0; b0 < B; b0 += block) {
       const int64_t b1 = std::min(B, b0 + block);
