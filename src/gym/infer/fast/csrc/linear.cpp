@@ -587,9 +587,10 @@ inline int64_t piece_tiles(int64_t weight_bytes, int64_t tile_bytes) {
 }
 
 // Each thread takes a range of output features (for a decode step's few rows, pieces in turn), kTile at a
-// time; within a tile, groups of up to kMaxRows activation rows share every weight vector loaded. `tile(R, T, n, b)` computes rows b..b+R
-// of outputs n..n+T. One row too takes kTile weight rows at a time: one weight row at a time (one sum in
-// flight, a chain of dependent multiply-adds) read at 77-79% of the read probe, kTile at a time at 83-96%.
+// time; within a tile, groups of up to kMaxRows activation rows share every weight vector loaded.
+// `tile(R, T, n, b)` computes rows b..b+R of outputs n..n+T. One row too takes kTile weight rows at a time: one
+// weight row at a time (one sum in flight, a chain of dependent multiply-adds) read at 77-79% of the read probe,
+// kTile at a time at 83-96%.
 // Every product is computed by the same code whatever the tile, so the grouping never changes a number.
 template <typename Tile>
 void for_each_tile(int64_t B, int64_t N, int64_t K, int64_t bytes_per_row, const void* weights, Tile tile) {
