@@ -4,12 +4,15 @@ process to its first answer token, and to its exit, in five modes taking turns i
   transformers  the cache present, but the model and tokenizer loaded through transformers' auto classes
                 (GYM_DIRECT_LOAD=0 GYM_TOKENIZER_MEMO=0): how every warm start went before the fast engine read
                 the model's files itself (the baseline of `warm`)
+  warm, transformers' tokenizer  the same with the tokenizer loaded through transformers (GYM_QUICK_TOKENIZER=0):
+                how every warm start went before gym.models.quick_tokenizer (the baseline of `warm`'s last change)
   warm          the cache present: what every later start costs
   cold          the packed-weight cache removed first: the first start after install and the model's one-time
                 GGUF conversion (packs the weights, writes the cache; the conversion remembered the tokenizer's
                 class)
   cold, new folder  the remembered tokenizer class removed too: the first start on a model folder that came
-                without a conversion (a local or downloaded Hugging Face folder)
+                without a conversion (a local or downloaded Hugging Face folder), where the folder's tokenizer
+                is one transformers must load (the embedded one's is not: QuickTokenizer reads it)
   no cache      GYM_PACK_CACHE=0: the weights packed at every start
 
 The compiled kernels and the converted model are in $GYM_HOME already (run the command once before), so neither
@@ -34,8 +37,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-MODES = ("transformers", "warm", "cold", "cold, new folder", "no cache")
-SETTINGS = {"transformers": {"GYM_DIRECT_LOAD": "0", "GYM_TOKENIZER_MEMO": "0"}, "no cache": {"GYM_PACK_CACHE": "0"}}
+MODES = ("transformers", "warm, transformers' tokenizer", "warm", "cold", "cold, new folder", "no cache")
+SETTINGS = {"transformers": {"GYM_DIRECT_LOAD": "0", "GYM_TOKENIZER_MEMO": "0"},
+            "warm, transformers' tokenizer": {"GYM_QUICK_TOKENIZER": "0"}, "no cache": {"GYM_PACK_CACHE": "0"}}
 READY = re.compile(r"Fast engine ready in ([0-9.]+)s")
 ANSWER = b"Assistant: "
 
@@ -107,7 +111,7 @@ def main() -> None:
                 memo_file(model_dir).unlink(missing_ok=True)
             run = run_once(args, env)
             runs[mode].append(run)
-            print(f"  repeat {repeat + 1} {mode:>16}: first token {run.first_token:6.2f} s, total {run.total:6.2f} s, "
+            print(f"  repeat {repeat + 1} {mode:>29}: first token {run.first_token:6.2f} s, total {run.total:6.2f} s, "
                   f"engine ready {run.engine_ready:5.2f} s", file=sys.stderr)
         started = time.perf_counter()
         subprocess.run([sys.executable, "-c", "import torch"], check=True, env=base_env)

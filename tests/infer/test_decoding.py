@@ -61,3 +61,29 @@ def test_a_model_without_preferences_gets_gyms_defaults(tiny_model_dir):
         assert model.decoding == DECODING_DEFAULTS
     finally:
         model.close()
+
+
+@pytest.mark.parametrize("content", [
+    {"do_sample": True, "temperature": 0.6, "top_p": 0.95, "top_k": 20, "max_new_tokens": 64, "bos_token_id": 1},
+    {"temperature": 1.0, "top_k": 50, "repetition_penalty": 1.0, "do_sample": False},  # transformers' old defaults
+    {"temperature": None, "eos_token_id": [1, 2]},
+    {},
+])
+def test_a_folders_generation_config_is_read_as_transformers_reads_it(tmp_path, content):
+    """generation_defaults reads a local folder's file itself (no transformers import at a `gym chat` start): what
+    transformers' GenerationConfig keeps of it (every decoding default there is None), key for key."""
+    from transformers import GenerationConfig
+
+    (tmp_path / "generation_config.json").write_text(json.dumps(content))
+    given = GenerationConfig.from_pretrained(tmp_path).to_diff_dict()
+    assert generation_defaults(str(tmp_path)) == {k: given[k] for k in ("do_sample", "temperature", "top_p", "top_k",
+                                                                       "max_new_tokens", "repetition_penalty")
+                                                  if k in given}
+
+
+def test_a_folder_without_a_readable_generation_config_has_no_preferences(tmp_path):
+    assert generation_defaults(str(tmp_path)) == {}
+    (tmp_path / "generation_config.json").write_text("{not json")
+    assert generation_defaults(str(tmp_path)) == {}
+    (tmp_path / "generation_config.json").write_text("[1, 2]")
+    assert generation_defaults(str(tmp_path)) == {}

@@ -61,6 +61,7 @@ from gym.models.loader import (
     load_tokenizer,
     resolve_model_path,
 )
+from gym.models.quick_tokenizer import full_tokenizer, quick_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -136,12 +137,12 @@ class ChatModel:
                     raise ModelError(f"{adapter} is not a LoRA adapter folder (no adapter_config.json).")
             self.model_path = resolve_model_path(self.model_args.model_name_or_path)
             self.media = self._media_inputs()
-            self.tokenizer = self.media.tokenizer if self.media else load_tokenizer(self.model_path, self.model_args)
-            if self.model_args.infer_backend in ("auto", "fast", "hf"):
-                direct = self._direct_model(variants)
-                self._model = direct if direct is not None else self._load_hf_model()
-            else:
+            if self.model_args.infer_backend not in ("auto", "fast", "hf"):
                 require_vllm()  # before anything slow, so a missing backend is the first thing the user hears
+            direct = self._direct_model(variants)
+            self.tokenizer = self.media.tokenizer if self.media else self._tokenizer(quick=direct is not None)
+            if self.model_args.infer_backend in ("auto", "fast", "hf"):
+                self._model = direct if direct is not None else self._load_hf_model()
         self.chat_format = get_chat_format(self.tokenizer, self.data_args.template, self.data_args.default_system,
                                            self.data_args.enable_thinking,
                                            tool_format=self.data_args.tool_format)
@@ -169,12 +170,24 @@ class ChatModel:
             with self._engine_lock:
                 if isinstance(self._model, DirectModel):
                     self._model = self._load_hf_model()
+                    # What takes the model (lm-eval, transformers' generate) takes transformers' tokenizer too.
+                    self.tokenizer = full_tokenizer(self.tokenizer)
         return self._model
 
     @property
     def model_config(self) -> Any:
         """The model's config (None for vllm and llamacpp), without loading anything more."""
         return getattr(self._model, "config", None)
+
+    def _tokenizer(self, *, quick: bool) -> Any:
+        """The model's tokenizer. `quick`: where only the fast engine will use it, read without importing
+        transformers when the folder allows (gym.models.quick_tokenizer: ~0.8 s of a start), transformers' own
+        behind it for anything else."""
+        def full() -> Any:
+            return load_tokenizer(self.model_path, self.model_args)
+
+        quick_one = quick_tokenizer(self.model_path, full) if quick else None
+        return quick_one if quick_one is not None else full()
 
     def _direct_model(self, variants: VariantSource | None) -> Any:
         """The model read straight from its folder's files (gym.infer.fast.direct), where only the fast engine on the

@@ -52,6 +52,7 @@ import numpy as np
 import torch
 
 from gym.core.errors import ConfigError
+from gym.models.quick_tokenizer import full_tokenizer
 
 if TYPE_CHECKING:
     from llguidance._lib import JsonCompileOptions  # in the type stub only
@@ -199,7 +200,7 @@ def grammar_tokenizer(tokenizer: Any) -> llguidance.LLTokenizer:
             import llguidance.hf
 
             try:
-                cached = llguidance.hf.from_tokenizer(tokenizer)
+                cached = llguidance.hf.from_tokenizer(full_tokenizer(tokenizer))
             except ValueError as exc:  # a slow (Python) tokenizer: llguidance reads the Rust tokenizer's JSON
                 raise ConfigError(f"Constrained decoding needs a fast tokenizer: {exc}") from None
             _TOKENIZERS[tokenizer] = cached
