@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+import pickle
 import random
 import shutil
 import subprocess
@@ -156,6 +157,9 @@ def test_anything_else_is_left_to_the_transformers_tokenizer(tmp_path, embedded_
     tokenized = quick.apply_chat_template(CONVERSATIONS[1], add_generation_prompt=True)
     assert tokenized == full.apply_chat_template(CONVERSATIONS[1], add_generation_prompt=True)
     assert full_tokenizer(quick) is quick.full and full_tokenizer(full) is full and loads == [1]
+    copied = pickle.loads(pickle.dumps(quick))  # a worker process gets transformers' tokenizer
+    assert type(copied) is type(full) and copied.encode(TEXTS[2]) == quick.encode(TEXTS[2])
+    assert type(copy.deepcopy(quick)) is type(full)
     quick.pad_token = "<|endoftext|>"  # both hold the new special token
     assert quick.full.pad_token == "<|endoftext|>" and quick.special_tokens_map["pad_token"] == "<|endoftext|>"
 

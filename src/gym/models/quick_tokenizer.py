@@ -205,6 +205,10 @@ class QuickTokenizer:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.full(*args, **kwargs)
 
+    def __reduce__(self) -> Any:
+        # Pickled (a worker process, a deep copy) as what it stands for: transformers' tokenizer of the folder.
+        return self.full.__reduce__()
+
     def __repr__(self) -> str:
         return f"QuickTokenizer({self._folder})"
 
