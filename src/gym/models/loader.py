@@ -19,8 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from filelock import FileLock
-from huggingface_hub import try_to_load_from_cache
 from safetensors import SafetensorError
 
 from gym.config.model import ModelArguments
@@ -66,6 +64,7 @@ def convert_gguf(gguf_path: str | os.PathLike[str], dest: str | os.PathLike[str]
     Safe against two processes doing it at once (a file lock), and atomic: the folder is written
     under a temporary name and renamed, so a crash never leaves a half-written model behind.
     """
+    from filelock import FileLock
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     gguf_path, dest = Path(gguf_path), Path(dest)
@@ -177,6 +176,8 @@ def load_gguf_tokenizer(path: Path) -> Any:
 def _check_hub_available(hub_id: str, alias: str | None = None) -> str:
     """Fail early, with a way forward, when a hub model is neither cached nor downloadable."""
     offline = os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes")
+    from huggingface_hub import try_to_load_from_cache  # with its HTTP client: ~30 ms of a start on a local folder
+
     if offline and not isinstance(try_to_load_from_cache(hub_id, "config.json"), str):
         named = f"'{alias}' ({hub_id})" if alias else f"'{hub_id}'"
         raise ModelError(

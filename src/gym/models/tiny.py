@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from filelock import FileLock
 
 from gym.core.files import FORMAT_VERSION, MANIFEST_FILE, temp_path
 
@@ -58,6 +57,7 @@ def _save_atomically(dest: Path, model: Any, processor: Any, family: str, seed: 
 
 def build_tiny_llava(dest: str | os.PathLike[str], tokenizer_path: str, seed: int = 0) -> Path:
     """Write a random tiny LLaVA (model + processor) to `dest`, once."""
+    from filelock import FileLock
     from transformers import (
         AutoTokenizer,
         CLIPImageProcessor,
@@ -99,6 +99,7 @@ def build_tiny_llava(dest: str | os.PathLike[str], tokenizer_path: str, seed: in
 
 def build_tiny_gemma3(dest: str | os.PathLike[str], tokenizer_path: str, seed: int = 0) -> Path:
     """Write a random tiny Gemma 3 (model + processor) to `dest`, once."""
+    from filelock import FileLock
     from transformers import AutoTokenizer, Gemma3Config, Gemma3ForConditionalGeneration, Gemma3Processor
     from transformers.models.gemma3 import Gemma3ImageProcessor
 
