@@ -170,14 +170,17 @@ def test_anything_else_is_left_to_the_transformers_tokenizer(tmp_path, embedded_
     ({"clean_up_tokenization_spaces": True}, "decoded text cleaned up after the Rust tokenizer"),
     ({"chat_template": [{"name": "default", "template": "{{ messages }}"}]}, "named templates"),
     ({"eos_token": "<|not a token|>"}, "a special token the vocabulary lacks"),
+    ({"added_tokens_decoder": {"3": {"content": "<repo_name>", "special": False}}}, "an added token's flag changed"),
+    ({"added_tokens_decoder": {"49152": {"content": "<new>", "special": True}}}, "a token only the config adds"),
 ])
 def test_folders_where_it_could_differ_go_to_transformers(tmp_path, embedded_dir, changes, why):
     assert quick_tokenizer(_folder(tmp_path, embedded_dir, changes), load_tokenizer) is None, why
 
 
 def test_no_tokenizer_json_or_switched_off_goes_to_transformers(tmp_path, embedded_dir, monkeypatch):
-    folder = _folder(tmp_path, embedded_dir)
-    assert quick_tokenizer(folder, load_tokenizer) is not None
+    same = {"2": {"content": "<|im_end|>", "special": True, "lstrip": False, "rstrip": False, "normalized": False}}
+    folder = _folder(tmp_path, embedded_dir, {"added_tokens_decoder": same})
+    assert quick_tokenizer(folder, load_tokenizer) is not None  # the config saying what tokenizer.json says
     monkeypatch.setenv("GYM_QUICK_TOKENIZER", "0")
     assert quick_tokenizer(folder, load_tokenizer) is None
     monkeypatch.delenv("GYM_QUICK_TOKENIZER")

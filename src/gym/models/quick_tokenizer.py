@@ -76,6 +76,8 @@ def quick_tokenizer(folder: str | os.PathLike[str], full_loader: Any) -> QuickTo
         backend = Tokenizer.from_file(str(path / "tokenizer.json"))
     except Exception:
         return None
+    if not _same_added_tokens(backend, config.get("added_tokens_decoder") or {}):
+        return None
     # transformers never truncates or pads unless asked to, whatever tokenizer.json says.
     backend.no_truncation()
     backend.no_padding()
@@ -84,6 +86,22 @@ def quick_tokenizer(folder: str | os.PathLike[str], full_loader: Any) -> QuickTo
     if any(token is not None and backend.token_to_id(token) is None for token in tokens.values()):
         return None
     return QuickTokenizer(path, backend, template, tokens, config.get("model_max_length"), full_loader)
+
+
+def _same_added_tokens(backend: Any, declared: Any) -> bool:
+    """Whether tokenizer_config.json's added tokens are tokenizer.json's, flags included: transformers adds the
+    config's to the Rust tokenizer, so one marked special only there would be skipped in its decoding alone."""
+    if not isinstance(declared, dict):
+        return False
+    present = backend.get_added_tokens_decoder()
+    fields = ("content", "special", "lstrip", "rstrip", "normalized", "single_word")
+    for key, entry in declared.items():
+        token = present.get(int(key)) if str(key).isdigit() else None
+        if token is None or not isinstance(entry, dict):
+            return False
+        if any(field in entry and entry[field] != getattr(token, field) for field in fields):
+            return False
+    return True
 
 
 def _content(token: Any) -> str | None:
