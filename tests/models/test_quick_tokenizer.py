@@ -160,8 +160,12 @@ def test_anything_else_is_left_to_the_transformers_tokenizer(tmp_path, embedded_
     copied = pickle.loads(pickle.dumps(quick))  # a worker process gets transformers' tokenizer
     assert type(copied) is type(full) and copied.encode(TEXTS[2]) == quick.encode(TEXTS[2])
     assert type(copy.deepcopy(quick)) is type(full)
-    quick.pad_token = "<|endoftext|>"  # both hold the new special token
+    quick.pad_token = "<|endoftext|>"  # from a change on, transformers' tokenizer answers everything
     assert quick.full.pad_token == "<|endoftext|>" and quick.special_tokens_map["pad_token"] == "<|endoftext|>"
+    assert quick.pad_token_id == quick.full.pad_token_id != full.pad_token_id
+    quick.chat_template = "[{{ messages[0].content }}]"
+    assert quick.chat_template == "[{{ messages[0].content }}]"
+    assert quick.apply_chat_template(CONVERSATIONS[0], tokenize=False) == "[Hi]"
 
 
 @pytest.mark.parametrize("changes, why", [

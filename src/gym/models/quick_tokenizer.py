@@ -41,7 +41,8 @@ SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "pad_token")
 # apply_chat_template's own arguments (not template variables) that QuickTokenizer leaves to transformers.
 TOKENIZING_ARGS = frozenset({"sanitize_control_tokens", "padding", "truncation", "max_length", "return_tensors",
                              "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs"})
-_OWN = frozenset({"_folder", "_backend", "_template", "_tokens", "_max_length", "_full", "_lock", "_loader"})
+_OWN = frozenset({"_folder", "_backend", "_template", "_tokens", "_max_length", "_full", "_lock", "_loader",
+                  "_changed"})
 
 
 def enabled() -> bool:
@@ -116,6 +117,21 @@ def full_tokenizer(tokenizer: Any) -> Any:
     return tokenizer.full if isinstance(tokenizer, QuickTokenizer) else tokenizer
 
 
+class _Computed:
+    """An attribute QuickTokenizer computes itself, transformers' tokenizer's once anything was set on it."""
+
+    def __init__(self, compute: Any) -> None:
+        self.compute = compute
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, tokenizer: Any, owner: type | None = None) -> Any:
+        if tokenizer is None:
+            return self
+        return getattr(tokenizer.full, self.name) if tokenizer._changed else self.compute(tokenizer)
+
+
 class QuickTokenizer:
     """encode, decode, apply_chat_template and the special tokens of a tokenizer.json folder, computed as the
     transformers tokenizer computes them; any other use goes to that tokenizer (`full`)."""
@@ -131,46 +147,36 @@ class QuickTokenizer:
         set_own(self, "_loader", full_loader)
         set_own(self, "_full", None)
         set_own(self, "_lock", threading.Lock())
+        set_own(self, "_changed", False)
 
-    # -- what it computes itself ----------------------------------------------------------------------
-    @property
-    def name_or_path(self) -> str:
-        return str(self._folder)
-
-    @property
-    def model_max_length(self) -> int:
-        """The longest input the model takes (the server caps requests with it)."""
-        return int(self._max_length) if type(self._max_length) is int else int(self.full.model_max_length)
-
-    @property
-    def chat_template(self) -> str | None:
-        return self._template
-
-    @property
-    def special_tokens_map(self) -> dict[str, str]:
-        return {key: value for key, value in self._tokens.items() if value is not None}
+    # -- what it computes itself (until something is set on it) -------------------------------------------
+    name_or_path = _Computed(lambda self: str(self._folder))
+    chat_template = _Computed(lambda self: self._template)
+    special_tokens_map = _Computed(lambda self: {k: v for k, v in self._tokens.items() if v is not None})
+    bos_token = _Computed(lambda self: self._tokens["bos_token"])
+    eos_token = _Computed(lambda self: self._tokens["eos_token"])
+    unk_token = _Computed(lambda self: self._tokens["unk_token"])
+    pad_token = _Computed(lambda self: self._tokens["pad_token"])
+    bos_token_id = _Computed(lambda self: self._token_id("bos_token"))
+    eos_token_id = _Computed(lambda self: self._token_id("eos_token"))
+    unk_token_id = _Computed(lambda self: self._token_id("unk_token"))
+    pad_token_id = _Computed(lambda self: self._token_id("pad_token"))
+    # The longest input the model takes (the server caps requests with it).
+    model_max_length = _Computed(lambda self: int(self._max_length) if type(self._max_length) is int
+                                 else int(self.full.model_max_length))
 
     def _token_id(self, key: str) -> int | None:
         token = self._tokens[key]
         return None if token is None else self._backend.token_to_id(token)
 
-    bos_token = property(lambda self: self._tokens["bos_token"])
-    eos_token = property(lambda self: self._tokens["eos_token"])
-    unk_token = property(lambda self: self._tokens["unk_token"])
-    pad_token = property(lambda self: self._tokens["pad_token"])
-    bos_token_id = property(lambda self: self._token_id("bos_token"))
-    eos_token_id = property(lambda self: self._token_id("eos_token"))
-    unk_token_id = property(lambda self: self._token_id("unk_token"))
-    pad_token_id = property(lambda self: self._token_id("pad_token"))
-
     def encode(self, text: Any, *args: Any, add_special_tokens: bool = True, **kwargs: Any) -> Any:
-        if args or kwargs or type(text) is not str:
+        if args or kwargs or type(text) is not str or self._changed:
             return self.full.encode(text, *args, add_special_tokens=add_special_tokens, **kwargs)
         return self._backend.encode(text, add_special_tokens=add_special_tokens).ids
 
     def decode(self, token_ids: Any, skip_special_tokens: bool = False, **kwargs: Any) -> Any:
         ids = [token_ids] if type(token_ids) is int else token_ids
-        if kwargs or not isinstance(ids, (list, tuple)) or any(type(i) is not int for i in ids):
+        if kwargs or self._changed or not isinstance(ids, (list, tuple)) or any(type(i) is not int for i in ids):
             return self.full.decode(token_ids, skip_special_tokens=skip_special_tokens, **kwargs)
         return self._backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
@@ -178,8 +184,8 @@ class QuickTokenizer:
                             chat_template: str | None = None, add_generation_prompt: bool = False,
                             continue_final_message: bool | str = False, tokenize: bool = True, **kwargs: Any) -> Any:
         """As transformers renders one conversation of plain messages as text; anything else goes to it."""
-        plain = (not tokenize and documents is None and chat_template is None and not continue_final_message
-                 and self._template is not None and not TOKENIZING_ARGS.intersection(kwargs)
+        plain = (not tokenize and not self._changed and self._template is not None and documents is None
+                 and chat_template is None and not continue_final_message and not TOKENIZING_ARGS.intersection(kwargs)
                  and isinstance(conversation, list) and conversation and all(type(m) is dict for m in conversation))
         if plain:
             try:
@@ -210,9 +216,10 @@ class QuickTokenizer:
         return getattr(self.full, name)
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if name in SPECIAL_TOKENS:  # both must agree on the special tokens
-            self._tokens[name] = value
+        # Set on transformers' tokenizer, which answers everything from then on (a new chat template, special
+        # token or length holds for every method at once).
         setattr(self.full, name, value)
+        object.__setattr__(self, "_changed", True)
 
     def __len__(self) -> int:
         return int(self._backend.get_vocab_size(with_added_tokens=True))
