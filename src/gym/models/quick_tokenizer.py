@@ -75,7 +75,7 @@ def quick_tokenizer(folder: str | os.PathLike[str], full_loader: Any) -> QuickTo
 
     try:
         backend = Tokenizer.from_file(str(path / "tokenizer.json"))
-    except Exception:
+    except Exception:  # a file the Rust library cannot read: transformers' loader says what is wrong with it
         return None
     if not _same_added_tokens(backend, config.get("added_tokens_decoder") or {}):
         return None
