@@ -175,9 +175,9 @@ def load_gguf_tokenizer(path: Path) -> Any:
 
 def _check_hub_available(hub_id: str, alias: str | None = None) -> str:
     """Fail early, with a way forward, when a hub model is neither cached nor downloadable."""
-    offline = os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes")
     from huggingface_hub import try_to_load_from_cache  # with its HTTP client: ~30 ms of a start on a local folder
 
+    offline = os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes")
     if offline and not isinstance(try_to_load_from_cache(hub_id, "config.json"), str):
         named = f"'{alias}' ({hub_id})" if alias else f"'{hub_id}'"
         raise ModelError(

@@ -269,6 +269,12 @@ def _alias_reasoning(message: dict[str, Any]) -> dict[str, Any]:
 
 @lru_cache(maxsize=8)
 def _compiled(template: str) -> Any:
+    return _environment().from_string(template)
+
+
+@lru_cache(maxsize=1)
+def _environment() -> Any:
+    """transformers' chat-template environment, built once (at the first render, so jinja2 loads only then)."""
     import jinja2
     import jinja2.ext
     from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -332,4 +338,4 @@ def _compiled(template: str) -> Any:
     environment.filters["tojson"] = tojson
     environment.globals.update(raise_exception=raise_exception, strftime_now=strftime_now, dict=DictMaker(),
                                namespace=Namespace)
-    return environment.from_string(template)
+    return environment
