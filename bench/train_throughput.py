@@ -7,7 +7,10 @@ default (gradient checkpointing included); TRL with its real default, bf16=True,
 Gym rows vary one default at a time so each choice's share of the gain is visible.
 Each configuration runs in its own process so that peak memory is its own.
 
-Tokens/s = non-padding tokens fed to the model / wall time of `trainer.train()`.
+Tokens/s = non-padding tokens fed to the model / wall time of `trainer.train()`. "Steady tokens/s" leaves
+out the first `--warmup` steps (Triton's and CUDA's one-time compiles, the allocator's first growth), which a
+40-step run on a GPU otherwise pays as a large share of its time, and a long fine-tune does not. Each
+configuration gets its own empty Triton cache, so no row inherits kernels another compiled.
 
     python bench/train_throughput.py [--steps 8] [--batch 4]
 
@@ -95,6 +98,42 @@ def on_gpu() -> bool:
     import torch
 
     return torch.cuda.is_available()
+
+
+def clock_steps() -> list[tuple[float, int]]:
+    """Patch `Trainer.training_step` (TRL's and Gym's trainers both inherit it) to record, after each step's
+    backward, the time (the GPU synchronised) and the non-padding tokens the step was fed."""
+    import torch
+    from transformers import Trainer
+
+    marks: list[tuple[float, int]] = []
+    original = Trainer.training_step
+
+    def step_tokens(inputs: dict) -> int:
+        if "num_tokens" in inputs:  # Gym's collator counts them
+            return int(inputs["num_tokens"])
+        mask = inputs.get("attention_mask")
+        return int(mask.sum()) if mask is not None else int(inputs["input_ids"].numel())
+
+    def training_step(self, model, inputs, *args, **kwargs):
+        tokens = step_tokens(inputs)
+        loss = original(self, model, inputs, *args, **kwargs)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        marks.append((time.perf_counter(), tokens))
+        return loss
+
+    Trainer.training_step = training_step
+    return marks
+
+
+def steady(marks: list[tuple[float, int]], warmup: int) -> dict:
+    """Tokens and seconds of the steps after the first `warmup` (from the end of step `warmup` on)."""
+    warmup = max(warmup, 1)  # the clock starts at the end of a step
+    if len(marks) <= warmup:
+        return {}
+    return {"steady_tokens": sum(tokens for _, tokens in marks[warmup:]),
+            "steady_seconds": marks[-1][0] - marks[warmup - 1][0]}
 
 
 def run_trl(model_path: str, data: Path, steps: int, batch: int, out: str, bf16: bool = False, **extra) -> dict:
@@ -193,6 +232,7 @@ def main() -> None:
     parser.add_argument("--model", choices=["smollm2", "qwen3-0.6b"], default="smollm2",
                         help="the embedded SmolLM2-135M, or a Qwen3-0.6B-sized model built from its config")
     parser.add_argument("--tokenizer", help="tokenizer folder (default: the embedded model's)")
+    parser.add_argument("--warmup", type=int, default=5, help="steps left out of the steady rate")
     parser.add_argument("--row-tokens", type=int, default=240, help="tokens per conversation, about")
     parser.add_argument("--tiny", action="store_true", help="with --model qwen3-0.6b: 2 layers, to check the script")
     parser.add_argument("--configs", help="';'-separated configurations to run (default: all; the first is the "
@@ -207,8 +247,10 @@ def main() -> None:
         import logging
 
         logging.disable(logging.WARNING)
+        marks = clock_steps()
         with tempfile.TemporaryDirectory() as out:
             result = configs()[args.only](args.model_path, Path(args.data), args.steps, args.batch, out)
+        result.update(steady(marks, args.warmup))
         result["memory_label"], result["peak_gib"] = peak_memory()
         print("RESULT " + json.dumps(result))
         return
@@ -229,10 +271,11 @@ def main() -> None:
         unknown = [name for name in chosen if name not in configs()]
         if unknown:
             sys.exit(f"unknown configuration {unknown[0]!r}; here: {'; '.join(configs())}")
-        for name in chosen:
+        for index, name in enumerate(chosen):
+            env = {**os.environ, "TRITON_CACHE_DIR": str(Path(tmp) / f"triton-{index}")}
             proc = subprocess.run([sys.executable, __file__, "--only", name, "--data", str(data), "--model-path",
-                                   model_path, "--steps", str(args.steps), "--batch", str(args.batch)],
-                                  capture_output=True, text=True)
+                                   model_path, "--steps", str(args.steps), "--batch", str(args.batch),
+                                   "--warmup", str(args.warmup)], capture_output=True, text=True, env=env)
             line = next((out for out in proc.stdout.splitlines() if out.startswith("RESULT ")), None)
             if line is None:
                 print(f"{name} failed:\n{proc.stderr[-3000:]}", flush=True)
@@ -246,13 +289,18 @@ def main() -> None:
     if not on_gpu():
         print(f"native bf16 on this machine: {native_bf16()}")
     label = next(iter(results.values()))["memory_label"] if results else "peak memory (GiB)"
-    print(f"\n| configuration | tokens | seconds | tokens/s | vs {baseline_name} | {label} | last loss |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    def steady_rate(r: dict) -> float:
+        return r["steady_tokens"] / r["steady_seconds"] if r.get("steady_seconds") else float("nan")
+
+    print(f"\n| configuration | tokens | seconds | tokens/s | vs {baseline_name} | steady tokens/s (after "
+          f"{args.warmup} steps) | vs {baseline_name} | {label} | last loss |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name, r in results.items():
         rate = r["tokens"] / r["seconds"]
         ratio = rate / (baseline["tokens"] / baseline["seconds"]) if baseline else float("nan")
-        print(f"| {name} | {r['tokens']} | {r['seconds']:.1f} | {rate:.1f} | {ratio:.2f}x | {r['peak_gib']:.2f} "
-              f"| {r['final_loss']:.3f} |")
+        steady_ratio = steady_rate(r) / steady_rate(baseline) if baseline else float("nan")
+        print(f"| {name} | {r['tokens']} | {r['seconds']:.1f} | {rate:.1f} | {ratio:.2f}x | {steady_rate(r):.1f} "
+              f"| {steady_ratio:.2f}x | {r['peak_gib']:.2f} | {r['final_loss']:.3f} |")
 
 
 if __name__ == "__main__":
