@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import pytest
 import torch
 
 from gym.train.trainer import supervised_lm_loss
@@ -55,7 +56,9 @@ def test_neftune_noises_training_embeddings_only(train_config, monkeypatch):
         return original(trainer, setup, args)
 
     monkeypatch.setattr(workflow, "train_and_save", watch)
-    run_exp(train_config(neftune_noise_alpha=5, val_size=0.25, max_steps=2))
+    # float32 on every machine: with bf16 on (the default where the CPU has native bf16) the base, and so the noisy
+    # embeddings, are bf16, whose rounding moves the noise past its bound by a fraction of a percent.
+    run_exp(train_config(neftune_noise_alpha=5, val_size=0.25, max_steps=2, bf16=False))
     training = [r for r in records if r[0]]
     evaluating = [r for r in records if not r[0]]
     assert training and evaluating
@@ -125,3 +128,62 @@ def test_fused_liger_loss_equals_the_plain_loss():
     fused.backward()
     for name, p in model.named_parameters():
         torch.testing.assert_close(p.grad, expected[name], rtol=1e-3, atol=1e-5, msg=name)
+
+
+def test_bf16_lora_trains_float32_adapters_on_a_bf16_base(train_config, capture_trainer):
+    """bf16 mixed precision with a frozen base: the base is loaded in bf16 (autocast reads it so anyway), what trains
+    is float32: peft's adapters, and the full copies peft trains beside them (here the final norm)."""
+    from gym.train import workflow
+    from gym.workflows.training import run_exp
+
+    seen = capture_trainer(workflow)
+    result = run_exp(train_config(bf16=True, max_steps=2, additional_target="norm"))
+    model = seen["trainer"].model
+    trainable = {name: p for name, p in model.named_parameters() if p.requires_grad}
+    frozen = [p for p in model.parameters() if not p.requires_grad]
+    assert seen["trainer"].args.bf16 and result.global_step == 2 and result.final_loss == result.final_loss
+    assert any("lora_A" in name for name in trainable) and any("modules_to_save" in name for name in trainable)
+    assert all(p.dtype == torch.float32 for p in trainable.values())
+    assert frozen and all(p.dtype == torch.bfloat16 for p in frozen)
+
+
+def test_bf16_lora_loss_stays_that_of_float32_master_weights(train_config, capture_trainer, monkeypatch):
+    """The first step's loss (the adapter still a no-op) with a bf16 base is the loss with float32 master weights
+    under the same autocast, to bf16's rounding of the residual stream."""
+    from gym.train import workflow
+    from gym.workflows.training import run_exp
+
+    losses = {}
+    for base in ("bf16", "float32"):
+        if base == "float32":
+            monkeypatch.setattr(workflow, "weights_dtype", lambda *args: torch.float32)
+        seen = capture_trainer(workflow)
+        run_exp(train_config(bf16=True, max_steps=1, logging_steps=1,
+                             output_dir=f"{train_config()['output_dir']}-{base}"))
+        losses[base] = next(e["loss"] for e in seen["trainer"].state.log_history if "loss" in e)
+    assert abs(losses["bf16"] - losses["float32"]) < 1e-2 * losses["float32"], losses
+
+
+@pytest.mark.parametrize("overrides, data_kind, expected", [
+    ({"bf16": True}, "SUPERVISED", torch.bfloat16),
+    ({"bf16": True, "finetuning_type": "oft", "oft_rank": 2, "oft_block_size": 0}, "PAIRWISE", torch.bfloat16),
+    ({"pure_bf16": True, "finetuning_type": "full"}, "SUPERVISED", torch.bfloat16),
+    ({"bf16": False}, "SUPERVISED", torch.float32),
+    ({"bf16": True, "finetuning_type": "full"}, "SUPERVISED", torch.float32),  # what trains is the base itself
+    ({"bf16": True, "finetuning_type": "freeze"}, "SUPERVISED", torch.float32),
+    ({"bf16": True}, "PROMPT", torch.float32),  # merges the adapter into the base to generate
+    ({"bf16": True, "pissa_init": True}, "SUPERVISED", torch.float32),
+    ({"bf16": True, "fsdp": "full_shard"}, "SUPERVISED", torch.float32),
+], ids=["lora", "oft", "pure-bf16", "float32", "full", "freeze", "generates", "pissa", "fsdp"])
+def test_which_runs_load_the_base_in_bf16(overrides, data_kind, expected):
+    overrides = dict(overrides)
+    from types import SimpleNamespace
+
+    from gym.config.parser import get_train_args
+    from gym.core.kinds import DataKind
+    from gym.train.workflow import weights_dtype
+
+    fsdp = overrides.pop("fsdp", [])  # a config with it is refused in one process: the run's arguments carry it
+    args = get_train_args({"stage": "sft", "finetuning_type": "lora", **overrides})
+    hf_args = SimpleNamespace(bf16=bool(args.training.bf16), fsdp=fsdp, deepspeed=None)
+    assert weights_dtype(args, hf_args, DataKind[data_kind]) is expected

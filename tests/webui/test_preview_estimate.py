@@ -45,13 +45,16 @@ def test_the_formula_counts_the_real_models_parameters(tiny_model_dir):
     from gym.models.adapters import count_parameters, setup_finetuning
 
     config = {"model_name_or_path": str(tiny_model_dir), "stage": "sft", "finetuning_type": "lora", "lora_rank": 4,
-              "dataset": "identity", "output_dir": "out", "cutoff_len": 64, "per_device_train_batch_size": 2}
+              "dataset": "identity", "output_dir": "out", "cutoff_len": 64, "per_device_train_batch_size": 2,
+              "bf16": False}
     real = setup_finetuning(AutoModelForCausalLM.from_pretrained(tiny_model_dir),
                             get_train_args(dict(config)).finetuning)
     trainable, total = count_parameters(real)
     guess = estimate.formula(config)
     assert guess.how == "formula" and guess.parts["gradients"] == trainable * 4
     assert guess.parts["weights"] == total * 4 and guess.memory_bytes == sum(guess.parts.values())
+    mixed = estimate.formula({**config, "bf16": True})  # the frozen base in bf16, the adapter float32
+    assert mixed.parts["weights"] == (total - trainable) * 2 + trainable * 4
     full = estimate.formula({**config, "finetuning_type": "full", "stage": "dpo"})
     assert full.parts["gradients"] == full.parts["reference model"] == (total - trainable) * 4  # the base, whole
 

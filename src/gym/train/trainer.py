@@ -32,6 +32,9 @@ def supervised_lm_loss(model: Any, inputs: dict[str, torch.Tensor], labels: torc
     # Under DDP the model is wrapped; the head is the wrapped model's own (its gradients still reach DDP's hooks).
     core = model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
     head = core.get_output_embeddings()
+    # The head runs outside the model's autocast: in its own weights' dtype (a bf16 base's head in bf16, a head
+    # trained in full as a float32 copy in float32), whatever dtype a trained final norm hands it.
+    hidden = hidden.to(head.weight.dtype)
     if fused and not dft and type(head) is torch.nn.Linear and hidden.is_cuda:
         from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
 

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from gym.config.args import TrainArgs
+from gym.config.finetuning import ADAPTER_TYPES
 from gym.config.stages.registry import registered_stages
 from gym.core.files import temp_path
 from gym.core.hardware import cpu_supports_bf16
@@ -112,12 +113,12 @@ def prepare(args: TrainArgs[Any], data_kind: DataKind, *, packing_by_default: bo
         data = get_dataset(data_args, chat, data_kind, seed=training_args.seed, packing=packing, media=media,
                            refuse_media=media_refusal(args, refuse_media))
     logger.info("Data: %s", data.stats)
-    logger.info("Precision: %s", "bf16 mixed (float32 master weights)" if hf_args.bf16 else
+    dtype = weights_dtype(args, hf_args, data_kind)
+    logger.info("Precision: %s", ("bf16 mixed (the frozen base in bf16, what trains in float32)" if dtype is
+                                  torch.bfloat16 else "bf16 mixed (float32 master weights)") if hf_args.bf16 else
                 "pure bf16" if training_args.pure_bf16 else "fp16 mixed" if training_args.fp16 else "float32")
 
     torch.manual_seed(training_args.seed)
-    # pure_bf16: the weights themselves in bf16; otherwise float32 master weights (bf16 only in autocast).
-    dtype = torch.bfloat16 if training_args.pure_bf16 else torch.float32
     model_loader = functools.partial(model_loader, dtype=dtype, **(loader_options(data) if loader_options else {}))
     pissa_init_dir = None
     if finetuning_args.finetuning_type == "lora" and finetuning_args.pissa_init:
@@ -127,12 +128,47 @@ def prepare(args: TrainArgs[Any], data_kind: DataKind, *, packing_by_default: bo
     else:
         model = model_loader(model_path, model_args)
         model = setup_finetuning(model, finetuning_args, split_names(model_args.adapter_name_or_path))
+        if dtype is torch.bfloat16 and hf_args.bf16:
+            trainable_in_float32(model)
         if pissa_init_dir is not None and resume is None:
             model.save_pretrained(pissa_init_dir)
     trainable, total = count_parameters(model)
     logger.info("Trainable parameters: %s of %s (%.2f%%)", f"{trainable:,}", f"{total:,}", 100 * trainable / total)
 
     return Setup(model_path, tokenizer, chat, data, model, resume, pissa_init_dir, hf_args, processor, media)
+
+
+def weights_dtype(args: TrainArgs[Any], hf_args: Any, data_kind: DataKind) -> torch.dtype:
+    """The dtype the model is loaded in. pure_bf16: bf16. bf16 mixed precision with a frozen base (LoRA, OFT or
+    BOFT on an unquantized model): the base in bf16 too, as TRL and LLaMA-Factory load it. Autocast reads its
+    linear weights in bf16 anyway; kept in float32 they doubled the base's memory, cost a cast of every weight at
+    every forward (and again when checkpointing recomputes), and left the LM head and its loss, which run
+    outside autocast, as float32 matrix products (on an H100, ~1/3 of a Qwen3-0.6B LoRA step's GPU time). What
+    trains is made float32 after the adapter is added (`trainable_in_float32`). Otherwise float32 master weights.
+
+    Not for runs that generate with the adapter merged (the prompt-only stages: ppo, grpo, rloo): merging into
+    bf16 weights and back rounds the base at every rollout. Not under FSDP or DeepSpeed, whose shards expect one
+    dtype per group of parameters, nor for PiSSA, whose saved adapter is converted against the exact base."""
+    training, finetuning = args.training, args.finetuning
+    if training.pure_bf16:
+        return torch.bfloat16
+    frozen_base = (finetuning.finetuning_type in ADAPTER_TYPES and args.model.quantization_bit is None
+                   and not args.model.use_unsloth and not finetuning.pissa_init)
+    sharded = (bool(hf_args.fsdp) or bool(hf_args.deepspeed)
+               or any(os.environ.get(f"ACCELERATE_USE_{kind}", "").lower() in ("1", "true")
+                      for kind in ("FSDP", "DEEPSPEED")))
+    if hf_args.bf16 and frozen_base and not sharded and data_kind is not DataKind.PROMPT:
+        return torch.bfloat16
+    return torch.float32
+
+
+def trainable_in_float32(model: torch.nn.Module) -> None:
+    """Float32 master weights for what trains on a bf16 base: peft makes its adapters float32 already; copies it
+    trains in full (modules_to_save: `additional_target`, a classifier's score head, a vision projector) are
+    still bf16 until here. In place, so a tied head stays tied."""
+    for parameter in model.parameters():
+        if parameter.requires_grad and parameter.is_floating_point() and parameter.dtype != torch.float32:
+            parameter.data = parameter.data.float()
 
 
 def _pissa_on_quantized_base(args: TrainArgs[Any], model_path: str, model_loader: Callable[..., Any],

@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 import statistics
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
 
 from gym.config.parser import get_train_args
@@ -40,9 +41,12 @@ def formula(config: dict[str, Any]) -> Estimate:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    from gym.config.stages.registry import registered_stages
     from gym.models.adapters import count_parameters, setup_finetuning
     from gym.models.loader import resolve_model_path
+    from gym.train.hf_args import machine_values
     from gym.train.memory import activation_bytes
+    from gym.train.workflow import weights_dtype
 
     args = get_train_args(dict(config))
     path = resolve_model_path(args.model.model_name_or_path)
@@ -52,7 +56,12 @@ def formula(config: dict[str, Any]) -> Estimate:
     trainable, total = count_parameters(model)
     training = args.training
     weight_bytes = 2 if training.pure_bf16 else 4
-    base_bytes = 0.5 if args.model.quantization_bit == 4 else 1 if args.model.quantization_bit == 8 else weight_bytes
+    # Under bf16 mixed precision a frozen base is loaded in bf16 (gym.train.workflow.weights_dtype).
+    bf16 = training.bf16 if training.bf16 is not None else machine_values(args)["bf16"]
+    precision = SimpleNamespace(bf16=bf16, fsdp=training.fsdp, deepspeed=training.deepspeed)
+    stage = registered_stages()[args.finetuning.stage]
+    frozen_bytes = 2 if weights_dtype(args, precision, stage.data_kind) is torch.bfloat16 else weight_bytes
+    base_bytes = 0.5 if args.model.quantization_bit == 4 else 1 if args.model.quantization_bit == 8 else frozen_bytes
     tokens = args.data.cutoff_len * training.per_device_train_batch_size
     text = model_config.get_text_config()
     parts = {
