@@ -143,7 +143,7 @@ def weights_dtype(args: TrainArgs[Any], hf_args: Any, data_kind: DataKind) -> to
     BOFT on an unquantized model): the base in bf16 too, as TRL and LLaMA-Factory load it. Autocast reads its
     linear weights in bf16 anyway; kept in float32 they doubled the base's memory, cost a cast of every weight at
     every forward (and again when checkpointing recomputes), and left the LM head and its loss, which run
-    outside autocast, as float32 matrix products (on an H100, ~1/3 of a Qwen3-0.6B LoRA step's GPU time). What
+    outside autocast, as float32 matrix products (on an H200, 19% of a Qwen3-0.6B LoRA step's GPU time). What
     trains is made float32 after the adapter is added (`trainable_in_float32`). Otherwise float32 master weights.
 
     Not for runs that generate with the adapter merged (the prompt-only stages: ppo, grpo, rloo): merging into
