@@ -25,7 +25,7 @@ TOOLS = [{"name": "get_weather", "description": "Weather in a city", "parameters
          {"name": "get_time", "description": "Local time in a city", "parameters": CITY}]
 RESULTS = {"get_weather": {"Paris": "sunny", "Oslo": "snow", "Lima": "fog"},
            "get_time": {"Paris": "10:00", "Oslo": "10:00", "Lima": "04:00"}}
-MAX_STEPS = 8
+MAX_STEPS = 5  # the logged loss falls 0.69 -> 0.004 by the fifth step; each step is ~20 s of the suite on one thread
 QUESTIONS = {"get_weather": "Weather in {city}?", "get_time": "Time in {city}?"}
 
 

@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+from tests.conftest import tiny_sft_config, write_tiny_datasets
 
 from gym.config.parser import get_train_args
 from gym.config.stages.unlearn import UnlearnOptions
@@ -39,14 +40,16 @@ def _nll(model_dir: str, config: dict, dataset: str) -> float:
         return float(supervised_lm_loss(model, batch, labels))
 
 
-@pytest.fixture()
-def learned(train_config) -> str:
-    """The tiny model after learning both datasets (a random model has nothing to forget)."""
+@pytest.fixture(scope="module")
+def learned(tiny_model_dir, tmp_path_factory) -> str:
+    """The tiny model after learning both datasets (a random model has nothing to forget): trained once, read by
+    every loss's run."""
     # float32 on every machine: these thresholds were set on float32 runs, and bf16 autocast (on by default where the
     # CPU has native bf16) moves a full fine-tune at this learning rate far enough to change what there is to forget.
-    config = train_config(finetuning_type="full", dataset="tiny_alpaca,tiny_chat", max_steps=80, learning_rate=5e-3,
-                          bf16=False)
-    return run_exp({**config, "output_dir": config["output_dir"] + "-learned"}).output_dir
+    root = tmp_path_factory.mktemp("learned")
+    config = tiny_sft_config(tiny_model_dir, write_tiny_datasets(root), root / "out", finetuning_type="full",
+                             dataset="tiny_alpaca,tiny_chat", max_steps=80, learning_rate=5e-3, bf16=False)
+    return run_exp(config).output_dir
 
 
 @pytest.mark.parametrize(("loss", "retain_loss"), [("ga", "nll"), ("npo", "kl"), ("simnpo", "nll")])
