@@ -38,8 +38,9 @@ _NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 def run_training(config: ConfigSource | TrainArgs[Any] = None) -> RunResult:
     """Train one run. A run already finished (and asked to resume) is reported with metrics["already_complete"]."""
     args = get_train_args(config)
-    trainer = importlib.import_module(get_stage(args.finetuning.stage).trainer)
     resuming = resume_requested(args)
+    # The output folder is checked and locked before the stage's trainer is imported (transformers' Trainer and
+    # peft, ~5 s on 2 cores): an output_dir that cannot be used, or a finished run resumed, is said at once.
     check_output_dir(args, resuming)
     main = is_main_process()  # in a distributed run, rank 0 owns the output folder; the others train beside it
     with OutputLock(args.output_dir, what="gym train") if main else contextlib.nullcontext():
@@ -49,6 +50,7 @@ def run_training(config: ConfigSource | TrainArgs[Any] = None) -> RunResult:
         if done is not None:
             logger.info("%s already holds the finished run; nothing to resume.", args.output_dir)
             return done
+        trainer = importlib.import_module(get_stage(args.finetuning.stage).trainer)
         with out_of_space_reported(args.output_dir):
             result: RunResult = trainer.run(args)
     return result
