@@ -769,7 +769,8 @@ void linear_float_wide(const float* x, int64_t B, const void* w, int64_t N, int6
 // vectors from L2 and 6 activation vectors from L1 where 4 x 3 loads 3 and 4, and the weights' stream from L2 is
 // what held the products back. Measured on the embedded model's four prefill shapes at 256 rows (a one-off
 // script, the two tiles alternating in one process, AMD EPYC Zen 3, AVX2): 111 -> 127 and 94 -> 114 GFLOP/s
-// (medians of 8 and 10 rounds) on two threads, 57.6 -> 60.9 on one; 5 x 2 was slower than both (93.6-108).
+// (medians of 8 and 10 rounds) on two threads, 57.6 -> 60.9 on one; 5 x 2 was slower than both (108.2 and 93.6 on
+// two threads, 50.4 on one).
 constexpr int kPanelRows = 6;
 constexpr int kPanelTile = 2;
 
