@@ -638,6 +638,63 @@ def test_compiled_prefill_attention_equals_each_query_decoded_alone(ops, heads, 
             assert torch.allclose(together[t, h].double(), want, atol=1e-5), (t, h)
 
 
+def test_compiled_prefill_attention_reads_queries_in_place_from_qkv(ops):
+    """The prompt path hands prefill_attention the first heads of a chunk's qkv as they lie (no copy): the same
+    bits as from a contiguous copy; a view whose heads are not contiguous is refused, not misread."""
+    heads, kv, dim, start, n = 9, 3, 64, 2, 13
+    qkv = randn(n, heads + 2 * kv, dim, seed=75)
+    keys, values = randn(1, kv, start + n, dim, seed=76), randn(1, kv, start + n, dim, seed=77)
+    in_place = ops.prefill_attention(qkv[:, :heads], keys, values, 0, start, dim ** -0.5)
+    assert torch.equal(in_place, ops.prefill_attention(qkv[:, :heads].contiguous(), keys, values, 0, start,
+                                                       dim ** -0.5))
+    with pytest.raises(RuntimeError, match="contiguous heads"):
+        ops.prefill_attention(qkv[:, :heads, ::2], keys, values, 0, start, dim ** -0.5)
+    # Several prompts prefilled together: each writes its rows of the step's output.
+    step = torch.full((n + 4, heads, dim), 7.0)
+    kernels.prefill_attention(qkv[:, :heads], keys, values, 0, start, dim ** -0.5, out=step[2:2 + n])
+    assert torch.equal(step[2:2 + n], in_place) and (step[:2] == 7).all() and (step[2 + n:] == 7).all()
+    with pytest.raises(RuntimeError, match="q's shape"):
+        ops.prefill_attention_into_(step[:n - 1], qkv[:, :heads], keys, values, 0, start, dim ** -0.5)
+
+
+@pytest.mark.parametrize(("heads", "kv_heads"), [(9, 3), (4, 4), (8, 1)])
+def test_compiled_store_kv_writes_a_chunks_keys_and_values_at_its_positions(ops, heads, kv_heads):
+    dim, n, start, slots, capacity = 16, 7, 5, 3, 20
+    qkv = randn(n, heads + 2 * kv_heads, dim, seed=78)
+    keys, values = randn(slots, kv_heads, capacity, dim, seed=79), randn(slots, kv_heads, capacity, dim, seed=80)
+    want_keys, want_values = keys.clone(), values.clone()
+    want_keys[1, :, start:start + n] = qkv[:, heads:heads + kv_heads].transpose(0, 1)
+    want_values[1, :, start:start + n] = qkv[:, heads + kv_heads:].transpose(0, 1)
+    ops.store_kv_(qkv, keys, values, 1, start, heads)
+    assert torch.equal(keys, want_keys) and torch.equal(values, want_values)  # other slots and positions untouched
+    with pytest.raises(RuntimeError, match="past the cache"):
+        ops.store_kv_(qkv, keys, values, 1, capacity - n + 1, heads)
+    with pytest.raises(RuntimeError, match="do not match"):
+        ops.store_kv_(qkv, keys, values, 1, start, heads + 1)
+
+
+def test_compiled_store_kv_and_add_equal_the_reference(ops, monkeypatch):
+    heads, kv, dim, n = 6, 2, 8, 5
+    qkv = randn(n, heads + 2 * kv, dim, seed=81)
+    caches = [torch.zeros(2, kv, 9, dim) for _ in range(4)]
+    x, y = randn(70_000, seed=82), randn(70_000, seed=83)  # past one piece of the threads' split
+    compiled_sum = x.clone()
+    kernels.store_kv_(qkv, caches[0], caches[1], 1, 3, heads)
+    kernels.add_(compiled_sum, y)
+    with pytest.raises(RuntimeError, match="one shape"):
+        ops.add_(x, y[:10])
+    monkeypatch.setitem(kernels._state, "ok", False)
+    kernels.store_kv_(qkv, caches[2], caches[3], 1, 3, heads)
+    assert torch.equal(caches[0], caches[2]) and torch.equal(caches[1], caches[3])
+    assert torch.equal(compiled_sum, x + y)
+    keys, values = randn(1, kv, 9, dim, seed=84), randn(1, kv, 9, dim, seed=85)
+    step = torch.zeros(n + 1, heads, dim)
+    kernels.prefill_attention(qkv[:, :heads], keys, values, 0, 2, 0.3, out=step[1:])
+    monkeypatch.setitem(kernels._state, "ok", True)
+    torch.testing.assert_close(step[1:], kernels.prefill_attention(qkv[:, :heads], keys, values, 0, 2, 0.3),
+                               rtol=1e-5, atol=1e-6)
+
+
 # -- the torch reference path (no compiler) ----------------------------------------------------------------
 @pytest.mark.parametrize("rows", [1, 5, 17])
 def test_reference_linear_float(reference_path, rows):

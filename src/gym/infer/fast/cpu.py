@@ -279,19 +279,23 @@ class FastDecoder(SlotCache):
         for _, tokens, _ in segments:
             offsets.append(offsets[-1] + len(tokens))
         scale = dim ** -0.5
+        # The chunk's copies and residual adds run on the kernels' threads (kernels.store_kv_, kernels.add_), and
+        # attention reads q from qkv and writes its rows in place: over hundreds of rows torch's operators run on its
+        # OpenMP team, whose idle thread can then spin on a core the next product computes on (see store_kv_ in
+        # csrc/linear.cpp).
         for index, layer in enumerate(self.layers):
             h = self._norm(x, layer.input_norm, f"{index}.input_norm", deltas)
             qkv = self._linear(layer.qkv, h, f"{index}.qkv", deltas).view(total, heads + 2 * kv, dim)
             self._qk_rope(qkv, layer, cos, sin, index, deltas)
             keys, values = self.keys[index], self.values[index]
-            attended = torch.empty(total, heads * dim)
-            for (slot, _, start), end, first, last in zip(segments, ends, offsets, offsets[1:]):
-                keys[slot, :, start:end] = qkv[first:last, heads:heads + kv].transpose(0, 1)
-                values[slot, :, start:end] = qkv[first:last, heads + kv:].transpose(0, 1)
-                attended[first:last] = kernels.prefill_attention(
-                    qkv[first:last, :heads].contiguous(), keys, values, slot, start, scale).view(last - first, -1)
-            x = x + self._linear(layer.o, attended, f"{index}.o", deltas)
-            x = x + self._mlp(x, layer, index, deltas)
+            attended = torch.empty(total, heads, dim)
+            for (slot, _, start), first, last in zip(segments, offsets, offsets[1:]):
+                kernels.store_kv_(qkv[first:last], keys, values, slot, start, heads)
+                kernels.prefill_attention(qkv[first:last, :heads], keys, values, slot, start, scale,
+                                          out=attended[first:last])
+            attended = attended.view(total, heads * dim)
+            kernels.add_(x, self._linear(layer.o, attended, f"{index}.o", deltas))
+            kernels.add_(x, self._mlp(x, layer, index, deltas))
         if every_position:
             logits = self._linear(self.head, self._norm(x, self.norm, "norm", deltas), "head", deltas)
             return [logits[first:last] for first, last in zip(offsets, offsets[1:])]

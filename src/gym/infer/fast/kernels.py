@@ -367,15 +367,41 @@ def _attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: fl
     return (weights[:, None, :] @ values)[:, 0]
 
 
+def store_kv_(qkv: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, slot: int, start: int, heads: int) -> None:
+    """A prompt chunk's keys and values (heads [heads, heads + kv) and the kv after them of qkv [n, heads + 2 kv,
+    dim]) into positions [start, start + n) of cache slot `slot` (keys/values [slots, kv, capacity, dim])."""
+    if _state.get("ok"):
+        torch.ops.gym_kernels.store_kv_(qkv, keys, values, slot, start, heads)
+        return
+    kv = keys.shape[1]
+    keys[slot, :, start:start + qkv.shape[0]] = qkv[:, heads:heads + kv].transpose(0, 1)
+    values[slot, :, start:start + qkv.shape[0]] = qkv[:, heads + kv:].transpose(0, 1)
+
+
+def add_(x: torch.Tensor, y: torch.Tensor) -> None:
+    """x += y. On the engine's threads, not torch's: see prefill_many (gym.infer.fast.cpu)."""
+    if _state.get("ok"):
+        torch.ops.gym_kernels.add_(x, y)
+        return
+    x.add_(y)
+
+
 def prefill_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, slot: int, start: int,
-                      scale: float) -> torch.Tensor:
+                      scale: float, out: torch.Tensor | None = None) -> torch.Tensor:
     """A prompt's attention in cache slot `slot`, which holds positions [0, start + n) already: query i of
     q [n, heads, dim] attends over [0, start + i], each exactly as a decode step attends (batch invariance:
-    a position's numbers do not depend on the chunk it was prefilled in)."""
+    a position's numbers do not depend on the chunk it was prefilled in). q may be a view of a chunk's qkv
+    (its first heads), read in place; `out` (contiguous, q's shape) receives the result where given."""
     if _state.get("ok"):
-        out: torch.Tensor = torch.ops.gym_kernels.prefill_attention(q.contiguous(), keys, values, slot, start, scale)
+        if q.stride(-1) != 1 or q.stride(1) != q.shape[-1]:
+            q = q.contiguous()
+        if out is None:
+            result: torch.Tensor = torch.ops.gym_kernels.prefill_attention(q, keys, values, slot, start, scale)
+            return result
+        torch.ops.gym_kernels.prefill_attention_into_(out, q, keys, values, slot, start, scale)
         return out
-    out = torch.empty_like(q)
+    if out is None:
+        out = torch.empty_like(q, memory_format=torch.contiguous_format)
     for i in range(q.shape[0]):
         out[i] = _attend(q[i], keys[slot, :, :start + i + 1], values[slot, :, :start + i + 1], scale)
     return out

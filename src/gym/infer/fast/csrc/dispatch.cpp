@@ -159,6 +159,15 @@ std::tuple<at::Tensor, at::Tensor> pack_q8(const at::Tensor& weight, const at::T
   return active().pack_q8(weight, factors);
 }
 std::tuple<at::Tensor, at::Tensor, at::Tensor> pack_q4(const at::Tensor& weight) { return active().pack_q4(weight); }
+void store_kv_(const at::Tensor& qkv, at::Tensor& keys, at::Tensor& values, int64_t slot, int64_t start,
+               int64_t heads) {
+  active().store_kv_(qkv, keys, values, slot, start, heads);
+}
+void add_(at::Tensor& x, const at::Tensor& y) { active().add_(x, y); }
+void prefill_attention_into_(at::Tensor& out, const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values,
+                             int64_t slot, int64_t start, double scale) {
+  active().prefill_attention_into_(out, q, keys, values, slot, start, scale);
+}
 
 }  // namespace
 
@@ -172,6 +181,8 @@ TORCH_LIBRARY(gym_kernels, m) {
         "float scale) -> Tensor", &decode_attention);
   m.def("prefill_attention(Tensor q, Tensor keys, Tensor values, int slot, int start, float scale) -> Tensor",
         &prefill_attention);
+  m.def("prefill_attention_into_(Tensor(a!) out, Tensor q, Tensor keys, Tensor values, int slot, int start, "
+        "float scale) -> ()", &prefill_attention_into_);
   m.def("silu_mul(Tensor gate_up) -> Tensor", &silu_mul);
   m.def("decode_layers(Tensor x, Tensor[] tensors, int[] formats, Tensor cos, Tensor sin, Tensor(a!)[] keys, "
         "Tensor(b!)[] values, Tensor lengths, int heads, int kv_heads, int dim, float eps, float scale) -> Tensor",
@@ -180,6 +191,8 @@ TORCH_LIBRARY(gym_kernels, m) {
         &sign_matmul_add_);
   m.def("pack_q8(Tensor weight, Tensor factors) -> (Tensor, Tensor)", &pack_q8);
   m.def("pack_q4(Tensor weight) -> (Tensor, Tensor, Tensor)", &pack_q4);
+  m.def("store_kv_(Tensor qkv, Tensor(a!) keys, Tensor(b!) values, int slot, int start, int heads) -> ()", &store_kv_);
+  m.def("add_(Tensor(a!) x, Tensor y) -> ()", &add_);
   m.def("use_isa(str name) -> str", &use_isa);
   m.def("isa() -> str", &isa);
   m.def("isas() -> str[]", &isas);

@@ -29,6 +29,11 @@ struct Ops {
                            at::TensorList scales, at::IntArrayRef group_sizes);
   std::tuple<at::Tensor, at::Tensor> (*pack_q8)(const at::Tensor& weight, const at::Tensor& factors);
   std::tuple<at::Tensor, at::Tensor, at::Tensor> (*pack_q4)(const at::Tensor& weight);
+  void (*store_kv_)(const at::Tensor& qkv, at::Tensor& keys, at::Tensor& values, int64_t slot, int64_t start,
+                    int64_t heads);
+  void (*add_)(at::Tensor& x, const at::Tensor& y);
+  void (*prefill_attention_into_)(at::Tensor& out, const at::Tensor& q, const at::Tensor& keys,
+                                  const at::Tensor& values, int64_t slot, int64_t start, double scale);
 };
 
 }  // namespace gym_kernels
