@@ -1421,7 +1421,7 @@ at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& keys, const 
 // a core the next product's workers compute on. Where the prefilling thread's team was the process's only one,
 // a 1,024-token float32 prefill spent 12-15% of its CPU time in that spin (perf, AMD EPYC, 2 cores), and took
 // 1.2x less time under OMP_WAIT_POLICY=PASSIVE. Measured with this change, the decoder driven from one thread
-// (1,024 tokens, 8 alternating processes): 1.3-1.45x faster; `gym chat` with a ~1,000-token prompt: 5.78 ->
+// (1,024 tokens, 8 pairs of processes): 1.2-1.55x faster; `gym chat` with a ~1,000-token prompt: 5.78 ->
 // 5.45 s wall on average over 9 pairs. Through the engine with transformers' model loaded (a second OpenMP team,
 // so a throttled spin) nothing changed beyond noise.
 void store_kv_(const at::Tensor& qkv, at::Tensor& keys, at::Tensor& values, int64_t slot, int64_t start,
