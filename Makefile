@@ -73,7 +73,7 @@ bench: setup
 
 # Opt-in: llama.cpp's tools are built from source once into $$GYM_HOME/llamacpp (~10 minutes on 2 cores).
 # ISA=avx2: Gym's AVX2 kernels against llama.cpp built for AVX2 only, on any machine with AVX2.
-# ROUNDS=5: also one stream's decode rate, Gym then llama.cpp back to back, 5 rounds per format (median ratio).
+# ROUNDS=5: also one stream's decode rate, TTFT and 16 streams, Gym then llama.cpp back to back, 5 rounds per format (median ratios).
 bench-llamacpp: setup
 	HF_HUB_OFFLINE=1 $(PY) bench/infer_speed.py --llamacpp $(if $(ISA),--isa $(ISA)) $(if $(ROUNDS),--rounds $(ROUNDS))
 

@@ -18,7 +18,9 @@ machine's own read bandwidth, all measured in one run (the baseline for issue #1
               timings do. Both sides time decoding alone, as llama-bench's tg does: Gym's rate is the tokens
               after the first over the time after the first (sampled, top-p), the mean of 3 answers on one
               engine after a warm-up one; llama-bench's is tg --tokens, a warm-up then the mean of -r 3. TTFT
-              as in the table (Gym's ttft above; llama-bench's pp --long-prompt-tokens)
+              as in the table (Gym's ttft above; llama-bench's pp --long-prompt-tokens), and the --streams
+              concurrent streams' aggregate rate as in the table (Gym's engine, then llama-server with that
+              many slots): the 16-stream goal's ratio from timings seconds apart, not minutes
 Each dtype in --dtypes is measured (bfloat16 only where the CPU has native bf16). Effective bandwidth is
 the bytes of weights read per decoded token times tokens/s; `% of probe` compares it with the probe.
 Every answer is exactly --tokens tokens (no stop token), so all rows do the same work.
@@ -181,7 +183,7 @@ def main() -> None:
     if args.llamacpp:
         llamacpp_rows(streams, long_prompt, args, probe)
         if args.rounds > 0:
-            paired_rounds(model, tokenizer, prompt, long_prompt, args)
+            paired_rounds(model, tokenizer, prompt, long_prompt, streams, args)
 
 
 def cpu_summary() -> str:
@@ -240,7 +242,8 @@ def engine_decode_tps(model, tokenizer, prompt: list[int], tokens: int, make_eng
     return sum(rates) / len(rates)
 
 
-def paired_rounds(model, tokenizer, prompt: list[int], long_prompt: list[int], args) -> None:
+def paired_rounds(model, tokenizer, prompt: list[int], long_prompt: list[int], streams: list[list[int]],
+                  args) -> None:
     import statistics
 
     import llamacpp
@@ -252,9 +255,18 @@ def paired_rounds(model, tokenizer, prompt: list[int], long_prompt: list[int], a
     files = llamacpp.gguf_files(embedded_gguf_path("smollm2-135m"), tuple(gguf for _, gguf in wanted))
     threads = torch.get_num_threads()
     print(f"\nGym then llama.cpp back to back, {args.rounds} rounds per format: one stream's decode rate "
-          f"({args.tokens} tokens) and TTFT ({len(long_prompt)} tokens); medians, ratios Gym / llama.cpp:")
+          f"({args.tokens} tokens), TTFT ({len(long_prompt)} tokens) and {len(streams)} streams' aggregate rate "
+          f"(llama-server); medians, ratios Gym / llama.cpp:")
     print(f"{'format':<14} {'Gym tok/s':>10} {'llama.cpp':>10} {'ratio':>7} {'rounds':>11} | {'Gym TTFT':>9} "
-          f"{'llama.cpp':>10} {'ratio':>7} {'rounds':>11}")
+          f"{'llama.cpp':>10} {'ratio':>7} {'rounds':>11} | {'Gym streams':>11} {'server':>10} {'ratio':>7} "
+          f"{'rounds':>11}")
+
+    def medians(ours: list[float], theirs: list[float], unit: str, width: int) -> str:
+        ratios = sorted(a / b for a, b in zip(ours, theirs, strict=True))
+        return (f"{statistics.median(ours):>{width - len(unit)}.{2 if unit else 1}f}{unit} "
+                f"{statistics.median(theirs):>{10 - len(unit)}.{2 if unit else 1}f}{unit} "
+                f"{statistics.median(ratios):>6.2f}x {ratios[0]:>5.2f}-{ratios[-1]:.2f}x")
+
     for fast, gguf in wanted:
         make = fast_engine(model, tokenizer, fast)
         rounds = []
@@ -262,14 +274,13 @@ def paired_rounds(model, tokenizer, prompt: list[int], long_prompt: list[int], a
             ours = engine_decode_tps(model, tokenizer, prompt, args.tokens, make)
             ours_ttft = engine_ttft(model, tokenizer, long_prompt, make)
             theirs = llamacpp.llama_bench(files[gguf], threads=threads, prompt=len(long_prompt), generate=args.tokens)
-            rounds.append((ours, theirs["decode"], ours_ttft, len(long_prompt) / theirs["prefill"]))
-        decode = sorted(r[0] / r[1] for r in rounds)
-        ttft = sorted(r[2] / r[3] for r in rounds)
-        print(f"{fast + ' / ' + gguf:<14} {statistics.median(r[0] for r in rounds):>10.1f} "
-              f"{statistics.median(r[1] for r in rounds):>10.1f} {statistics.median(decode):>6.2f}x "
-              f"{decode[0]:>5.2f}-{decode[-1]:.2f}x | {statistics.median(r[2] for r in rounds):>8.2f}s "
-              f"{statistics.median(r[3] for r in rounds):>9.2f}s {statistics.median(ttft):>6.2f}x "
-              f"{ttft[0]:>5.2f}-{ttft[-1]:.2f}x", flush=True)
+            ours_many, _ = engine_tps(model, tokenizer, streams, args.tokens, make)
+            theirs_many = llama_server_tps(files[gguf], streams, args.tokens, threads)
+            rounds.append((ours, theirs["decode"], ours_ttft, len(long_prompt) / theirs["prefill"], ours_many,
+                           theirs_many))
+        column = [[r[i] for r in rounds] for i in range(6)]
+        print(f"{fast + ' / ' + gguf:<14} {medians(column[0], column[1], '', 10)} | "
+              f"{medians(column[2], column[3], 's', 9)} | {medians(column[4], column[5], '', 11)}", flush=True)
 
 
 def llama_server_tps(file, streams: list[list[int]], tokens: int, threads: int) -> float:
