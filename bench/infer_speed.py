@@ -261,10 +261,11 @@ def paired_rounds(model, tokenizer, prompt: list[int], long_prompt: list[int], s
           f"{'llama.cpp':>10} {'ratio':>7} {'rounds':>11} | {'Gym streams':>11} {'server':>10} {'ratio':>7} "
           f"{'rounds':>11}")
 
-    def medians(ours: list[float], theirs: list[float], unit: str, width: int) -> str:
+    def medians(ours: list[float], theirs: list[float], width: int, unit: str = "", decimals: int = 1) -> str:
+        """Both sides' medians, the median of the rounds' ratios and their range, as one row's columns."""
         ratios = sorted(a / b for a, b in zip(ours, theirs, strict=True))
-        return (f"{statistics.median(ours):>{width - len(unit)}.{2 if unit else 1}f}{unit} "
-                f"{statistics.median(theirs):>{10 - len(unit)}.{2 if unit else 1}f}{unit} "
+        return (f"{statistics.median(ours):>{width - len(unit)}.{decimals}f}{unit} "
+                f"{statistics.median(theirs):>{10 - len(unit)}.{decimals}f}{unit} "
                 f"{statistics.median(ratios):>6.2f}x {ratios[0]:>5.2f}-{ratios[-1]:.2f}x")
 
     for fast, gguf in wanted:
@@ -279,8 +280,9 @@ def paired_rounds(model, tokenizer, prompt: list[int], long_prompt: list[int], s
             rounds.append((ours, theirs["decode"], ours_ttft, len(long_prompt) / theirs["prefill"], ours_many,
                            theirs_many))
         column = [[r[i] for r in rounds] for i in range(6)]
-        print(f"{fast + ' / ' + gguf:<14} {medians(column[0], column[1], '', 10)} | "
-              f"{medians(column[2], column[3], 's', 9)} | {medians(column[4], column[5], '', 11)}", flush=True)
+        print(f"{fast + ' / ' + gguf:<14} {medians(column[0], column[1], 10)} | "
+              f"{medians(column[2], column[3], 9, unit='s', decimals=2)} | {medians(column[4], column[5], 11)}",
+              flush=True)
 
 
 def llama_server_tps(file, streams: list[list[int]], tokens: int, threads: int) -> float:
