@@ -2,6 +2,8 @@
 sampler (gym.infer.sampling) against its own batched-topk way (the baseline: what every top-p row went
 through before the candidate shortcut), in one run, on the calling thread and on a second thread (an
 engine runs its steps on a thread of its own, where torch's parallel ops pay for waking their workers).
+Gym's sampler is timed twice: in torch and numpy (where the fast engine's kernels are not loaded), and on
+the kernels (csrc/sampling.cpp: the softmax and the nucleus picks on their threads), when they load here.
 
     .venv/bin/python bench/sampling_speed.py
 
@@ -19,6 +21,7 @@ from contextlib import contextmanager
 import torch
 
 from gym.infer import sampling
+from gym.infer.fast import kernels
 from gym.infer.requests import Request, SamplingParams
 
 VOCAB = 49152
@@ -51,13 +54,28 @@ def step_us(rows: int, greedy: bool, repeats: int = 300) -> float:
     return 1e6 * statistics.median(times)
 
 
-def measure(on_thread: bool, rows: int, greedy: bool) -> tuple[float, float]:
+@contextmanager
+def without_kernels():
+    """Gym's sampler as it runs where the kernels are not loaded."""
+    saved = kernels._state.get("ok")
+    kernels._state["ok"] = False
+    try:
+        yield
+    finally:
+        kernels._state["ok"] = saved
+
+
+def measure(on_thread: bool, rows: int, greedy: bool, compiled: bool) -> list[float]:
+    """µs per step: the baseline, Gym's sampler without the kernels, and with them (when `compiled`)."""
     result: list[float] = []
 
     def run() -> None:
-        with baseline():
+        with baseline(), without_kernels():
             result.append(step_us(rows, greedy))
-        result.append(step_us(rows, greedy))
+        with without_kernels():
+            result.append(step_us(rows, greedy))
+        if compiled:
+            result.append(step_us(rows, greedy))
 
     if on_thread:
         thread = threading.Thread(target=run)
@@ -65,18 +83,26 @@ def measure(on_thread: bool, rows: int, greedy: bool) -> tuple[float, float]:
         thread.join()
     else:
         run()
-    return result[0], result[1]
+    return result
 
 
 def main() -> None:
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; median µs per step over 300 steps")
-    print(f"{'thread':<8} {'rows':>4} {'sampling':<9} {'baseline µs':>12} {'gym µs':>8} {'speed-up':>9}")
+    status = kernels.kernel_status()
+    compiled = status is None
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; median µs per step over 300 steps; "
+          + (f"kernels: {kernels.kernel_isa()}" if compiled else f"no kernels ({status})"))
+    print(f"{'thread':<8} {'rows':>4} {'sampling':<9} {'baseline µs':>12} {'gym µs':>8} {'speed-up':>9}"
+          + (f" {'kernels µs':>11} {'vs gym':>7}" if compiled else ""))
     for on_thread in (False, True):
         for rows in (1, 16):
             for greedy in (False, True):
-                before, after = measure(on_thread, rows, greedy)
-                print(f"{'engine' if on_thread else 'main':<8} {rows:>4} {'greedy' if greedy else 'top-p':<9} "
-                      f"{before:>12.0f} {after:>8.0f} {before / after:>8.1f}x", flush=True)
+                times = measure(on_thread, rows, greedy, compiled)
+                before, after = times[0], times[1]
+                line = (f"{'engine' if on_thread else 'main':<8} {rows:>4} {'greedy' if greedy else 'top-p':<9} "
+                        f"{before:>12.0f} {after:>8.0f} {before / after:>8.1f}x")
+                if compiled:
+                    line += f" {times[2]:>11.0f} {after / times[2]:>6.1f}x"
+                print(line, flush=True)
 
 
 if __name__ == "__main__":

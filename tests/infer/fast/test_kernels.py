@@ -13,7 +13,7 @@ import math
 import pytest
 import torch
 
-from gym.infer.fast import kernel_build, kernels
+from gym.infer.fast import kernels
 
 BLOCK, GROUP = kernels.BLOCK, kernels.GROUP
 # Rows share each weight load four (float, AVX2) or eight (AVX512-VNNI) at a time: every remainder shows up.
@@ -28,20 +28,6 @@ def randn(*shape: int, seed: int, scale: float = 1.0) -> torch.Tensor:
 
 def rand(*shape: int, seed: int, low: float, high: float) -> torch.Tensor:
     return low + (high - low) * torch.rand(*shape, generator=torch.Generator().manual_seed(seed))
-
-
-@pytest.fixture(scope="module", params=kernel_build.VARIANTS)
-def ops(request):
-    """The compiled ops, once per instruction-set variant this CPU runs (each forced in turn, so the AVX2 and
-    portable paths are checked on an AVX-512 machine too); skips when they are not available here."""
-    status = kernels.kernel_status()
-    if status is not None:
-        pytest.skip(f"the compiled gym kernels are not available here ({status}); the reference path is tested below")
-    if request.param not in kernels.runnable_isas():
-        pytest.skip(f"this CPU cannot run the {request.param} kernels")
-    assert kernels.use_isa(request.param) == request.param == kernels.kernel_isa()
-    yield torch.ops.gym_kernels
-    kernels.use_isa("auto")
 
 
 @pytest.fixture()

@@ -19,7 +19,7 @@ CSRC = Path(__file__).parent / "csrc"
 # first, so the portable objects come first (the headers are compiled for the baseline in every variant, see
 # linear.cpp; this keeps it safe even where a compiler instantiated one under a variant's target).
 SOURCES = ("dispatch.cpp", "isa_portable.cpp", "isa_avx2.cpp", "isa_avx512.cpp", "isa_avx512_vnni.cpp")
-HEADERS = ("linear.cpp", "pack.cpp", "ops.h")
+HEADERS = ("linear.cpp", "pack.cpp", "sampling.cpp", "ops.h")
 # -ffp-contract=off: whether the compiler fuses a scalar multiply-add must not differ between two loops that
 # promise the same numbers (batch invariance, see kernels.py).
 COMPILE_FLAGS = ("-O3", "-g0", "-ffp-contract=off", "-fvisibility=hidden")  # -g0: setuptools adds -g

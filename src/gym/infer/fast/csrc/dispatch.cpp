@@ -169,6 +169,14 @@ void prefill_attention_into_(at::Tensor& out, const at::Tensor& q, const at::Ten
   active().prefill_attention_into_(out, q, keys, values, slot, start, scale);
 }
 
+at::Tensor softmax_rows(const at::Tensor& logits, at::ArrayRef<double> temperatures) {
+  return active().softmax_rows(logits, temperatures);
+}
+at::Tensor nucleus_pick(const at::Tensor& probs, at::ArrayRef<double> top_p, at::ArrayRef<double> draws,
+                        double cut_ratio, int64_t limit) {
+  return active().nucleus_pick(probs, top_p, draws, cut_ratio, limit);
+}
+
 }  // namespace
 
 TORCH_LIBRARY(gym_kernels, m) {
@@ -193,6 +201,9 @@ TORCH_LIBRARY(gym_kernels, m) {
   m.def("pack_q4(Tensor weight) -> (Tensor, Tensor, Tensor)", &pack_q4);
   m.def("store_kv_(Tensor qkv, Tensor(a!) keys, Tensor(b!) values, int slot, int start, int heads) -> ()", &store_kv_);
   m.def("add_(Tensor(a!) x, Tensor y) -> ()", &add_);
+  m.def("softmax_rows(Tensor logits, float[] temperatures) -> Tensor", &softmax_rows);
+  m.def("nucleus_pick(Tensor probs, float[] top_p, float[] draws, float cut_ratio, int limit) -> Tensor",
+        &nucleus_pick);
   m.def("use_isa(str name) -> str", &use_isa);
   m.def("isa() -> str", &isa);
   m.def("isas() -> str[]", &isas);

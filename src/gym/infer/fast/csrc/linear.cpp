@@ -2084,6 +2084,7 @@ void sign_matmul_add_(at::Tensor& y, const at::Tensor& x, const at::Tensor& rows
 }
 
 #include "pack.cpp"
+#include "sampling.cpp"
 
 }  // namespace
 
@@ -2091,6 +2092,6 @@ extern const gym_kernels::Ops ops;  // external linkage: dispatch.cpp reads ever
 const gym_kernels::Ops ops = {GYM_ISA_NAME,      &linear_float,     &linear_q8,   &linear_q4,        &rms_norm,
                               &rope_,            &decode_attention, &prefill_attention, &silu_mul, &decode_layers,
                               &sign_matmul_add_, &pack_q8,       &pack_q4,   &store_kv_,        &add_,
-                              &prefill_attention_into_};
+                              &prefill_attention_into_, &softmax_rows, &nucleus_pick};
 
 }  // namespace GYM_ISA_NS

@@ -34,6 +34,9 @@ struct Ops {
   void (*add_)(at::Tensor& x, const at::Tensor& y);
   void (*prefill_attention_into_)(at::Tensor& out, const at::Tensor& q, const at::Tensor& keys,
                                   const at::Tensor& values, int64_t slot, int64_t start, double scale);
+  at::Tensor (*softmax_rows)(const at::Tensor& logits, at::ArrayRef<double> temperatures);
+  at::Tensor (*nucleus_pick)(const at::Tensor& probs, at::ArrayRef<double> top_p, at::ArrayRef<double> draws,
+                             double cut_ratio, int64_t limit);
 };
 
 }  // namespace gym_kernels
