@@ -479,9 +479,9 @@ def sign_matmul_add_(y: torch.Tensor, x: torch.Tensor, rows: torch.Tensor, bits:
 
 def nucleus_pick(probs: torch.Tensor, top_p: list[float], draws: list[float], cut: float,
                  limit: int) -> list[int] | None:
-    """Each row's top-p pick as gym.infer.sampling._nucleus_pick makes it (-1 where that gives None), on the kernels'
-    threads; None where the kernels are not loaded. It never loads them: every engine samples, and a transformers
-    engine must not build the fast engine's kernels to do so."""
+    """Each row's top-p pick as gym.infer.sampling._nucleus_pick makes it (-1 where that gives None), in the compiled
+    kernels, on the calling thread (csrc/sampling.cpp says why); None where the kernels are not loaded. It never loads
+    them: every engine samples, and a transformers engine must not build the fast engine's kernels to do so."""
     if not _state.get("ok"):
         return None
     picks: torch.Tensor = torch.ops.gym_kernels.nucleus_pick(probs.contiguous(), top_p, draws, cut, limit)
@@ -489,8 +489,8 @@ def nucleus_pick(probs: torch.Tensor, top_p: list[float], draws: list[float], cu
 
 
 def softmax_rows(logits: torch.Tensor, temperatures: list[float]) -> torch.Tensor:
-    """softmax(logits[r] / temperatures[r]) of each row of a CPU float32 [rows, vocab], on the kernels' threads where
-    they are loaded (never loading them, as nucleus_pick), else torch's: each row computed alone either way."""
+    """softmax(logits[r] / temperatures[r]) of each row of a CPU float32 [rows, vocab]: in the compiled kernels where
+    they are loaded (never loading them, as nucleus_pick), else torch's; each row computed alone either way."""
     if _state.get("ok"):
         out: torch.Tensor = torch.ops.gym_kernels.softmax_rows(logits.contiguous(), temperatures)
         return out

@@ -17,19 +17,15 @@
 //
 // Included by linear.cpp inside the variant's namespace; the scans over the vocabulary use the variant's vectors.
 
-// Probabilities of one row: e^(x - max) / sum with x = logits / temperature (divided, as torch divides). A -inf
-// logit (a token a grammar forbids) gets probability 0 exactly, not exp8's floor of ~1e-38; a row with a NaN,
-// or with every logit -inf, is all NaN, as torch's softmax makes it.
-inline void softmax_row(const float* logits, float* out, int64_t vocab, float temperature) {
+// The row's largest value, or NaN where the row holds a NaN (numpy's max propagates it).
+inline float row_max(const float* values, int64_t vocab) {
+  int64_t v = 0;
   float m = -INFINITY;
   bool nan = false;
-  int64_t v = 0;
 #ifdef GYM_AVX2
-  const __m256 t = _mm256_set1_ps(temperature);
   __m256 best = _mm256_set1_ps(-INFINITY), unordered = _mm256_setzero_ps();
   for (; v + 8 <= vocab; v += 8) {
-    const __m256 x = _mm256_div_ps(_mm256_loadu_ps(logits + v), t);
-    _mm256_storeu_ps(out + v, x);
+    const __m256 x = _mm256_loadu_ps(values + v);
     best = _mm256_max_ps(best, x);
     unordered = _mm256_or_ps(unordered, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
   }
@@ -39,16 +35,24 @@ inline void softmax_row(const float* logits, float* out, int64_t vocab, float te
   nan = _mm256_movemask_ps(unordered) != 0;
 #endif
   for (; v < vocab; ++v) {
-    out[v] = logits[v] / temperature;
-    nan |= std::isnan(out[v]);
-    m = std::max(m, out[v]);
+    nan |= std::isnan(values[v]);
+    m = std::max(m, values[v]);
   }
-  if (nan || m == -INFINITY) {
+  return nan ? NAN : m;
+}
+
+// Probabilities of one row: e^(x - max) / sum with x = logits / temperature (divided, as torch divides). A -inf
+// logit (a token a grammar forbids) gets probability 0 exactly, not exp8's floor of ~1e-38; a row with a NaN,
+// or with every logit -inf, is all NaN, as torch's softmax makes it.
+inline void softmax_row(const float* logits, float* out, int64_t vocab, float temperature) {
+  for (int64_t v = 0; v < vocab; ++v) out[v] = logits[v] / temperature;
+  const float m = row_max(out, vocab);
+  if (std::isnan(m) || m == -INFINITY) {
     std::fill(out, out + vocab, NAN);
     return;
   }
   float sum = 0.f;
-  v = 0;
+  int64_t v = 0;
 #ifdef GYM_AVX2
   const __m256 shift = _mm256_set1_ps(m), floor = _mm256_set1_ps(-87.3365447504f);
   __m256 sums = _mm256_setzero_ps();
@@ -92,30 +96,6 @@ struct NucleusBefore {
     return a.p > b.p || (a.p == b.p && a.token < b.token);
   }
 };
-
-// The row's largest probability, or NaN where the row holds a NaN (numpy's max propagates it).
-inline float row_max(const float* probs, int64_t vocab) {
-  int64_t v = 0;
-  float m = -INFINITY;
-  bool nan = false;
-#ifdef GYM_AVX2
-  __m256 best = _mm256_set1_ps(-INFINITY), unordered = _mm256_setzero_ps();
-  for (; v + 8 <= vocab; v += 8) {
-    const __m256 x = _mm256_loadu_ps(probs + v);
-    best = _mm256_max_ps(best, x);
-    unordered = _mm256_or_ps(unordered, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
-  }
-  alignas(32) float lanes[8];
-  _mm256_store_ps(lanes, best);
-  for (float lane : lanes) m = std::max(m, lane);
-  nan = _mm256_movemask_ps(unordered) != 0;
-#endif
-  for (; v < vocab; ++v) {
-    nan |= std::isnan(probs[v]);
-    m = std::max(m, probs[v]);
-  }
-  return nan ? NAN : m;
-}
 
 // The tokens with probability >= cut, in token order, appended to `out`; false (and `out` incomplete) as soon as
 // there are more than `limit`.
