@@ -291,8 +291,11 @@ inline float hsum(__m256 v) {
 
 // e^x for 8 floats, within ~2 ulp of std::exp over the float range (Cephes' expf: x = n ln2 + r with |r| <=
 // ln2 / 2, a degree-7 polynomial in r, then 2^n through the exponent bits). A decode step computes ~700,000
-// exponentials at 16 rows (silu and the attention softmax), and libm's scalar expf was ~5% of the step.
+// exponentials at 16 rows (silu and the attention softmax), and libm's scalar expf was ~5% of the step. Below
+// the smallest normal float's logarithm it gives 0, as expf nearly does: so e^-inf, a token a grammar forbids in
+// the sampling softmax, is 0, not that float.
 inline __m256 exp8(__m256 x) {
+  const __m256 underflow = _mm256_cmp_ps(x, _mm256_set1_ps(-87.3365447504f), _CMP_LT_OQ);
   x = _mm256_max_ps(_mm256_min_ps(x, _mm256_set1_ps(88.3762626647949f)), _mm256_set1_ps(-87.3365447504f));
   const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -306,7 +309,7 @@ inline __m256 exp8(__m256 x) {
   p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
   p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.f)));
   const __m256i scale = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(p, _mm256_castsi256_ps(scale));
+  return _mm256_andnot_ps(underflow, _mm256_mul_ps(p, _mm256_castsi256_ps(scale)));
 }
 
 template <WeightKind kind>

@@ -41,9 +41,9 @@ inline float row_max(const float* values, int64_t vocab) {
   return nan ? NAN : m;
 }
 
-// Probabilities of one row: e^(x - max) / sum with x = logits / temperature (divided, as torch divides). A -inf
-// logit (a token a grammar forbids) gets probability 0 exactly, not exp8's floor of ~1e-38; a row with a NaN,
-// or with every logit -inf, is all NaN, as torch's softmax makes it.
+// Probabilities of one row: e^(x - max) / sum with x = logits / temperature (divided, as torch divides), the
+// exponentials as attention takes them (exp_shifted). A -inf logit (a token a grammar forbids) gets probability 0;
+// a row with a NaN, or with every logit -inf, is all NaN, as torch's softmax makes it.
 inline void softmax_row(const float* logits, float* out, int64_t vocab, float temperature) {
   for (int64_t v = 0; v < vocab; ++v) out[v] = logits[v] / temperature;
   const float m = row_max(out, vocab);
@@ -51,25 +51,9 @@ inline void softmax_row(const float* logits, float* out, int64_t vocab, float te
     std::fill(out, out + vocab, NAN);
     return;
   }
-  float sum = 0.f;
-  int64_t v = 0;
-#ifdef GYM_AVX2
-  const __m256 shift = _mm256_set1_ps(m), floor = _mm256_set1_ps(-87.3365447504f);
-  __m256 sums = _mm256_setzero_ps();
-  for (; v + 8 <= vocab; v += 8) {
-    const __m256 d = _mm256_sub_ps(_mm256_loadu_ps(out + v), shift);
-    const __m256 e = _mm256_and_ps(exp8(d), _mm256_cmp_ps(d, floor, _CMP_GE_OQ));
-    _mm256_storeu_ps(out + v, e);
-    sums = _mm256_add_ps(sums, e);
-  }
-  sum = hsum(sums);
-#endif
-  for (; v < vocab; ++v) {
-    out[v] = std::exp(out[v] - m);
-    sum += out[v];
-  }
+  const float sum = exp_shifted(out, vocab, m);
   const float inverse = 1.f / sum;
-  for (v = 0; v < vocab; ++v) out[v] *= inverse;
+  for (int64_t v = 0; v < vocab; ++v) out[v] *= inverse;
 }
 
 at::Tensor softmax_rows(const at::Tensor& logits, at::ArrayRef<double> temperatures) {
