@@ -190,8 +190,8 @@ def kernel_variant(request):
 def test_packed_kernel_equals_unpacked_reference(out_features, in_features, group, rows, kernel_variant):
     """Rows of one variant alone, and runs of rows sharing a variant, against x @ W.T (AVX-512 and AVX2 take
     rows of whole blocks of 32 through table lookups, the portable path through masked sums). With a row
-    each, AVX2 splits the entries between its threads; two entries adding into one row take the split by
-    output tiles instead."""
+    each, AVX2 and AVX-512 split the entries between their threads; two entries adding into one row take the
+    split by output tiles instead."""
     g = torch.Generator().manual_seed(out_features + in_features + group)
     x = torch.randn(5, in_features, generator=g)
     bits = [torch.randint(0, 256, (out_features * in_features // 8,), dtype=torch.uint8, generator=g)
@@ -212,6 +212,25 @@ def test_packed_kernel_equals_unpacked_reference(out_features, in_features, grou
         want[row] += x[row].double() @ matrix.double().T
     torch.testing.assert_close(y, want, atol=1e-4, rtol=1e-5)
     assert y[2].abs().sum() == 0
+
+
+@pytest.mark.parametrize(("out_features", "in_features", "group"), [(40, 96, 96), (40, 192, 64), (36, 576, 576)])
+def test_a_row_each_gives_the_same_bits_as_the_split_by_tiles(out_features, in_features, group, kernel_variant):
+    """With a row each, AVX2 and AVX-512 split the (entry, tile) pairs between the threads in one pass; once two
+    entries share a row, they split the output tiles instead. A fifth entry adding zero to the last row switches
+    one call to the other path: every row gets the same bits either way."""
+    g = torch.Generator().manual_seed(out_features + group)
+    x = torch.randn(4, in_features, generator=g)
+    tiled = [kernels.tile_signs(torch.randint(0, 256, (out_features * in_features // 8,), dtype=torch.uint8,
+                                              generator=g), out_features, in_features) for _ in range(4)]
+    scales = [torch.rand(out_features, -(-in_features // group), generator=g) for _ in range(4)]
+    one_pass = torch.zeros(4, out_features)
+    kernels.sign_matmul_add_(one_pass, x, torch.tensor([0, 1, 2, 3]), tiled, scales, [group] * 4)
+    by_tiles = torch.zeros(4, out_features)
+    kernels.sign_matmul_add_(by_tiles, x, torch.tensor([0, 1, 2, 3, 3]), [*tiled, tiled[0]],
+                             [*scales, torch.zeros_like(scales[0])], [group] * 5)
+    assert torch.equal(one_pass, by_tiles)
+    assert one_pass.abs().sum() > 0
 
 
 def _family(kind: str):

@@ -485,7 +485,8 @@ def nucleus_pick(probs: torch.Tensor, top_p: list[float], draws: list[float], cu
     if not _state.get("ok"):
         return None
     picks: torch.Tensor = torch.ops.gym_kernels.nucleus_pick(probs.contiguous(), top_p, draws, cut, limit)
-    return [int(pick) for pick in picks.tolist()]
+    out: list[int] = picks.tolist()
+    return out
 
 
 def softmax_rows(logits: torch.Tensor, temperatures: list[float]) -> torch.Tensor:
