@@ -167,6 +167,74 @@ def test_close_abandons_the_calls_in_flight_and_the_retry_waits(raw_server):
         endpoint.complete(HELLO, temperature=0.0, max_tokens=8)
 
 
+def test_close_leaves_the_tasks_the_http_library_spawned_to_end_with_their_call():
+    """CI once failed here (the CLI test below): close() cancelled every task on the endpoint's loop, one of them
+    a connection attempt anyio had spawned but not yet started, and anyio's wrapper then dropped its coroutine
+    un-awaited: a RuntimeWarning, or at the interpreter's exit a traceback. The loop is held here so that the
+    call spawns its child in the same turn as close() sweeps the loop, the order the race needs."""
+    import asyncio
+    import gc
+    import types
+    import warnings
+
+    import anyio
+
+    spawned_waiting, ready = threading.Event(), {}
+
+    async def connect_attempt():
+        await asyncio.sleep(60)
+
+    class Completions:
+        async def create(self, **request):
+            ready["go"] = asyncio.get_running_loop().create_future()
+            spawned_waiting.set()
+            await ready["go"]
+            async with anyio.create_task_group() as tg:  # what httpx's connect does under the openai client
+                tg.start_soon(connect_attempt)
+                await asyncio.sleep(60)
+
+    async def close_client():
+        pass
+
+    endpoint = OpenAIEndpoint("http://127.0.0.1:9/v1", "m", timeout=60, max_retries=0)
+    endpoint.client = types.SimpleNamespace(close=close_client, chat=types.SimpleNamespace(
+        completions=types.SimpleNamespace(with_raw_response=Completions())))
+    loop, outcome = endpoint._loop, {}
+
+    def call():
+        try:
+            endpoint.complete(HELLO, temperature=0.0, max_tokens=8)
+        except LLMUnavailable as exc:
+            outcome["error"] = exc
+
+    caller = threading.Thread(target=call, daemon=True)
+    caller.start()
+    assert spawned_waiting.wait(5)
+    held, release = threading.Event(), threading.Event()
+    loop.call_soon_threadsafe(lambda: (held.set(), release.wait(10)))
+    assert held.wait(5)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loop.call_soon_threadsafe(ready["go"].set_result, None)  # the call spawns its child in the next turn...
+        closer = threading.Thread(target=endpoint.close, daemon=True)
+        closer.start()
+
+        def sweep_queued():  # ...and close()'s sweep of the loop is queued behind it
+            return any(getattr(handle, "_callback", None).__qualname__.startswith("run_coroutine_threadsafe")
+                       for handle in list(loop._ready))
+
+        deadline = time.monotonic() + 5
+        while not sweep_queued() and time.monotonic() < deadline:
+            time.sleep(0.001)
+        release.set()
+        closer.join(10)
+        caller.join(10)
+        gc.collect()
+    assert not closer.is_alive() and not caller.is_alive()
+    assert "the call was abandoned, the endpoint was closed" in str(outcome.get("error"))
+    assert not [w for w in caught if "never awaited" in str(w.message)], [str(w.message) for w in caught]
+
+
 def test_an_endpoint_dropped_without_close_stops_its_thread():
     import gc
 

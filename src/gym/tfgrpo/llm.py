@@ -32,6 +32,9 @@ if TYPE_CHECKING:
     from gym.infer.chat import ChatModel
 
 logger = logging.getLogger(__name__)
+# How long close() waits for the tasks left on an endpoint's loop once its calls are cancelled (each ends in
+# milliseconds, closing its connection) before it cancels them too.
+_CLOSE_GRACE = 5.0
 
 Message = dict[str, str]
 
@@ -127,6 +130,7 @@ class OpenAIEndpoint:
         self._finalizer = weakref.finalize(self, self._loop.call_soon_threadsafe, self._loop.stop)
         self._closed = threading.Event()
         self._submit_lock = threading.Lock()  # nothing is put on the loop once close() has begun
+        self._in_flight: set[concurrent.futures.Future[bytes]] = set()
 
     def complete(self, messages: list[Message], *, temperature: float, max_tokens: int,
                  seed: int | None = None) -> Completion:
@@ -168,6 +172,8 @@ class OpenAIEndpoint:
             if self._closed.is_set():
                 raise LLMUnavailable(f"{self.base_url} ({self.name}): the endpoint was closed.")
             future = asyncio.run_coroutine_threadsafe(within_deadline(), self._loop)
+            self._in_flight.add(future)
+        future.add_done_callback(self._in_flight.discard)
         try:
             return future.result()
         except concurrent.futures.CancelledError:
@@ -198,12 +204,23 @@ class OpenAIEndpoint:
                 return
             self._closed.set()  # also ends a retry's wait
             self._finalizer.detach()
+            calls = list(self._in_flight)
+        # Only our own calls are cancelled, each through its future (its task is cancelled on the loop, before
+        # shutdown() runs). The tasks the HTTP library spawned under them end with them: cancelling those too
+        # could catch one before its first step, and anyio's task wrapper would then drop the coroutine it
+        # wraps un-awaited, a RuntimeWarning at exit and, after the interpreter's teardown had begun, a
+        # traceback on stderr.
+        for call in calls:
+            call.cancel()
 
         async def shutdown() -> None:
-            calls = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
-            for task in calls:
-                task.cancel()
-            await asyncio.gather(*calls, return_exceptions=True)
+            others = {task for task in asyncio.all_tasks() if task is not asyncio.current_task()}
+            if others:
+                _, stuck = await asyncio.wait(others, timeout=_CLOSE_GRACE)
+                for task in stuck:  # not ours, and not ended with ours: the loop is about to stop
+                    task.cancel()
+                if stuck:
+                    await asyncio.wait(stuck, timeout=_CLOSE_GRACE)
             await self.client.close()
 
         asyncio.run_coroutine_threadsafe(shutdown(), self._loop).result()
