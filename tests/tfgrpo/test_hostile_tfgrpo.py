@@ -220,8 +220,8 @@ def test_close_leaves_the_tasks_the_http_library_spawned_to_end_with_their_call(
         closer.start()
 
         def sweep_queued():  # ...and close()'s sweep of the loop is queued behind it
-            return any(getattr(handle, "_callback", None).__qualname__.startswith("run_coroutine_threadsafe")
-                       for handle in list(loop._ready))
+            return any(getattr(getattr(handle, "_callback", None), "__qualname__", "").startswith(
+                "run_coroutine_threadsafe") for handle in list(loop._ready))
 
         deadline = time.monotonic() + 5
         while not sweep_queued() and time.monotonic() < deadline:

@@ -394,7 +394,7 @@ void dot_float(const float* x, int64_t ldx, const void* w, int64_t ldw, int64_t 
       // In a register, loaded once: GCC otherwise folds the load into each of the T multiply-adds (a memory
       // operand). At a prompt's 6 x 2 tiles that was 14 loads per 12 multiply-adds, more than two load ports
       // serve in the 6 cycles the multiply-adds take; pinned, 8. The embedded model's four prompt products at
-      // 1,024 rows on AVX2 went 47.0 -> 41.5 ms (6 alternating processes, AMD EPYC Zen 4, GYM_KERNEL_ISA=avx2).
+      // 1,024 rows on AVX2 went 46.7 -> 41.5 ms (6 alternating processes, AMD EPYC Zen 4, GYM_KERNEL_ISA=avx2).
       asm("" : "+v"(xv));
       for (int t = 0; t < T; ++t) acc[t * R + r] = _mm256_fmadd_ps(wv[t], xv, acc[t * R + r]);
     }
