@@ -8,12 +8,17 @@ BATCH_PROBE_ENGINE=0 leaves out the checks through the engine (its scheduling is
 
 Each check compares a row's logits with torch.equal, not a tolerance: batch invariance means the same
 numbers, so that a greedy answer never changes with the load.
+
+Every decoder of a format takes its packed weights through the engine's pack cache, as a warm start does: the
+first packs and writes them, the others read them back. Packing each decoder anew was a third of the torch
+reference's run (its packer is torch code), and a row's logits must not depend on which of the two it got either.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -26,6 +31,7 @@ from gym.delta.deltaquant import DeltaQuantConfig, DeltaQuantizer
 from gym.infer.fast import kernels
 from gym.infer.fast.cpu import FastDecoder
 from gym.infer.fast.deltas import UnpackedCache, compile_variant
+from gym.infer.fast.pack_cache import PACKED_DTYPES, PackCache
 from gym.personalization.loading import deltas_from_adapter, deltas_from_file
 
 PROMPTS = {"alice": [11, 205, 3001, 42, 7, 300, 301, 302, 303, 9, 8], "bob": [500, 501, 502],
@@ -97,6 +103,8 @@ def main() -> None:
     status = kernels.kernel_status()
     base = _load(model_dir)
     deltas = variants(model_dir, work)
+    # A copy of the model's folder holds the pack cache: the shared test model's folder stays as it was.
+    packed_dir = Path(shutil.copytree(model_dir, work / "model"))
     checked = []
     for dtype in ("float32", "int8", "int4"):
         cache = UnpackedCache(64 << 20)
@@ -104,7 +112,8 @@ def main() -> None:
         alice, bob, carol, dave = (compiled[n] for n in ("alice", "bob", "carol", "dave"))
 
         def fresh(slots: int, dtype: str = dtype) -> FastDecoder:
-            return FastDecoder(base, dtype, slots=slots)
+            packed = PackCache(packed_dir, dtype) if dtype in PACKED_DTYPES else None
+            return FastDecoder(base, dtype, slots=slots, packed=packed)
 
         for who, variant in (("alice", alice), ("carol", carol), ("bob", bob), ("dave", dave), ("base", None)):
             alone = run(fresh(1), [(who, variant)])[0]
