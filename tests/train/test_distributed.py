@@ -94,18 +94,6 @@ def _same_adapter(a: Path, b: Path) -> None:
 
 
 @pytest.mark.slow
-def test_two_process_ddp_equals_one_process_on_the_same_global_batch(train_config, tmp_path):
-    single = run_exp(_config(train_config, tmp_path, "single", per_device=4))
-    proc = _gym_train(_config(train_config, tmp_path, "ddp", per_device=2), tmp_path, {"NPROC_PER_NODE": "2"})
-    out, _ = proc.communicate(timeout=600)
-    assert proc.returncode == 0, out[-3000:]
-    assert out.count("Done: 3 steps") == 1  # one summary: rank 0's
-    _same_adapter(Path(single.output_dir), tmp_path / "ddp")
-    log = (tmp_path / "ddp" / "trainer_log.jsonl").read_text().splitlines()
-    assert len([line for line in log if '"loss"' in line]) == 3  # one log, written by rank 0
-
-
-@pytest.mark.slow
 def test_two_nodes_on_loopback_train_together(train_config, tmp_path):
     single = run_exp(_config(train_config, tmp_path, "single", per_device=4))
     config = _config(train_config, tmp_path, "nodes", per_device=2)
@@ -198,14 +186,20 @@ def test_ppo_under_ddp_splits_the_rollout_and_keeps_the_ranks_in_step(prompt_con
 
 
 @pytest.mark.slow
-def test_a_two_process_checkpoint_resumes_on_one_process_and_on_two(train_config, tmp_path):
+def test_two_process_ddp_equals_one_process_and_its_checkpoint_resumes_on_one_process_and_on_two(train_config,
+                                                                                                 tmp_path):
     # A constant learning rate, so stopping at step 2 and going on to 4 is the same schedule as 4 steps at once.
     def config(name: str, per_device: int, steps: int, **overrides) -> dict:
         return _config(train_config, tmp_path, name, per_device=per_device, max_steps=steps,
                        lr_scheduler_type="constant", save_strategy="steps", save_steps=2, **overrides)
 
     single = run_exp(config("single", 4, 4))
-    _finish(_gym_train(config("two", 2, 2), tmp_path, {"NPROC_PER_NODE": "2"}))
+    out = _finish(_gym_train(config("two", 2, 2), tmp_path, {"NPROC_PER_NODE": "2"}))
+    # Two processes' batches of 2 step as one process's batch of 4: the same adapter at step 2.
+    _same_adapter(Path(single.output_dir) / "checkpoint-2", tmp_path / "two")
+    assert out.count("Done: 2 steps") == 1  # one summary: rank 0's
+    log = (tmp_path / "two" / "trainer_log.jsonl").read_text().splitlines()
+    assert len([line for line in log if '"loss"' in line]) == 2  # one log, written by rank 0
     assert (tmp_path / "two" / "checkpoint-2" / "rng_state_1.pth").is_file()  # one random state per rank
     for name in ("on-one", "on-two"):
         shutil.copytree(tmp_path / "two", tmp_path / name)
