@@ -92,7 +92,8 @@ def test_k_quant_file_of_a_model_with_256_wide_rows(tokenizer, tmp_path, quantiz
     assert main(["export", "--model_name_or_path", str(folder), "--export_dir", str(out), "--format", "gguf",
                  "--quantization", quantization]) == 0
     [path] = out.glob("*.gguf")
-    types = {t.name: t.tensor_type for t in gguf.GGUFReader(path).tensors}
+    reader = gguf.GGUFReader(path)  # parsed once: its 49,152-token vocabulary takes gguf's reader ~4 s here
+    types = {t.name: t.tensor_type for t in reader.tensors}
     default = {"q4_k_m": Q.Q4_K, "q5_k_m": Q.Q5_K, "q6_k": Q.Q6_K}[quantization]
     more = [i for i in range(8) if _more_bits(i, 8)]
     assert types["token_embd.weight"] == Q.Q6_K and types["blk.1.attn_q.weight"] == default
@@ -111,7 +112,7 @@ def test_k_quant_file_of_a_model_with_256_wide_rows(tokenizer, tmp_path, quantiz
             tensor = permute_for_llama(tensor, 2)
         source[names.get_name(hf_name, try_suffixes=(".weight", ".bias"))] = tensor.numpy()
     bound = {Q.Q4_K: 0.08, Q.Q5_K: 0.04, Q.Q6_K: 0.02}
-    for tensor in gguf.GGUFReader(path).tensors:
+    for tensor in reader.tensors:
         if tensor.tensor_type in bound:
             want = source[tensor.name]
             got = gguf.quants.dequantize(tensor.data, tensor.tensor_type).reshape(want.shape)
