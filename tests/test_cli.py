@@ -19,13 +19,13 @@ def _gym(*args, cwd=None):
     [(["lora_rnak=8"], "Did you mean 'lora_rank'"), (["lora_rank=eight"], "expects an integer"),
      (["dataset=nope_dataset"], "Dataset 'nope_dataset' not found")],
 )
-def test_bad_input_exits_2_with_one_readable_message(tmp_path, train_config, args, message, capsys):
+def test_bad_input_exits_2_with_one_readable_message(tmp_path, train_config, args, message, capfd):
     cfg = tmp_path / "c.yaml"
     cfg.write_text(yaml.safe_dump(train_config()))
     if args[0].startswith("dataset="):
         # Found only once the training stack is loaded: through main() in this process, as a process of its own
         # would spend seconds importing it (the other two cases here and a hostile-image test are real processes).
-        code, stderr = main(["train", str(cfg), *args]), capsys.readouterr().err
+        code, stderr = main(["train", str(cfg), *args]), capfd.readouterr().err
     else:
         proc = _gym("train", str(cfg), *args)
         code, stderr = proc.returncode, proc.stderr
@@ -35,14 +35,14 @@ def test_bad_input_exits_2_with_one_readable_message(tmp_path, train_config, arg
     assert stderr.count("gym: error:") == 1
 
 
-def test_malformed_row_exits_2_and_writes_nothing(tmp_path, train_config, capsys):
+def test_malformed_row_exits_2_and_writes_nothing(tmp_path, train_config, capfd):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"instruction": "a", "output": "b"}\n{"instruction": "c", "output": 3}\n')
     cfg = tmp_path / "c.yaml"
     out = tmp_path / "never"
     cfg.write_text(yaml.safe_dump(train_config(dataset=str(bad), output_dir=str(out))))
     assert main(["train", str(cfg)]) == 2
-    assert f"{bad}, line 2: field 'output' must be a string" in capsys.readouterr().err
+    assert f"{bad}, line 2: field 'output' must be a string" in capfd.readouterr().err
     assert not out.exists()
 
 

@@ -20,6 +20,14 @@ def _gym(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "gym.cli", *args], capture_output=True, text=True, timeout=300)
 
 
+def _gym_here(capfd: pytest.CaptureFixture[str], *args: str) -> subprocess.CompletedProcess[str]:
+    """The same command through gym.cli.main in this process (a process of its own spends seconds importing the
+    model stack), its stderr read at the file descriptor: what a library writes there past Python is seen too."""
+    code = main(list(args))
+    out, err = capfd.readouterr()
+    return subprocess.CompletedProcess(["gym", *args], code, out, err)
+
+
 @pytest.fixture()
 def untokenized(tiny_model_dir, tmp_path) -> Path:
     """The tiny base saved without its tokenizer files (weights and config only)."""
@@ -39,36 +47,37 @@ def _one_line_error(proc: subprocess.CompletedProcess[str], *fragments: str) -> 
         assert fragment in proc.stderr
 
 
-def test_compressing_without_calibration_needs_no_tokenizer(untokenized, make_finetune, tmp_path):
+def test_compressing_without_calibration_needs_no_tokenizer(untokenized, make_finetune, tmp_path, capfd):
     tuned = make_finetune(lambda name, p: p.add_(0.01) if "mlp" in name else None)
     out = tmp_path / "d.safetensors"
-    proc = _gym("delta", "compress", "--base", str(untokenized), "--finetuned", str(tuned), "--method", "bitdelta",
-                "--distill-steps", "0", "-o", str(out))
+    proc = _gym_here(capfd, "delta", "compress", "--base", str(untokenized), "--finetuned", str(tuned),
+                     "--method", "bitdelta", "--distill-steps", "0", "-o", str(out))
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert out.is_file()
 
 
-def test_a_missing_tokenizer_is_one_line(untokenized, make_finetune, tmp_path, data_dir):
+def test_a_missing_tokenizer_is_one_line(untokenized, make_finetune, tmp_path, data_dir, capfd):
     tuned = make_finetune(lambda name, p: p.add_(0.01) if "mlp" in name else None)
-    proc = _gym("delta", "compress", "--base", str(untokenized), "--finetuned", str(tuned), "--method", "bitdelta",
-                "--distill-steps", "2", "--calibration", "tiny_alpaca", "--dataset-dir", str(data_dir),
-                "-o", str(tmp_path / "d.safetensors"))
+    proc = _gym_here(capfd, "delta", "compress", "--base", str(untokenized), "--finetuned", str(tuned),
+                     "--method", "bitdelta", "--distill-steps", "2", "--calibration", "tiny_alpaca",
+                     "--dataset-dir", str(data_dir), "-o", str(tmp_path / "d.safetensors"))
     _one_line_error(proc, "Could not load the tokenizer", str(untokenized))
     assert not (tmp_path / "d.safetensors").exists()
 
 
 def test_an_unreadable_config_json_is_one_line(untokenized, tmp_path):
     (untokenized / "config.json").write_text("{not json")
+    # A real process: one of these shows what a shell sees.
     proc = _gym("delta", "compress", "--base", str(untokenized), "--finetuned", str(untokenized), "--method", "int8",
                 "-o", str(tmp_path / "d.safetensors"))
     _one_line_error(proc, str(untokenized))
 
 
-def test_a_truncated_safetensors_file_is_one_line(untokenized, tmp_path):
+def test_a_truncated_safetensors_file_is_one_line(untokenized, tmp_path, capfd):
     weights = untokenized / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:1000])
-    proc = _gym("delta", "compress", "--base", str(untokenized), "--finetuned", str(untokenized), "--method", "int8",
-                "-o", str(tmp_path / "d.safetensors"))
+    proc = _gym_here(capfd, "delta", "compress", "--base", str(untokenized), "--finetuned", str(untokenized),
+                     "--method", "int8", "-o", str(tmp_path / "d.safetensors"))
     _one_line_error(proc, str(untokenized))
 
 

@@ -228,7 +228,7 @@ def test_image_max_pixels_scales_images_down_before_the_processor(tmp_path):
 
 
 @pytest.mark.parametrize("bad", ["truncated", "bomb", "text"])
-def test_a_hostile_image_in_a_training_row_is_one_line_and_exit_2(bad, tmp_path, capsys):
+def test_a_hostile_image_in_a_training_row_is_one_line_and_exit_2(bad, tmp_path, capfd):
     from tests.data.test_media import _bomb_png, _jpeg_bytes
 
     from gym.cli import main
@@ -243,7 +243,7 @@ def test_a_hostile_image_in_a_training_row_is_one_line_and_exit_2(bad, tmp_path,
                               text=True, timeout=300)
         code, stderr = proc.returncode, proc.stderr
     else:  # the others through the same entry point in this process: the same code decides the message
-        code, stderr = main(["train", str(config)]), capsys.readouterr().err
+        code, stderr = main(["train", str(config)]), capfd.readouterr().err
     assert code == 2, stderr[-2000:]
     assert "Traceback" not in stderr and stderr.count("gym: error:") == 1
     assert "row 2: field 'images[0]'" in stderr and "2.jpg" in stderr
