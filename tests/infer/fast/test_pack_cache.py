@@ -210,3 +210,11 @@ def test_chat_caches_a_plain_model_beside_it(model_dir, pack_calls):
     finally:
         second.close()
     assert pack_calls == []
+
+
+@pytest.mark.parametrize("model_mode", [0o644, 0o640, 0o600])
+def test_the_cache_file_is_readable_by_whoever_may_read_the_model(model_dir, model_mode):
+    (model_dir / "model.safetensors").chmod(model_mode)
+    start(model_dir, "int8")
+    (written,) = cache_files(model_dir)
+    assert written.stat().st_mode & 0o777 == 0o600 | (model_mode & 0o444)

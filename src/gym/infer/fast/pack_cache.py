@@ -20,6 +20,7 @@ import inspect
 import json
 import logging
 import os
+import stat
 import tempfile
 import zlib
 from collections.abc import Callable
@@ -219,6 +220,9 @@ class PackCache:
         os.close(handle)
         try:
             save_file(tensors, temporary, metadata=metadata)
+            # mkstemp makes the file its owner's alone; the packed weights are the model's weights in another form,
+            # so whoever may read the model may read them (else every other user of a shared model packs again).
+            os.chmod(temporary, self._read_mode())
             os.replace(temporary, folder / self.file_name)
         except BaseException:
             Path(temporary).unlink(missing_ok=True)
@@ -227,3 +231,9 @@ class PackCache:
             if stale.name != self.file_name:
                 stale.unlink(missing_ok=True)
         return folder / self.file_name
+
+    def _read_mode(self) -> int:
+        """The model's weight files' read permissions (the first file's), and always the owner's read and write."""
+        files = weight_files(self.model_dir)
+        shared = stat.S_IMODE(files[0].stat().st_mode) & 0o444 if files else 0
+        return 0o600 | shared
