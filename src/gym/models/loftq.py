@@ -1,6 +1,6 @@
-"""LoftQ initialisation (Li et al., 2023) for QLoRA: start each LoRA adapter at the best rank-r approximation of
-what 4-bit rounding took from its weight, so the quantized base plus the adapter starts near the original model
-instead of at the rounded one.
+"""LoftQ initialisation (Li et al., 2023) for QLoRA: start each LoRA adapter at the best rank-r approximation (to
+a fraction of a percent, below) of what 4-bit rounding took from its weight, so the quantized base plus the
+adapter starts near the original model instead of at the rounded one.
 
 One alternating step of the paper (quantize, then fit the residual by SVD), which its authors found captures
 most of the gain; we quantize with bitsandbytes' own NF4/FP4, so the residual is exactly the one training sees.
@@ -26,7 +26,7 @@ from gym.core.errors import ModelError
 
 PEFT_PREFIX = "base_model.model."
 # Power iterations and extra columns of the randomized SVD: 16 as PiSSA's default; 8 columns more than the rank
-# is the usual oversampling. Below 8x the sketch's width a full SVD costs about as much, and is exact.
+# is the usual oversampling. A matrix narrower than 8x the sketch is small enough for the exact, full SVD.
 POWER_ITERATIONS = 16
 OVERSAMPLE = 8
 

@@ -10,7 +10,7 @@ Each check compares a row's logits with torch.equal, not a tolerance: batch inva
 numbers, so that a greedy answer never changes with the load.
 
 Every decoder of a format takes its packed weights through the engine's pack cache, as a warm start does: the
-first packs and writes them, the others read them back. Packing each decoder anew was a third of the torch
+first packs and writes them, the others read them back. Packing each decoder anew was 40% of the torch
 reference's run (its packer is torch code), and a row's logits must not depend on which of the two it got either.
 """
 
