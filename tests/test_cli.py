@@ -5,13 +5,9 @@ import sys
 
 import pytest
 import yaml
+from tests.gym_cli import assert_one_line_error, gym_here, gym_process
 
 from gym.cli import USAGE, main
-
-
-def _gym(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "gym.cli", *args], capture_output=True, text=True, cwd=cwd,
-                          timeout=300)
 
 
 @pytest.mark.parametrize(
@@ -22,17 +18,11 @@ def _gym(*args, cwd=None):
 def test_bad_input_exits_2_with_one_readable_message(tmp_path, train_config, args, message, capfd):
     cfg = tmp_path / "c.yaml"
     cfg.write_text(yaml.safe_dump(train_config()))
-    if args[0].startswith("dataset="):
-        # Found only once the training stack is loaded: through main() in this process, as a process of its own
-        # would spend seconds importing it (the other two cases here and a hostile-image test are real processes).
-        code, stderr = main(["train", str(cfg), *args]), capfd.readouterr().err
-    else:
-        proc = _gym("train", str(cfg), *args)
-        code, stderr = proc.returncode, proc.stderr
-    assert code == 2
-    assert message in stderr
-    assert "Traceback" not in stderr
-    assert stderr.count("gym: error:") == 1
+    # The dataset is found missing only once the training stack is loaded: that case runs in this process, as a
+    # process of its own would spend seconds importing it (the other two and a hostile-image test are processes).
+    in_process = args[0].startswith("dataset=")
+    done = gym_here("train", cfg, *args, capfd=capfd) if in_process else gym_process("train", cfg, *args)
+    assert_one_line_error(done, message)
 
 
 def test_malformed_row_exits_2_and_writes_nothing(tmp_path, train_config, capfd):
@@ -41,25 +31,24 @@ def test_malformed_row_exits_2_and_writes_nothing(tmp_path, train_config, capfd)
     cfg = tmp_path / "c.yaml"
     out = tmp_path / "never"
     cfg.write_text(yaml.safe_dump(train_config(dataset=str(bad), output_dir=str(out))))
-    assert main(["train", str(cfg)]) == 2
-    assert f"{bad}, line 2: field 'output' must be a string" in capfd.readouterr().err
+    assert_one_line_error(gym_here("train", cfg, capfd=capfd), f"{bad}, line 2: field 'output' must be a string")
     assert not out.exists()
 
 
 def test_debug_shows_the_traceback(tmp_path, train_config):
     cfg = tmp_path / "c.yaml"
     cfg.write_text(yaml.safe_dump(train_config()))
-    proc = _gym("train", str(cfg), "lora_rnak=8", "--debug")
+    proc = gym_process("train", cfg, "lora_rnak=8", "--debug")
     assert proc.returncode != 0 and "Traceback" in proc.stderr
 
 
 def test_train_then_chat_answers_once(tmp_path, train_config):
     cfg = tmp_path / "c.yaml"
     cfg.write_text(yaml.safe_dump(train_config(max_new_tokens=5, do_sample=False)))
-    proc = _gym("train", str(cfg))
+    proc = gym_process("train", cfg)
     assert proc.returncode == 0, proc.stderr
     assert "Done: 3 steps" in proc.stdout and "Saved to" in proc.stdout
-    chat = _gym("chat", str(cfg), "--prompt", "Add 2 and 3.")
+    chat = gym_process("chat", cfg, "--prompt", "Add 2 and 3.")
     assert chat.returncode == 0, chat.stderr
     assert chat.stdout.startswith("User: Add 2 and 3.\nAssistant:")
 
@@ -69,7 +58,7 @@ def test_chat_prompt_prints_the_answer_on_stdout_and_status_before_it(tiny_model
     exchange (a terminal shows both streams, and they used to land inside the answer line)."""
     args = ("chat", "--model_name_or_path", str(tiny_model_dir), "--prompt", "Add 2 and 3.", "max_new_tokens=5",
             "do_sample=false")
-    chat = _gym(*args)
+    chat = gym_process(*args)
     assert chat.returncode == 0, chat.stderr
     assert chat.stdout.startswith("User: Add 2 and 3.\nAssistant: ") and "[gym]" not in chat.stdout
     assert "[gym] Fast engine ready" in chat.stderr

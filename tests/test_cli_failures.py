@@ -6,26 +6,13 @@ from __future__ import annotations
 
 import errno
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from tests.gym_cli import assert_one_line_error, gym_here, gym_process
 
 from gym.cli import main
 from gym.core.errors import ModelError, OutputError, as_gym_error
-
-
-def _gym(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "gym.cli", *args], capture_output=True, text=True, timeout=300)
-
-
-def _gym_here(capfd: pytest.CaptureFixture[str], *args: str) -> subprocess.CompletedProcess[str]:
-    """The same command through gym.cli.main in this process (a process of its own spends seconds importing the
-    model stack), its stderr read at the file descriptor: what a library writes there past Python is seen too."""
-    code = main(list(args))
-    out, err = capfd.readouterr()
-    return subprocess.CompletedProcess(["gym", *args], code, out, err)
 
 
 @pytest.fixture()
@@ -39,46 +26,38 @@ def untokenized(tiny_model_dir, tmp_path) -> Path:
     return folder
 
 
-def _one_line_error(proc: subprocess.CompletedProcess[str], *fragments: str) -> None:
-    assert proc.returncode == 2, proc.stderr[-2000:]
-    assert "Traceback" not in proc.stderr
-    assert proc.stderr.count("gym: error:") == 1
-    for fragment in fragments:
-        assert fragment in proc.stderr
-
-
 def test_compressing_without_calibration_needs_no_tokenizer(untokenized, make_finetune, tmp_path, capfd):
     tuned = make_finetune(lambda name, p: p.add_(0.01) if "mlp" in name else None)
     out = tmp_path / "d.safetensors"
-    proc = _gym_here(capfd, "delta", "compress", "--base", str(untokenized), "--finetuned", str(tuned),
-                     "--method", "bitdelta", "--distill-steps", "0", "-o", str(out))
+    proc = gym_here("delta", "compress", "--base", untokenized, "--finetuned", tuned, "--method", "bitdelta",
+                    "--distill-steps", "0", "-o", out, capfd=capfd)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert out.is_file()
 
 
 def test_a_missing_tokenizer_is_one_line(untokenized, make_finetune, tmp_path, data_dir, capfd):
     tuned = make_finetune(lambda name, p: p.add_(0.01) if "mlp" in name else None)
-    proc = _gym_here(capfd, "delta", "compress", "--base", str(untokenized), "--finetuned", str(tuned),
-                     "--method", "bitdelta", "--distill-steps", "2", "--calibration", "tiny_alpaca",
-                     "--dataset-dir", str(data_dir), "-o", str(tmp_path / "d.safetensors"))
-    _one_line_error(proc, "Could not load the tokenizer", str(untokenized))
+    proc = gym_here("delta", "compress", "--base", untokenized, "--finetuned", tuned, "--method", "bitdelta",
+                    "--distill-steps", "2", "--calibration", "tiny_alpaca", "--dataset-dir", data_dir,
+                    "-o", tmp_path / "d.safetensors", capfd=capfd)
+    assert_one_line_error(proc, "Could not load the tokenizer", str(untokenized))
     assert not (tmp_path / "d.safetensors").exists()
 
 
 def test_an_unreadable_config_json_is_one_line(untokenized, tmp_path):
     (untokenized / "config.json").write_text("{not json")
     # A real process: one of these shows what a shell sees.
-    proc = _gym("delta", "compress", "--base", str(untokenized), "--finetuned", str(untokenized), "--method", "int8",
-                "-o", str(tmp_path / "d.safetensors"))
-    _one_line_error(proc, str(untokenized))
+    proc = gym_process("delta", "compress", "--base", untokenized, "--finetuned", untokenized, "--method", "int8",
+                       "-o", tmp_path / "d.safetensors")
+    assert_one_line_error(proc, str(untokenized))
 
 
 def test_a_truncated_safetensors_file_is_one_line(untokenized, tmp_path, capfd):
     weights = untokenized / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:1000])
-    proc = _gym_here(capfd, "delta", "compress", "--base", str(untokenized), "--finetuned", str(untokenized),
-                     "--method", "int8", "-o", str(tmp_path / "d.safetensors"))
-    _one_line_error(proc, str(untokenized))
+    proc = gym_here("delta", "compress", "--base", untokenized, "--finetuned", untokenized, "--method", "int8",
+                    "-o", tmp_path / "d.safetensors", capfd=capfd)
+    assert_one_line_error(proc, str(untokenized))
 
 
 def test_a_full_disk_is_one_line_from_any_verb(monkeypatch, capsys, tmp_path):

@@ -6,18 +6,17 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from tests.gym_cli import gym_process
 
 REPO = Path(__file__).resolve().parent.parent
 NAME = "Gym Assistant"
 
 
 def gym(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gym.cli", *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=600, input=stdin)
+    return gym_process(*args, cwd=REPO, stdin=stdin, timeout=600)
 
 
 def chat(*config: str, prompt: str) -> str:

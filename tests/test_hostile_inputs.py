@@ -5,11 +5,7 @@ real processes too, to check the exit status and stderr as a shell sees them."""
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -17,23 +13,10 @@ import pytest
 import torch
 import yaml
 from safetensors.torch import load_file, save_file
+from tests.gym_cli import gym_here, gym_process
 
-from gym.cli import main
 from gym.core.files import human_bytes
 from gym.delta.format import HEADER_KEY
-
-
-def _gym(*args: object) -> subprocess.CompletedProcess[str]:
-    """`gym ARGS` in this process: (exit status, stdout, stderr) as a CompletedProcess."""
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main([str(a) for a in args])
-    return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
-
-
-def _gym_process(*args: object) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "gym.cli", *map(str, args)], capture_output=True, text=True,
-                          timeout=300)
 
 
 @pytest.fixture(scope="module")
@@ -50,8 +33,8 @@ def world(tmp_path_factory, tiny_model_dir) -> dict[str, Path]:
                 param.add_(0.01)
     tuned.save_pretrained(root / "tuned")
     good = root / "good.safetensors"
-    assert _gym("delta", "compress", "--base", tiny_model_dir, "--finetuned", root / "tuned", "--method", "int8",
-                "-o", good).returncode == 0
+    assert gym_here("delta", "compress", "--base", tiny_model_dir, "--finetuned", root / "tuned", "--method",
+                    "int8", "-o", good).returncode == 0
 
     tensors = load_file(str(good))
     from safetensors import safe_open
@@ -84,8 +67,9 @@ def world(tmp_path_factory, tiny_model_dir) -> dict[str, Path]:
                                       "dataset_dir": str(data), "output_dir": str(root / "never"), "max_steps": 1}))
 
     soup = root / "soup"
-    assert _gym("soup", "init", soup, "--base", tiny_model_dir, "method=mean", "min_contributors=1").returncode == 0
-    assert _gym("soup", "contribute", soup, root / "tuned", "--user", "u").returncode == 0
+    assert gym_here("soup", "init", soup, "--base", tiny_model_dir, "method=mean",
+                    "min_contributors=1").returncode == 0
+    assert gym_here("soup", "contribute", soup, root / "tuned", "--user", "u").returncode == 0
     return {"root": root, "base": tiny_model_dir, "tuned": root / "tuned", "good": good, "config": config,
             "soup": soup, "data": data}
 
@@ -170,20 +154,20 @@ def test_hostile_input_is_one_line_exit_2_and_writes_nothing(world, title, argv,
         weights = world[R] / "broken-model" / "model.safetensors"
         weights.write_bytes(weights.read_bytes()[:1000])
     before = _snapshot(final(world))
-    soup_before = _gym("soup", "status", world["soup"], "--json").stdout
-    proc = _gym(*argv(world))
+    soup_before = gym_here("soup", "status", world["soup"], "--json").stdout
+    proc = gym_here(*argv(world))
     assert proc.returncode == 2, f"{title}: exit {proc.returncode}\n{proc.stderr[-2000:]}"
     assert "Traceback" not in proc.stderr, proc.stderr
     lines = [line for line in proc.stderr.splitlines() if line.startswith("gym: error:")]
     assert len(lines) == 1 and fragment in lines[0], proc.stderr
     assert _snapshot(final(world)) == before, f"{title}: {final(world)} changed"
-    assert _gym("soup", "status", world["soup"], "--json").stdout == soup_before  # no round closed, no row added
+    assert gym_here("soup", "status", world["soup"], "--json").stdout == soup_before  # no round closed, no row added
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("index", [0, 10, 16])  # a train, a delta compress and a delta inspect case
 def test_as_a_real_process_too(world, index):
     title, argv, fragment, final = CASES[index]
-    proc = _gym_process(*argv(world))
+    proc = gym_process(*argv(world))
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert proc.stderr.count("gym: error:") == 1 and fragment in proc.stderr

@@ -5,18 +5,14 @@ and nothing written or deleted."""
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from tests.gym_cli import gym_here, gym_process
 
-from gym.cli import main
 from gym.core.errors import OutputError
 from gym.core.files import (
     MANIFEST_FILE,
@@ -129,13 +125,6 @@ def test_install_folder_keeps_the_old_output_until_the_new_one_is_in_place(tmp_p
 
 
 # -- every command that writes, with a parent that is a file -----------------------------------------------------
-def _gym(*args: object) -> tuple[int, str]:
-    err = io.StringIO()
-    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-        code = main([str(a) for a in args])
-    return code, err.getvalue()
-
-
 def _merge_config(tmp_path: Path, model: Path, output: Path) -> Path:
     path = tmp_path / "merge.yaml"
     path.write_text(yaml.safe_dump({"merge_method": "linear", "models": [{"model": str(model)}] * 2,
@@ -173,10 +162,10 @@ COMMANDS = {
 
 @pytest.mark.parametrize("command", COMMANDS)
 def test_an_output_under_a_file_is_one_line_and_exit_2(command, tmp_path, blocker, tiny_model_dir):
-    code, err = _gym(*COMMANDS[command](tmp_path, tiny_model_dir, blocker))
-    errors = [line for line in err.splitlines() if line.startswith("gym: error:")]
-    assert code == 2, err
-    assert "Traceback" not in err and len(errors) == 1, err
+    done = gym_here(*COMMANDS[command](tmp_path, tiny_model_dir, blocker))
+    errors = [line for line in done.stderr.splitlines() if line.startswith("gym: error:")]
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr and len(errors) == 1, done.stderr
     assert f"{blocker} is a file, not a folder" in errors[0]
     assert blocker.read_text() == "the user's notes"
     assert not [p.name for p in tmp_path.iterdir() if ".tmp-" in p.name]
@@ -184,8 +173,7 @@ def test_an_output_under_a_file_is_one_line_and_exit_2(command, tmp_path, blocke
 
 @pytest.mark.slow  # a Python that imports torch: ~15 s on a busy machine
 def test_as_a_real_process_too(tmp_path, blocker, tiny_model_dir):
-    done = subprocess.run([sys.executable, "-m", "gym.cli", "export", "--model_name_or_path", str(tiny_model_dir),
-                           "--export_dir", str(blocker / "export")], capture_output=True, text=True, timeout=300)
+    done = gym_process("export", "--model_name_or_path", tiny_model_dir, "--export_dir", blocker / "export")
     assert done.returncode == 2, done.stderr
     assert "Traceback" not in done.stderr
     assert done.stderr.strip().splitlines()[-1] == (f"gym: error: Cannot write {blocker / 'export'}: its parent "

@@ -4,21 +4,11 @@ files are left exactly as they were."""
 
 from __future__ import annotations
 
-import contextlib
-import io
 import shutil
 from pathlib import Path
 
 import pytest
-
-from gym.cli import main
-
-
-def _gym(*args: object) -> tuple[int, str]:
-    err = io.StringIO()
-    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-        code = main([str(a) for a in args])
-    return code, err.getvalue()
+from tests.gym_cli import assert_one_line_error, gym_here
 
 
 def _snapshot(folder: Path) -> dict[str, bytes]:
@@ -30,27 +20,26 @@ def work(gaussian_finetune, tiny_model_dir, tmp_path) -> dict[str, Path]:
     """work/base (a copy of the tiny base) and work/d.safetensors (an int8 delta of a fine-tune of it)."""
     root = tmp_path / "work"
     shutil.copytree(tiny_model_dir, root / "base")
-    assert _gym("delta", "compress", "--base", root / "base", "--finetuned", gaussian_finetune, "--method", "int8",
-                "-o", root / "d.safetensors")[0] == 0
+    assert gym_here("delta", "compress", "--base", root / "base", "--finetuned", gaussian_finetune, "--method", "int8",
+                    "-o", root / "d.safetensors").returncode == 0
     return {"root": root, "base": root / "base", "delta": root / "d.safetensors"}
 
 
 def test_apply_never_writes_over_its_base_or_delta(work):
     before = _snapshot(work["root"])
     for out, where, source in ((work["base"], "is", work["base"]), (work["root"], "holds", work["base"])):
-        code, err = _gym("delta", "apply", "--base", work["base"], "--delta", work["delta"], "-o", out, "--overwrite")
-        assert code == 2 and "Traceback" not in err, err
-        assert f"gym: error: The output {out} {where} the input {source}" in err
+        done = gym_here("delta", "apply", "--base", work["base"], "--delta", work["delta"], "-o", out, "--overwrite")
+        assert_one_line_error(done, f"gym: error: The output {out} {where} the input {source}")
     assert _snapshot(work["root"]) == before
 
 
 def test_apply_overwrites_only_a_model_folder_gym_wrote(work, tmp_path):
     out = tmp_path / "applied"
     args = ["delta", "apply", "--base", work["base"], "--delta", work["delta"], "-o", out]
-    assert _gym(*args)[0] == 0
-    assert _gym(*args, "--overwrite")[0] == 0
+    assert gym_here(*args).returncode == 0
+    assert gym_here(*args, "--overwrite").returncode == 0
     (out / "eval-notes.txt").write_text("mine")
     before = _snapshot(out)
-    code, err = _gym(*args, "--overwrite")
-    assert code == 2 and "holds eval-notes.txt, which Gym did not write there" in err
+    done = gym_here(*args, "--overwrite")
+    assert_one_line_error(done, "holds eval-notes.txt, which Gym did not write there")
     assert _snapshot(out) == before

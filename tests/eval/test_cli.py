@@ -4,10 +4,9 @@ can make (exit status 2, one line)."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
+from tests.gym_cli import gym_process
 
 from gym.cli import main
 from gym.eval.results import _binomial_two_sided, compare, significance
@@ -73,8 +72,7 @@ def test_user_errors_exit_2_with_one_line(tiny_model_dir, argv, message, capsys)
 
 def test_bad_data_as_a_subprocess(tiny_model_dir, tmp_path):
     (tmp_path / "bad.json").write_text(json.dumps([{"question": "q", "A": "x", "B": "y", "answer": 7}]))
-    done = subprocess.run([sys.executable, "-m", "gym.cli", "eval", f"model_name_or_path={tiny_model_dir}",
-                           "--task", f"mc:{tmp_path / 'bad.json'}"], capture_output=True, text=True,
-                          env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"})
+    done = gym_process("eval", f"model_name_or_path={tiny_model_dir}", "--task", f"mc:{tmp_path / 'bad.json'}",
+                       env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"})
     assert done.returncode == 2, done.stderr
     assert "bad.json, row 1, field 'answer'" in done.stderr and "Traceback" not in done.stderr

@@ -4,21 +4,11 @@ another size is refused naming the matrix, instead of a GGUF adapter llama.cpp c
 
 from __future__ import annotations
 
-import contextlib
-import io
 import shutil
 from pathlib import Path
 
 import pytest
-
-from gym.cli import main
-
-
-def _gym(*args: object) -> tuple[int, str]:
-    err = io.StringIO()
-    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-        code = main([str(a) for a in args])
-    return code, err.getvalue()
+from tests.gym_cli import assert_one_line_error, gym_here
 
 
 def _snapshot(folder: Path) -> dict[str, bytes]:
@@ -35,47 +25,43 @@ def test_overwrite_never_deletes_the_model_it_exports(tiny_model_dir, tmp_path, 
     (exports / "unrelated.txt").write_text("the user's file")
     before = _snapshot(exports)
     for export_dir, where in ((exports, "holds"), (model, "is")):
-        code, err = _gym("export", "--model_name_or_path", model, "--format", export_format, "--export_dir",
-                         export_dir, "--overwrite")
-        assert code == 2 and "Traceback" not in err, err
-        assert f"gym: error: The output {export_dir} {where} the input {model}" in err
+        done = gym_here("export", "--model_name_or_path", model, "--format", export_format, "--export_dir",
+                        export_dir, "--overwrite")
+        assert_one_line_error(done, f"gym: error: The output {export_dir} {where} the input {model}")
     assert _snapshot(exports) == before
 
 
 def test_overwrite_replaces_only_a_folder_gym_exported(tiny_model_dir, tmp_path):
     out = tmp_path / "export"
-    assert _gym("export", "--model_name_or_path", tiny_model_dir, "--export_dir", out)[0] == 0
-    assert _gym("export", "--model_name_or_path", tiny_model_dir, "--export_dir", out, "--overwrite")[0] == 0
+    export = ("export", "--model_name_or_path", tiny_model_dir, "--export_dir")
+    assert gym_here(*export, out).returncode == 0
+    assert gym_here(*export, out, "--overwrite").returncode == 0
     (out / "README.md").write_text("my model card")
     before = _snapshot(out)
-    code, err = _gym("export", "--model_name_or_path", tiny_model_dir, "--export_dir", out, "--overwrite")
-    assert code == 2 and "holds README.md, which Gym did not write there" in err
+    assert_one_line_error(gym_here(*export, out, "--overwrite"), "holds README.md, which Gym did not write there")
     assert _snapshot(out) == before
 
     mine = tmp_path / "mine"
     mine.mkdir()
     (mine / "thesis.tex").write_text("years of work")
-    code, err = _gym("export", "--model_name_or_path", tiny_model_dir, "--export_dir", mine, "--overwrite")
-    assert code == 2 and f"{mine} is not a folder Gym wrote" in err
+    assert_one_line_error(gym_here(*export, mine, "--overwrite"), f"{mine} is not a folder Gym wrote")
     assert (mine / "thesis.tex").read_text() == "years of work"
 
 
 def test_a_gguf_lora_of_an_adapter_for_another_base_size_is_refused(narrow_adapter, tiny_model_dir, tmp_path):
     out = tmp_path / "adapter.gguf"
-    code, err = _gym("export", "--model_name_or_path", tiny_model_dir, "--adapter_name_or_path", narrow_adapter,
-                     "--format", "gguf-lora", "--export_dir", out)
-    assert code == 2 and "Traceback" not in err, err
-    assert f"{narrow_adapter} does not fit the base {tiny_model_dir}: model.layers.0.self_attn.q_proj is 64x64" in err
-    assert "(32, 4)" in err and "export it against that base" in err
+    done = gym_here("export", "--model_name_or_path", tiny_model_dir, "--adapter_name_or_path", narrow_adapter,
+                    "--format", "gguf-lora", "--export_dir", out)
+    assert_one_line_error(done, f"{narrow_adapter} does not fit the base {tiny_model_dir}: "
+                                "model.layers.0.self_attn.q_proj is 64x64", "(32, 4)", "export it against that base")
     assert sorted(p.name for p in tmp_path.iterdir()) == []  # nor a temporary file
 
 
 @pytest.mark.parametrize("export_format", ["hf", "gguf"])
 def test_merging_an_adapter_for_another_base_size_is_one_line(narrow_adapter, tiny_model_dir, tmp_path,
                                                               export_format):
-    code, err = _gym("export", "--model_name_or_path", tiny_model_dir, "--adapter_name_or_path", narrow_adapter,
-                     "--format", export_format, "--export_dir", tmp_path / "out")
-    assert code == 2 and "Traceback" not in err, err
-    assert f"The adapter {narrow_adapter} does not fit the base {tiny_model_dir} (size mismatch for" in err
-    assert "It was trained on" in err and "pass --model_name_or_path" in err
+    done = gym_here("export", "--model_name_or_path", tiny_model_dir, "--adapter_name_or_path", narrow_adapter,
+                    "--format", export_format, "--export_dir", tmp_path / "out")
+    assert_one_line_error(done, f"The adapter {narrow_adapter} does not fit the base {tiny_model_dir} (size mismatch",
+                          "It was trained on", "pass --model_name_or_path")
     assert not (tmp_path / "out").exists()

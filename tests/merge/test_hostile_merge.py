@@ -3,8 +3,6 @@ written, numbers YAML reads as strings are numbers, and an output that is or hol
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 from pathlib import Path
 
@@ -12,18 +10,11 @@ import pytest
 import torch
 import yaml
 from safetensors.torch import load_file
+from tests.gym_cli import assert_one_line_error, gym_here
 
-from gym.cli import main
 from gym.core.errors import ConfigError
 from gym.core.files import MANIFEST_FILE
 from gym.merge.config import parse_merge_config
-
-
-def _gym(*args: object) -> tuple[int, str]:
-    err = io.StringIO()
-    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-        code = main([str(a) for a in args])
-    return code, err.getvalue()
 
 
 def _snapshot(folder: Path) -> dict[str, bytes]:
@@ -63,10 +54,9 @@ def test_ties_with_cancelling_weights_at_float16_is_refused_and_writes_nothing(f
     file = _write(tmp_path, _config(tiny_model_dir, [(finetunes[0], {"weight": 1}), (finetunes[1],
                                                                                      {"weight": -0.9999999})],
                                     out, "ties", dtype="float16"))
-    code, err = _gym("merge", file)
-    assert code == 2 and "Traceback" not in err
-    assert "ties with normalize divides each entry by the sum of the weights" in err
-    assert "weights of both signs (1.0, -0.9999999)" in err
+    done = gym_here("merge", file)
+    assert_one_line_error(done, "ties with normalize divides each entry by the sum of the weights",
+                          "weights of both signs (1.0, -0.9999999)")
     assert not out.exists()
 
 
@@ -86,9 +76,8 @@ def test_dare_with_a_vanishing_density_is_refused_before_loading(tmp_path):
     file = _write(tmp_path, {"merge_method": "dare", "base_model": str(tmp_path / "no-such-base"),
                              "models": [{"model": "a", "parameters": {"density": 1e-300}}],
                              "output_dir": str(tmp_path / "out")})
-    code, err = _gym("merge", file)
-    assert code == 2 and "Traceback" not in err
-    assert "'models[0].parameters.density' is 1e-300: below 1e-06" in err
+    done = gym_here("merge", file)
+    assert_one_line_error(done, "'models[0].parameters.density' is 1e-300: below 1e-06")
     assert not (tmp_path / "out").exists()
 
 
@@ -110,23 +99,22 @@ def test_numbers_yaml_reads_as_strings_are_numbers(tmp_path):
 def test_a_merge_past_the_saved_dtype_is_refused_and_the_old_output_kept(finetunes, tiny_model_dir, tmp_path):
     out = tmp_path / "merged"
     good = _write(tmp_path, _config(tiny_model_dir, [(finetunes[0], {})], out, "task_arithmetic", dtype="float16"))
-    assert _gym("merge", good)[0] == 0
+    assert gym_here("merge", good).returncode == 0
     before = _snapshot(out)
     # lambda 1e7 (a string to YAML) times deltas of ~0.02: finite in float32, past float16's 65504.
     file = _write(tmp_path, _config(tiny_model_dir, [(finetunes[0], {})], out, "task_arithmetic",
                                     dtype="float16", overwrite=True, parameters={"lambda": "1e7"}), "huge.yaml")
-    code, err = _gym("merge", file)
-    assert code == 2 and "Traceback" not in err
-    assert "exceed float16's largest number (6.55e+04) and would be saved as inf" in err
-    assert "nothing was written" in err
+    done = gym_here("merge", file)
+    assert_one_line_error(done, "exceed float16's largest number (6.55e+04) and would be saved as inf",
+                          "nothing was written")
     assert _snapshot(out) == before
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
 
     # Past float32 itself: weights and lambda each finite, their product not.
     file = _write(tmp_path, _config(tiny_model_dir, [(finetunes[0], {"weight": 1e38})], out, "task_arithmetic",
                                     dtype="float32", overwrite=True, parameters={"lambda": 1e38}), "inf.yaml")
-    code, err = _gym("merge", file)
-    assert code == 2 and "gives inf or NaN in model.layers.0" in err
+    done = gym_here("merge", file)
+    assert_one_line_error(done, "gives inf or NaN in model.layers.0")
     assert _snapshot(out) == before
 
 
@@ -135,22 +123,21 @@ def test_an_output_that_is_or_holds_an_input_is_refused_with_overwrite(finetunes
     for out in (finetunes[0], finetunes[0].parent):
         file = _write(tmp_path, _config(tiny_model_dir, [(finetunes[0], {}), (finetunes[1], {})], out, "ties",
                                         overwrite=True))
-        code, err = _gym("merge", file)
-        assert code == 2 and "Traceback" not in err
-        assert f"the input {finetunes[0]}: writing it would replace what this command reads" in err
+        done = gym_here("merge", file)
+        assert_one_line_error(done, f"the input {finetunes[0]}: writing it would replace what this command reads")
     assert _snapshot(finetunes[0]) == before
 
 
 def test_overwrite_replaces_a_merge_but_not_a_folder_with_the_users_files(finetunes, tiny_model_dir, tmp_path):
     out = tmp_path / "merged"
     config = _config(tiny_model_dir, [(finetunes[0], {}), (finetunes[1], {})], out, "ties", overwrite=True)
-    assert _gym("merge", _write(tmp_path, config))[0] == 0
+    assert gym_here("merge", _write(tmp_path, config)).returncode == 0
     listed = json.loads((out / MANIFEST_FILE).read_text())["files"]
     assert "model.safetensors" in listed and "tokenizer.json" in listed
-    assert _gym("merge", _write(tmp_path, config))[0] == 0  # Gym's own merge: replaced
+    assert gym_here("merge", _write(tmp_path, config)).returncode == 0  # Gym's own merge: replaced
     (out / "NOTES.md").write_text("my notes on this merge")
     before = _snapshot(out)
-    code, err = _gym("merge", _write(tmp_path, config))
-    assert code == 2 and "holds NOTES.md, which Gym did not write there" in err
+    done = gym_here("merge", _write(tmp_path, config))
+    assert_one_line_error(done, "holds NOTES.md, which Gym did not write there")
     assert _snapshot(out) == before
     assert set(load_file(out / "model.safetensors")) == set(load_file(tiny_model_dir / "model.safetensors"))

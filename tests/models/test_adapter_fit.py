@@ -3,12 +3,8 @@ from every door that loads one (issue #39's leftover: chat, eval and infer ended
 
 from __future__ import annotations
 
-import contextlib
-import io
-
 import pytest
-
-from gym.cli import main
+from tests.gym_cli import assert_one_line_error, gym_here
 
 
 @pytest.mark.parametrize("verb", [
@@ -22,10 +18,6 @@ def test_an_adapter_for_another_base_is_one_line_from_every_door(verb, narrow_ad
             "--dataset_dir", str(data_dir), *verb[1:]]
     if verb[0] in ("eval", "infer"):
         args += ["-o", str(tmp_path / "out.json")]
-    err = io.StringIO()
-    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-        code = main(args)
-    assert code == 2 and "Traceback" not in err.getvalue(), err.getvalue()
-    assert f"The adapter {narrow_adapter} does not fit the base {tiny_model_dir} (size mismatch for" in err.getvalue()
-    assert "It was trained on" in err.getvalue()
+    assert_one_line_error(gym_here(*args), f"The adapter {narrow_adapter} does not fit the base {tiny_model_dir} "
+                          "(size mismatch for", "It was trained on")
     assert not (tmp_path / "out.json").exists()

@@ -18,6 +18,7 @@ import torch
 from peft import LoraConfig, get_peft_model
 from safetensors import safe_open
 from safetensors.torch import save_file
+from tests.gym_cli import gym_process
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 from gym.cli import main
@@ -311,8 +312,8 @@ def test_replacing_a_variant_never_hides_it_from_readers(files, tmp_path):
 def test_a_store_under_a_file_is_one_error_line(files, tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
-    result = subprocess.run([sys.executable, "-m", "gym.cli", "variants", "add", str(blocker / "store"), "--user",
-                             "alice", "--delta", str(files["good"])], capture_output=True, text=True, timeout=120)
+    result = gym_process("variants", "add", blocker / "store", "--user", "alice", "--delta", files["good"],
+                         timeout=120)
     assert result.returncode == 2, result.stderr
     assert result.stderr.startswith("gym: error:") and result.stderr.count("\n") == 1, result.stderr
     assert str(blocker) in result.stderr and "is a file" in result.stderr

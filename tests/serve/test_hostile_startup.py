@@ -5,12 +5,11 @@ line); the port checked is the port served, so nothing can take it in between.""
 from __future__ import annotations
 
 import socket
-import subprocess
-import sys
 import time
 import urllib.request
 
 import pytest
+from tests.gym_cli import gym_process
 
 import gym.serve.server as server
 from gym.cli import main
@@ -67,8 +66,7 @@ def test_a_taken_port_as_a_process_exits_2_at_once(tiny_model_dir):
         held.listen()
         port = held.getsockname()[1]
         started = time.monotonic()
-        done = subprocess.run([sys.executable, "-m", "gym.cli", "api", "--model_name_or_path", str(tiny_model_dir),
-                               "--port", str(port)], capture_output=True, text=True, timeout=120)
+        done = gym_process("api", "--model_name_or_path", tiny_model_dir, "--port", port, timeout=120)
     assert done.returncode == 2, done.stderr
     _one_error_line(done.stderr, f"port {port}", "in use")
     assert time.monotonic() - started < 60

@@ -5,8 +5,6 @@ own when the binaries and psycopg are there."""
 
 from __future__ import annotations
 
-import contextlib
-import io
 import os
 import pwd
 import shutil
@@ -17,19 +15,13 @@ from pathlib import Path
 
 import pytest
 from tests.conftest import free_port
+from tests.gym_cli import gym_here
 
 
 def gym_keys(*argv: str) -> tuple[int, str, str]:
     """`gym keys ...` in this process: (exit status, stdout, stderr)."""
-    from gym.cli import main
-
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            code = main(["keys", *argv])
-        except SystemExit as exit_:  # argparse's usage errors
-            code = int(exit_.code or 0)
-    return code, out.getvalue(), err.getvalue()
+    done = gym_here("keys", *argv)
+    return done.returncode, done.stdout, done.stderr
 
 
 def new_key(store: Path, *who: str, db: str | None = None) -> str:

@@ -4,14 +4,13 @@ trains as is, the vision tower and projector stay frozen unless asked, and what 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 from tests.conftest import REPO, VLM_ANSWERS, VLM_QUESTION, write_two_image_dataset
+from tests.gym_cli import assert_one_line_error, gym_here, gym_process
 
 from gym.config.parser import get_train_args
 from gym.core.errors import ConfigError, DataError
@@ -231,20 +230,13 @@ def test_image_max_pixels_scales_images_down_before_the_processor(tmp_path):
 def test_a_hostile_image_in_a_training_row_is_one_line_and_exit_2(bad, tmp_path, capfd):
     from tests.data.test_media import _bomb_png, _jpeg_bytes
 
-    from gym.cli import main
-
     data = write_two_image_dataset(tmp_path / "data")
     payload = {"truncated": _jpeg_bytes()[:2000], "bomb": _bomb_png(), "text": b"not an image at all\n"}[bad]
     (data / "imgs" / "2.jpg").write_bytes(payload)
     config = tmp_path / "train.json"
     config.write_text(json.dumps(_sft(data, tmp_path / "out")))
-    if bad == "bomb":  # one as a real process (seconds of imports): the exit code and stderr a shell sees
-        proc = subprocess.run([sys.executable, "-m", "gym.cli", "train", str(config)], capture_output=True,
-                              text=True, timeout=300)
-        code, stderr = proc.returncode, proc.stderr
-    else:  # the others through the same entry point in this process: the same code decides the message
-        code, stderr = main(["train", str(config)]), capfd.readouterr().err
-    assert code == 2, stderr[-2000:]
-    assert "Traceback" not in stderr and stderr.count("gym: error:") == 1
-    assert "row 2: field 'images[0]'" in stderr and "2.jpg" in stderr
+    # One as a real process (seconds of imports): the exit code and stderr a shell sees. The others through the
+    # same entry point in this process: the same code decides the message.
+    done = gym_process("train", config) if bad == "bomb" else gym_here("train", config, capfd=capfd)
+    assert_one_line_error(done, "row 2: field 'images[0]'", "2.jpg")
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from tests.gym_cli import gym_process
 
 from gym.core.errors import OutputError
 from gym.core.files import LOCK_FILE, OutputLock
@@ -135,8 +136,7 @@ def test_an_output_dir_that_cannot_be_written_is_one_line(train_config, tmp_path
         out, fragment = Path("/sys/gym-cannot-write-here"), "Permission denied (/sys/gym-cannot-write-here)"
     config = tmp_path / "c.yaml"
     config.write_text(yaml.safe_dump(train_config(output_dir=str(out))))
-    proc = subprocess.run([sys.executable, "-m", "gym.cli", "train", str(config)], capture_output=True, text=True,
-                          timeout=300)
+    proc = gym_process("train", config)
     assert proc.returncode == 2 and fragment in proc.stderr and "Traceback" not in proc.stderr
 
 

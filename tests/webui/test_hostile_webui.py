@@ -7,11 +7,11 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from tests.gym_cli import gym_process
 
 from gym.cli import main
 from gym.core.errors import ConfigError, GymError
@@ -45,8 +45,7 @@ def test_every_interface_without_auth_refuses_to_start(host, tmp_path, capsys):
 
 def test_the_refusal_as_a_process_exit_2_and_one_line(tmp_path):
     runs = tmp_path / "runs"
-    done = subprocess.run([sys.executable, "-m", "gym.cli", "webui", "--host", "0", "--port", str(_free_port()),
-                           "--runs_dir", str(runs)], capture_output=True, text=True, timeout=120)
+    done = gym_process("webui", "--host", "0", "--port", _free_port(), "--runs_dir", runs, timeout=120)
     assert done.returncode == 2
     _one_error_line(done.stderr, "0.0.0.0", "--insecure-no-auth")
     assert done.stdout == "" and not runs.exists()
@@ -118,8 +117,7 @@ def test_a_taken_port_as_a_process_is_exit_2_before_the_page_is_built(tmp_path):
         held.bind(("127.0.0.1", 0))
         held.listen()
         port = held.getsockname()[1]
-        done = subprocess.run([sys.executable, "-m", "gym.cli", "webui", "--port", str(port), "--runs_dir", str(runs)],
-                              capture_output=True, text=True, timeout=120)
+        done = gym_process("webui", "--port", port, "--runs_dir", runs, timeout=120)
     assert done.returncode == 2
     _one_error_line(done.stderr, f"port {port}", "in use", "--port")
     assert not runs.exists()
