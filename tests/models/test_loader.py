@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from tests.gym_cli import gym_here
 
 from gym.core.errors import ModelError
 from gym.models.loader import resolve_model_path
@@ -51,3 +52,53 @@ def test_two_processes_converting_at_once_produce_one_good_folder(tmp_path):
     assert folder == tmp_path / "models" / "smollm2-135m"
     leftovers = [p.name for p in folder.parent.iterdir() if ".tmp-" in p.name]
     assert not leftovers
+
+
+def test_a_gguf_is_parsed_once_per_conversion_and_converts_to_the_same_weights(tiny_model_dir, tmp_path, monkeypatch):
+    """transformers reads a GGUF once for the tokenizer's config, once for the tokenizer, once for the model;
+    each read of the embedded model's vocabulary took ~4 s. A conversion now parses the file once and builds the
+    weight-name map once, and leaves gguf as it found it."""
+    import gguf
+    import torch
+    from safetensors.torch import load_file
+    from transformers import PreTrainedTokenizerFast
+
+    from gym.models.loader import load_gguf_tokenizer
+
+    monkeypatch.setenv("GYM_HOME", str(tmp_path / "home"))
+    assert gym_here("export", "--model_name_or_path", tiny_model_dir, "--export_dir", tmp_path / "out",
+                    "--format", "gguf", "--quantization", "f32").returncode == 0
+    [gguf_path] = (tmp_path / "out").glob("*.gguf")
+
+    parses: list[str] = []
+
+    class CountingReader(gguf.GGUFReader):
+        def __init__(self, path, mode="r"):
+            parses.append(str(path))
+            super().__init__(path, mode)
+
+    maps: list[tuple[object, int]] = []
+    build_map = gguf.get_tensor_name_map
+
+    def counting_map(arch, n_blocks):
+        maps.append((arch, n_blocks))
+        return build_map(arch, n_blocks)
+
+    monkeypatch.setattr(gguf, "GGUFReader", CountingReader)
+    monkeypatch.setattr(gguf, "get_tensor_name_map", counting_map)
+    converted = Path(resolve_model_path(str(gguf_path)))
+    assert parses == [str(gguf_path)]
+    assert len(maps) == 1
+    assert gguf.GGUFReader is CountingReader and gguf.get_tensor_name_map is counting_map  # put back
+
+    # The same weights as the model the GGUF was written from (float32 both ways: nothing rounds).
+    original, loaded = load_file(tiny_model_dir / "model.safetensors"), load_file(converted / "model.safetensors")
+    assert original.keys() == loaded.keys()
+    for name, tensor in original.items():
+        assert torch.equal(tensor, loaded[name]), name
+
+    parses.clear()
+    tokenizer = load_gguf_tokenizer(gguf_path)
+    assert parses == [str(gguf_path)]
+    text = "Gym parses a GGUF once."
+    assert tokenizer.encode(text) == PreTrainedTokenizerFast.from_pretrained(tiny_model_dir).encode(text)

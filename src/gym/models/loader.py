@@ -7,14 +7,17 @@ loaded with `gguf_file=` can neither be trained nor saved; later loads read that
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import hashlib
 import importlib.util
 import json
 import logging
 import os
 import shutil
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +37,8 @@ from gym.models.tiny import TINY_MODELS, build_tiny
 logger = logging.getLogger(__name__)
 
 # Settings a model's generation_config.json may give that Gym's decoding uses (gym.config.generating).
+_GGUF_PARSE_LOCK = threading.RLock()  # _gguf_parsed_once
+
 DECODING_KEYS = ("do_sample", "temperature", "top_p", "top_k", "max_new_tokens", "repetition_penalty")
 
 
@@ -77,8 +82,9 @@ def convert_gguf(gguf_path: str | os.PathLike[str], dest: str | os.PathLike[str]
         tmp = temp_path(dest)
         shutil.rmtree(tmp, ignore_errors=True)
         folder, filename = str(gguf_path.parent), gguf_path.name
-        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=filename)
-        loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=filename, dtype=torch.float32)
+        with _gguf_parsed_once():
+            tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=filename)
+            loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=filename, dtype=torch.float32)
         config = loaded.config
         # A GGUF-loaded model carries a quantization config that blocks training and saving;
         # rebuild a plain model from the config and copy the dequantised weights over.
@@ -109,6 +115,34 @@ def convert_gguf(gguf_path: str | os.PathLike[str], dest: str | os.PathLike[str]
         _auto_tokenizer(str(dest), {})
         logger.warning("Converted in %.0f s.", time.time() - started)
     return dest
+
+
+@contextlib.contextmanager
+def _gguf_parsed_once() -> Iterator[None]:
+    """transformers reads a GGUF three times to make a tokenizer, a config and a model, and gguf's reader takes
+    ~4 s on the embedded model's 49,152-token vocabulary each time; its weight-name map is built anew for every
+    module of the model (~400 times, ~5.6 s). Both depend only on their arguments, so for the length of a
+    conversion each is made once and handed out again. transformers imports both names from gguf at each call,
+    so replacing them on the gguf module reaches it; they are put back after. One conversion at a time in a
+    process does this, so two threads never put back each other's replacements."""
+    import gguf
+
+    with _GGUF_PARSE_LOCK:
+        reader_class, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+        readers: dict[tuple[str, str], Any] = {}
+
+        def parsed_reader(path: str | os.PathLike[str], mode: str = "r") -> Any:
+            key = (os.path.realpath(path), mode)
+            if key not in readers:
+                readers[key] = reader_class(path, mode)  # type: ignore[arg-type]
+            return readers[key]
+
+        gguf.GGUFReader = parsed_reader  # type: ignore[assignment,misc]
+        gguf.get_tensor_name_map = functools.lru_cache(maxsize=None)(name_map)
+        try:
+            yield
+        finally:
+            gguf.GGUFReader, gguf.get_tensor_name_map = reader_class, name_map  # type: ignore[misc]
 
 
 def _gguf_cache_dir(gguf_path: Path) -> Path:
@@ -165,7 +199,8 @@ def load_gguf_tokenizer(path: Path) -> Any:
     from transformers import AutoTokenizer
 
     try:
-        tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+        with _gguf_parsed_once():  # AutoTokenizer reads the file for its config, then again for the tokenizer
+            tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     except (OSError, ValueError, KeyError) as exc:
         raise ModelError(f"Could not read the tokenizer of {path}: {_first_line(exc)}") from None
     if tokenizer.pad_token is None:
