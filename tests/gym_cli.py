@@ -55,6 +55,16 @@ def assert_one_line_error(done: subprocess.CompletedProcess[str], *fragments: st
         assert fragment in done.stderr, done.stderr[-2000:]
 
 
+def assert_only_an_error_line(stderr: str, *fragments: str) -> None:
+    """Stricter, for commands that print nothing else before they fail (a server refusing to start): stderr is the
+    one `gym: error:` line, holding every fragment."""
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert "Traceback" not in stderr, stderr
+    assert len(lines) == 1 and lines[0].startswith("gym: error: "), stderr
+    for fragment in fragments:
+        assert fragment in lines[0], stderr
+
+
 def _exit_status(main: Callable[[list[str]], int], argv: list[str]) -> int:
     try:
         return int(main(argv))

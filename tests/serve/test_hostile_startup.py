@@ -9,18 +9,10 @@ import time
 import urllib.request
 
 import pytest
-from tests.gym_cli import gym_process
+from tests.gym_cli import assert_only_an_error_line, gym_process
 
 import gym.serve.server as server
 from gym.cli import main
-
-
-def _one_error_line(err: str, *fragments: str) -> None:
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert "Traceback" not in err
-    assert len(lines) == 1 and lines[0].startswith("gym: error: "), err
-    for fragment in fragments:
-        assert fragment in lines[0], err
 
 
 @pytest.fixture()
@@ -42,21 +34,21 @@ def test_a_taken_port_is_one_line_before_the_model_loads(tiny_model_dir, capsys,
         held.listen()
         port = held.getsockname()[1]
         assert main(["api", "--model_name_or_path", str(tiny_model_dir), "--port", str(port)]) == 2
-    _one_error_line(capsys.readouterr().err, f"port {port}", "in use", "--port")
+    assert_only_an_error_line(capsys.readouterr().err, f"port {port}", "in use", "--port")
     assert no_model_load == []
 
 
 @pytest.mark.parametrize("port", ["70000", "-1", "0", "65536"])
 def test_an_impossible_port_is_one_line(port, tiny_model_dir, capsys, no_model_load):
     assert main(["api", "--model_name_or_path", str(tiny_model_dir), "--port", port]) == 2
-    _one_error_line(capsys.readouterr().err, f"--port {port}", "1 to 65535")
+    assert_only_an_error_line(capsys.readouterr().err, f"--port {port}", "1 to 65535")
     assert no_model_load == []
 
 
 @pytest.mark.parametrize("host", ["256.1.1.1", "192.0.2.1"])
 def test_a_host_it_cannot_listen_on_is_one_line(host, tiny_model_dir, capsys, no_model_load):
     assert main(["api", "--model_name_or_path", str(tiny_model_dir), "--host", host, "--port", "8123"]) == 2
-    _one_error_line(capsys.readouterr().err, f"--host {host}")
+    assert_only_an_error_line(capsys.readouterr().err, f"--host {host}")
     assert no_model_load == []
 
 
@@ -68,7 +60,7 @@ def test_a_taken_port_as_a_process_exits_2_at_once(tiny_model_dir):
         started = time.monotonic()
         done = gym_process("api", "--model_name_or_path", tiny_model_dir, "--port", port, timeout=120)
     assert done.returncode == 2, done.stderr
-    _one_error_line(done.stderr, f"port {port}", "in use")
+    assert_only_an_error_line(done.stderr, f"port {port}", "in use")
     assert time.monotonic() - started < 60
 
 

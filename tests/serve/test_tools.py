@@ -15,17 +15,10 @@ from concurrent.futures import ThreadPoolExecutor
 import jsonschema
 import openai
 import pytest
+from tests.infer.test_chat_tools import ADD, TOOLS, WEATHER  # the same two tools as the chat's tests
 
 from gym.infer.requests import Finished, Piece, admit
 
-WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city.",
-                                            "parameters": {"type": "object", "properties": {
-                                                "city": {"type": "string", "enum": ["Paris", "Oslo"]},
-                                                "days": {"type": "integer", "minimum": 1, "maximum": 7}},
-                                                "required": ["city", "days"], "additionalProperties": False}}}
-ADD = {"type": "function", "function": {"name": "add", "parameters": {"type": "object", "properties": {
-    "a": {"type": "integer", "minimum": 0, "maximum": 99}}, "required": ["a"], "additionalProperties": False}}}
-TOOLS = [WEATHER, ADD]
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 CALL_TEXT = ('Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}\n'
              "</tool_call>")

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from tests.gym_cli import gym_process
+from tests.gym_cli import assert_only_an_error_line, gym_process
 
 from gym.cli import main
 from gym.core.errors import ConfigError, GymError
@@ -27,19 +27,11 @@ def _free_port() -> int:
         return port
 
 
-def _one_error_line(err: str, *fragments: str) -> None:
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert "Traceback" not in err
-    assert len(lines) == 1 and lines[0].startswith("gym: error: "), err
-    for fragment in fragments:
-        assert fragment in lines[0], err
-
-
 @pytest.mark.parametrize("host", ["0", "0.0.0.0", "::", "0x0", "10.0.0.1"])
 def test_every_interface_without_auth_refuses_to_start(host, tmp_path, capsys):
     runs = tmp_path / "runs"
     assert main(["webui", "--host", host, "--port", str(_free_port()), "--runs_dir", str(runs)]) == 2
-    _one_error_line(capsys.readouterr().err, "without --auth", "--auth user:password", "--insecure-no-auth")
+    assert_only_an_error_line(capsys.readouterr().err, "without --auth", "--auth user:password", "--insecure-no-auth")
     assert not runs.exists()  # refused before anything was made
 
 
@@ -47,7 +39,7 @@ def test_the_refusal_as_a_process_exit_2_and_one_line(tmp_path):
     runs = tmp_path / "runs"
     done = gym_process("webui", "--host", "0", "--port", _free_port(), "--runs_dir", runs, timeout=120)
     assert done.returncode == 2
-    _one_error_line(done.stderr, "0.0.0.0", "--insecure-no-auth")
+    assert_only_an_error_line(done.stderr, "0.0.0.0", "--insecure-no-auth")
     assert done.stdout == "" and not runs.exists()
 
 
@@ -61,7 +53,7 @@ def test_loopback_needs_no_auth_and_is_not_warned_about(host, tmp_path, capsys, 
         port = held.getsockname()[1]
         with caplog.at_level(logging.WARNING):
             assert main(["webui", "--host", host, "--port", str(port), "--runs_dir", str(tmp_path / "r")]) == 2
-    _one_error_line(capsys.readouterr().err, f"port {port}", "in use")
+    assert_only_an_error_line(capsys.readouterr().err, f"port {port}", "in use")
     assert "without --auth" not in caplog.text
 
 
@@ -74,7 +66,7 @@ def test_insecure_no_auth_gets_past_the_refusal_with_one_warning(tmp_path, capsy
             code = main(["webui", "--host", "0", "--insecure-no-auth", "--port", str(port), "--runs_dir",
                          str(tmp_path / "r")])
     assert code == 2
-    _one_error_line(capsys.readouterr().err, f"port {port}", "in use")
+    assert_only_an_error_line(capsys.readouterr().err, f"port {port}", "in use")
     warned = [r for r in caplog.records if "without --auth" in r.getMessage()]
     assert len(warned) == 1 and warned[0].levelno == logging.WARNING
 
@@ -107,7 +99,7 @@ def test_serving_every_interface_with_insecure_no_auth_warns_once(tmp_path, capl
 @pytest.mark.parametrize("port, fragment", [("70000", "1 to 65535"), ("-1", "1 to 65535"), ("0", "1 to 65535")])
 def test_an_impossible_port_is_one_line(port, fragment, tmp_path, capsys):
     assert main(["webui", "--port", port, "--runs_dir", str(tmp_path / "runs")]) == 2
-    _one_error_line(capsys.readouterr().err, f"--port {port}", fragment)
+    assert_only_an_error_line(capsys.readouterr().err, f"--port {port}", fragment)
     assert not (tmp_path / "runs").exists()
 
 
@@ -119,7 +111,7 @@ def test_a_taken_port_as_a_process_is_exit_2_before_the_page_is_built(tmp_path):
         port = held.getsockname()[1]
         done = gym_process("webui", "--port", port, "--runs_dir", runs, timeout=120)
     assert done.returncode == 2
-    _one_error_line(done.stderr, f"port {port}", "in use", "--port")
+    assert_only_an_error_line(done.stderr, f"port {port}", "in use", "--port")
     assert not runs.exists()
 
 
@@ -129,7 +121,7 @@ def test_a_runs_dir_that_is_a_file_is_one_line(inside, tmp_path, capsys):
     blocker.write_text("not a folder")
     runs = blocker / "webui" if inside else blocker
     assert main(["webui", "--port", str(_free_port()), "--runs_dir", str(runs)]) == 2
-    _one_error_line(capsys.readouterr().err, str(blocker), "not a folder")
+    assert_only_an_error_line(capsys.readouterr().err, str(blocker), "not a folder")
     assert blocker.read_text() == "not a folder"
 
 

@@ -1,5 +1,5 @@
-"""What the engines that schedule their own batches share (hf, fast): the waiting queue, the engine
-thread's loop, shutdown, and the guarantee that every request hears how it ended.
+"""What the engines that schedule their own batches share (hf, fast, llamacpp, the vision engine): the waiting
+queue, the engine thread's loop, shutdown, and the guarantee that every request hears how it ended.
 
 A subclass says what a step is (`_step`), how waiting requests join (`_take_waiting`, under the lock),
 whether it has work in flight (`_busy`) and which requests it holds (`_in_flight`); the rest is here.
@@ -151,3 +151,25 @@ class BatchingEngine(ABC):
     @abstractmethod
     def _reset(self) -> None:
         """Drop every request's state after the loop ends."""
+
+
+class OneRequestEngine(BatchingEngine):
+    """An engine that decodes one request at a time (llama.cpp, the vision model's generate): the rest wait in
+    order. A subclass says what a step does with `_current`, the request it holds."""
+
+    def __init__(self, tokenizer: Any, stop_token_ids: list[int], *, max_waiting: int) -> None:
+        super().__init__(tokenizer, stop_token_ids, max_batch_size=1, max_waiting=max_waiting)
+        self._current: Request | None = None
+
+    def _busy(self) -> bool:
+        return self._current is not None
+
+    def _in_flight(self) -> list[Request]:
+        return [self._current] if self._current is not None else []
+
+    def _take_waiting(self) -> None:
+        if self._current is None and self._waiting:
+            self._current = self._waiting.popleft()
+
+    def _reset(self) -> None:
+        self._current = None

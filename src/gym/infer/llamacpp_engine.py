@@ -24,15 +24,14 @@ import numpy as np
 import torch
 
 from gym.core.errors import ConfigError
-from gym.infer.batching import BatchingEngine
+from gym.infer.batching import OneRequestEngine
 from gym.infer.emit import finish, report_token
-from gym.infer.requests import Request
 from gym.infer.sampling import sample_rows
 
 logger = logging.getLogger(__name__)
 
 
-class LlamaCppEngine(BatchingEngine):
+class LlamaCppEngine(OneRequestEngine):
     """The Engine protocol over llama_cpp.Llama; one request decodes at a time."""
 
     thread_name = "gym-llamacpp-engine"
@@ -40,7 +39,7 @@ class LlamaCppEngine(BatchingEngine):
     def __init__(self, gguf_path: str | os.PathLike[str], tokenizer: Any, stop_token_ids: list[int], *,
                  max_waiting: int = 256, adapters: list[str] | None = None, n_ctx: int = 0,
                  n_threads: int | None = None) -> None:
-        super().__init__(tokenizer, stop_token_ids, max_batch_size=1, max_waiting=max_waiting)
+        super().__init__(tokenizer, stop_token_ids, max_waiting=max_waiting)
         adapters = adapters or []
         if len(adapters) > 1 or any(not str(a).endswith(".gguf") for a in adapters):
             raise ConfigError("infer_backend: llamacpp serves at most one LoRA adapter, as a GGUF adapter file "
@@ -55,7 +54,6 @@ class LlamaCppEngine(BatchingEngine):
         if largest >= self.n_vocab:
             raise ConfigError(f"The tokenizer's ids go up to {largest} but {Path(gguf_path).name} has "
                               f"{self.n_vocab} tokens: the tokenizer is not this GGUF's.")
-        self._current: Request | None = None
         logger.info("llama.cpp engine: %s, %d-token context, %d threads", Path(gguf_path).name, self.max_length,
                     threads)
         self._start()
@@ -65,19 +63,6 @@ class LlamaCppEngine(BatchingEngine):
         if not self._thread.is_alive():
             # Freed now: llama-cpp-python's own finalizer fails when it runs during interpreter teardown.
             self.llm.close()
-
-    def _busy(self) -> bool:
-        return self._current is not None
-
-    def _in_flight(self) -> list[Request]:
-        return [self._current] if self._current is not None else []
-
-    def _take_waiting(self) -> None:
-        if self._current is None and self._waiting:
-            self._current = self._waiting.popleft()
-
-    def _reset(self) -> None:
-        self._current = None
 
     def _step(self) -> None:
         request = self._current

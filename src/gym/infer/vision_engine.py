@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 
-from gym.infer.batching import BatchingEngine
+from gym.infer.batching import OneRequestEngine
 from gym.infer.emit import finish, report_token
 from gym.infer.requests import Request
 from gym.infer.sampling import sample_rows
@@ -33,7 +33,7 @@ from gym.infer.sampling import sample_rows
 logger = logging.getLogger(__name__)
 
 
-class MultimodalEngine(BatchingEngine):
+class MultimodalEngine(OneRequestEngine):
     """The Engine protocol over a multimodal model's `generate`: one request runs at a time, up to
     `max_waiting` wait for it, one more is refused with EngineBusy."""
 
@@ -41,24 +41,10 @@ class MultimodalEngine(BatchingEngine):
     takes_media = True
 
     def __init__(self, model: Any, tokenizer: Any, stop_token_ids: list[int], *, max_waiting: int = 256) -> None:
-        super().__init__(tokenizer, stop_token_ids, max_batch_size=1, max_waiting=max_waiting)
+        super().__init__(tokenizer, stop_token_ids, max_waiting=max_waiting)
         self.model = model
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-        self._current: Request | None = None
         self._start()
-
-    def _busy(self) -> bool:
-        return self._current is not None
-
-    def _in_flight(self) -> list[Request]:
-        return [self._current] if self._current is not None else []
-
-    def _take_waiting(self) -> None:
-        if self._current is None and self._waiting:
-            self._current = self._waiting.popleft()
-
-    def _reset(self) -> None:
-        self._current = None
 
     def _step(self) -> None:
         request = self._current

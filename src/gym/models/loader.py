@@ -322,20 +322,7 @@ def load_causal_lm(model_path: str, model_args: ModelArguments | None = None,
 def load_reward_backbone(model_path: str, model_args: ModelArguments | None = None,
                          dtype: torch.dtype = torch.float32) -> Any:
     """The base model with a new scalar head (`score`), for training a reward model."""
-    from transformers import AutoModelForSequenceClassification
-
-    try:
-        model = AutoModelForSequenceClassification.from_pretrained(
-            model_path, num_labels=1, dtype=dtype, attn_implementation=attn_implementation(model_args),
-            **_load_kwargs(model_path, model_args, dtype),
-        )
-    except (OSError, ValueError, SafetensorError) as exc:  # a missing/unreadable config.json or weights file
-        raise ModelError(f"Could not load the model {model_path}: {_first_line(exc)}") from None
-    _report_quantized(model, model_args, dtype)
-    if model.config.pad_token_id is None:
-        # The score is read at the last non-padding token, which the model finds through pad_token_id.
-        model.config.pad_token_id = model.config.eos_token_id
-    return model
+    return _with_new_head(model_path, model_args, dtype, num_labels=1)
 
 
 def load_classifier_backbone(model_path: str, model_args: ModelArguments | None = None,
@@ -343,20 +330,24 @@ def load_classifier_backbone(model_path: str, model_args: ModelArguments | None 
     """The base model with a new classification head (`score`, one output per class in `labels`, read at the last
     token), for training a sequence classifier. The config carries the class names (id2label, label2id), so the
     saved folder tells any loader what each output means."""
+    return _with_new_head(model_path, model_args, dtype, num_labels=len(labels), id2label=dict(enumerate(labels)),
+                          label2id={name: i for i, name in enumerate(labels)},
+                          problem_type="single_label_classification")
+
+
+def _with_new_head(model_path: str, model_args: ModelArguments | None, dtype: torch.dtype, **head: Any) -> Any:
     from transformers import AutoModelForSequenceClassification
 
     try:
         model = AutoModelForSequenceClassification.from_pretrained(
-            model_path, num_labels=len(labels), id2label=dict(enumerate(labels)),
-            label2id={name: i for i, name in enumerate(labels)}, problem_type="single_label_classification",
-            dtype=dtype, attn_implementation=attn_implementation(model_args),
+            model_path, **head, dtype=dtype, attn_implementation=attn_implementation(model_args),
             **_load_kwargs(model_path, model_args, dtype),
         )
     except (OSError, ValueError, SafetensorError) as exc:  # a missing/unreadable config.json or weights file
         raise ModelError(f"Could not load the model {model_path}: {_first_line(exc)}") from None
     _report_quantized(model, model_args, dtype)
     if model.config.pad_token_id is None:
-        # The class is read at the last non-padding token, which the model finds through pad_token_id.
+        # The score is read at the last non-padding token, which the model finds through pad_token_id.
         model.config.pad_token_id = model.config.eos_token_id
     return model
 
