@@ -55,6 +55,24 @@ def tiny_model_dir(tmp_path_factory, tokenizer) -> Path:
     return path
 
 
+def bitdelta(tiny_model_dir, folder: Path, seed: int) -> Path:
+    """A BitDelta of the tiny model nudged by noise of `seed`: a variant that answers unlike the base."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from gym.delta.bitdelta import BitDeltaConfig, BitDeltaQuantizer
+
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    tuned = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for _, param in tuned.named_parameters():
+            param.add_(torch.randn(param.shape, generator=g) * 0.05)
+    # Named as `gym delta compress --base` names it: a store checks a variant's shapes against that base.
+    return BitDeltaQuantizer(BitDeltaConfig(distill_steps=0)).compress(
+        base, tuned, base_name=str(tiny_model_dir), progress=False).save(folder / f"delta-{seed}.safetensors")
+
+
 def free_port() -> int:
     """A port free on 127.0.0.1 now (for servers the tests start)."""
     import socket

@@ -10,10 +10,10 @@ import openai
 import pytest
 import torch
 from peft import LoraConfig, get_peft_model
+from tests.conftest import bitdelta
 from transformers import AutoModelForCausalLM
 
 from gym.delta.apply import save_model_folder, write_applied
-from gym.delta.bitdelta import BitDeltaConfig, BitDeltaQuantizer
 from gym.infer.chat import ChatModel
 from gym.infer.fast.bank import VariantNotFound
 from gym.personalization.source import StoreSource
@@ -25,17 +25,6 @@ SETTINGS = {"infer_dtype": "float32", "max_new_tokens": 10}
 
 def _base(path):
     return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-
-
-def _bitdelta(tiny_model_dir, folder, seed: int):
-    base, tuned = _base(tiny_model_dir), _base(tiny_model_dir)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for _, param in tuned.named_parameters():
-            param.add_(torch.randn(param.shape, generator=g) * 0.05)
-    # Named as `gym delta compress --base` names it: a store checks a variant's shapes against that base.
-    return BitDeltaQuantizer(BitDeltaConfig(distill_steps=0)).compress(
-        base, tuned, base_name=str(tiny_model_dir), progress=False).save(folder / f"delta-{seed}.safetensors")
 
 
 def _adapter(tiny_model_dir, folder):
@@ -54,7 +43,7 @@ def _adapter(tiny_model_dir, folder):
 def served(tiny_model_dir, tmp_path_factory, serve_app):
     folder = tmp_path_factory.mktemp("store")
     store = VariantStore(folder / "store")
-    deltas = {seed: _bitdelta(tiny_model_dir, folder, seed) for seed in (1, 2)}
+    deltas = {seed: bitdelta(tiny_model_dir, folder, seed) for seed in (1, 2)}
     adapter = _adapter(tiny_model_dir, folder)
     store.add("alice", delta=deltas[1])
     store.add("bob@example.com", adapter=adapter)

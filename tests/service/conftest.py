@@ -14,7 +14,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from tests.conftest import free_port
+from tests.conftest import bitdelta, free_port
 from tests.gym_cli import gym_here
 
 
@@ -29,23 +29,6 @@ def new_key(store: Path, *who: str, db: str | None = None) -> str:
     code, out, err = gym_keys("create", str(store), *who, *(["--db", db] if db else []))
     assert code == 0, err
     return out.split()[-1]
-
-
-def bitdelta(tiny_model_dir, folder: Path, seed: int) -> Path:
-    """A BitDelta of the tiny model nudged by noise of `seed`: a variant that answers unlike the base."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from gym.delta.bitdelta import BitDeltaConfig, BitDeltaQuantizer
-
-    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
-    tuned = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for _, param in tuned.named_parameters():
-            param.add_(torch.randn(param.shape, generator=g) * 0.05)
-    return BitDeltaQuantizer(BitDeltaConfig(distill_steps=0)).compress(
-        base, tuned, base_name=str(tiny_model_dir), progress=False).save(folder / f"delta-{seed}.safetensors")
 
 
 @pytest.fixture(scope="module")
