@@ -23,7 +23,7 @@ CONVERT = """
 import contextlib, sys, time
 import gym.models.loader as loader
 if sys.argv[1] == "transformers":
-    loader._gguf_parsed_once = contextlib.nullcontext
+    loader.gguf_parsed_once = contextlib.nullcontext
 started = time.perf_counter()
 loader.resolve_model_path("smollm2-135m")
 print(time.perf_counter() - started)

@@ -4,6 +4,7 @@ undoes llama.cpp's q/k layout) rebuilds the model with the source's logits and t
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 
 import gguf
@@ -14,6 +15,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from gym.cli import main
 from gym.export.gguf_file import TYPES, permute_for_llama
+from gym.models.loader import gguf_parsed_once
 
 TEXTS = ["Hello world!", "  leading spaces, 12345 digits\nand lines", "naïve café — ünïcödé 日本語 🙂",
          "<|im_start|>user\nHi<|im_end|>"]
@@ -80,6 +82,11 @@ def test_every_tensor_dequantizes_to_its_source_within_the_types_bound(tiny_mode
 
 def test_metadata_tokenizer_and_logits_through_transformers(tiny_model_dir, tmp_path):
     path = _export(tiny_model_dir, tmp_path, "f32")
+    with gguf_parsed_once():  # gguf's reader, the tokenizer's config, the tokenizer, the model's: one parse
+        _check_metadata_tokenizer_and_logits(tiny_model_dir, path)
+
+
+def _check_metadata_tokenizer_and_logits(tiny_model_dir: Path, path: Path) -> None:
     reader = gguf.GGUFReader(path)
     fields = {k: f.contents() for k, f in reader.fields.items() if not k.startswith("GGUF.")}
     for key in ("general.architecture", "llama.block_count", "llama.context_length", "llama.embedding_length",
@@ -120,8 +127,9 @@ def test_qwen_models_are_written_without_the_llama_permutation(family, tokenizer
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     path = _export(folder, tmp_path / "out", "f32")
-    assert gguf.GGUFReader(path).fields["general.architecture"].contents() == family
-    rebuilt = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+    with gguf_parsed_once():
+        assert gguf.GGUFReader(path).fields["general.architecture"].contents() == family
+        rebuilt = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
     ids = torch.tensor([tokenizer.encode("Hello there, general")])
     with torch.no_grad():
         assert torch.allclose(rebuilt(ids).logits, model(ids).logits, atol=1e-5)

@@ -79,6 +79,7 @@ def test_k_quant_file_of_a_model_with_256_wide_rows(tokenizer, tmp_path, quantiz
     from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
     from gym.cli import main
+    from gym.models.loader import gguf_parsed_once
 
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=256, intermediate_size=512, num_hidden_layers=8,
@@ -120,7 +121,8 @@ def test_k_quant_file_of_a_model_with_256_wide_rows(tokenizer, tmp_path, quantiz
             assert error < bound[tensor.tensor_type], (tensor.name, error)
     if quantization != "q4_k_m":
         return  # transformers' GGUF loader (10 s here) reads one of the three; the checks above cover each type
-    rebuilt = AutoModelForCausalLM.from_pretrained(out, gguf_file=path.name, dtype=torch.float32)
+    with gguf_parsed_once():  # the config's read and the model's: one parse
+        rebuilt = AutoModelForCausalLM.from_pretrained(out, gguf_file=path.name, dtype=torch.float32)
     ids = torch.tensor([tokenizer.encode("Once upon a time, in a small village")])
     with torch.no_grad():
         p = torch.softmax(model(ids).logits[0, -1], -1)

@@ -37,7 +37,7 @@ from gym.models.tiny import TINY_MODELS, build_tiny
 logger = logging.getLogger(__name__)
 
 # Settings a model's generation_config.json may give that Gym's decoding uses (gym.config.generating).
-_GGUF_PARSE_LOCK = threading.RLock()  # _gguf_parsed_once
+_GGUF_PARSE_LOCK = threading.RLock()  # gguf_parsed_once
 
 DECODING_KEYS = ("do_sample", "temperature", "top_p", "top_k", "max_new_tokens", "repetition_penalty")
 
@@ -82,7 +82,7 @@ def convert_gguf(gguf_path: str | os.PathLike[str], dest: str | os.PathLike[str]
         tmp = temp_path(dest)
         shutil.rmtree(tmp, ignore_errors=True)
         folder, filename = str(gguf_path.parent), gguf_path.name
-        with _gguf_parsed_once():
+        with gguf_parsed_once():
             tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=filename)
             loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=filename, dtype=torch.float32)
         config = loaded.config
@@ -118,13 +118,15 @@ def convert_gguf(gguf_path: str | os.PathLike[str], dest: str | os.PathLike[str]
 
 
 @contextlib.contextmanager
-def _gguf_parsed_once() -> Iterator[None]:
-    """transformers reads a GGUF three times to make a tokenizer, a config and a model, and gguf's reader takes
+def gguf_parsed_once() -> Iterator[None]:
+    """Inside it, a GGUF is parsed once however often transformers (or gguf.GGUFReader's caller) reads it.
+
+    transformers reads a GGUF three times to make a tokenizer, a config and a model, and gguf's reader takes
     ~4 s on the embedded model's 49,152-token vocabulary each time; its weight-name map is built anew for every
-    module of the model (~400 times, ~5.6 s). Both depend only on their arguments, so for the length of a
-    conversion each is made once and handed out again. transformers imports both names from gguf at each call,
-    so replacing them on the gguf module reaches it; they are put back after. One conversion at a time in a
-    process does this, so two threads never put back each other's replacements."""
+    module of the model (~400 times, ~5.6 s). Both depend only on their arguments, so for the length of the
+    block each is made once and handed out again (a file must not change inside it). transformers imports both
+    names from gguf at each call, so replacing them on the gguf module reaches it; they are put back after. One
+    thread at a time in a process is inside, so two never put back each other's replacements."""
     import gguf
 
     with _GGUF_PARSE_LOCK:
@@ -199,7 +201,7 @@ def load_gguf_tokenizer(path: Path) -> Any:
     from transformers import AutoTokenizer
 
     try:
-        with _gguf_parsed_once():  # AutoTokenizer reads the file for its config, then again for the tokenizer
+        with gguf_parsed_once():  # AutoTokenizer reads the file for its config, then again for the tokenizer
             tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     except (OSError, ValueError, KeyError) as exc:
         raise ModelError(f"Could not read the tokenizer of {path}: {_first_line(exc)}") from None
