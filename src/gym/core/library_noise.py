@@ -4,8 +4,9 @@ transformers imports torchao (to register its quantizer) and bitsandbytes wherev
 each says, once per process, that an optional extension is missing: torchao's prebuilt `_C_mxfp8` and
 `_C_cutlass_90a` libraries (built for other CUDA/Python versions), bitsandbytes' CPU 4-bit kernels from the
 `kernels` package, torch's note on the enums torchao registers, and transformers' note that an image
-processor runs on Pillow because torchvision is not installed. They work without them, and nothing a user does
-changes it; a benchmark that starts a process per configuration printed them by the page.
+processor runs on Pillow because torchvision is not installed; and deepspeed, where it is installed, that it
+found no GPU. They work without them, and nothing a user does changes it; a benchmark that starts a process per
+configuration printed them by the page.
 
 A filter on each of those loggers drops exactly those records, at warning level (an error is always
 shown). It is installed when gym is imported, the one place that runs before any of Gym's many imports of
@@ -25,6 +26,9 @@ OPTIONAL_EXTENSIONS = {
     "torch.utils._pytree": re.compile(r"<enum '\w+'> is an Enum subclass and is now natively supported"),
     # Without torchvision, transformers 5 swaps an image processor for its Pillow twin (the same numbers).
     "transformers.utils.import_utils": re.compile(r"`\w+` requires torchvision \(not installed\); falling back to"),
+    # deepspeed, imported by accelerate whenever transformers saves a model (to unwrap it), picks the CPU on a
+    # machine without a GPU and says so on stdout, where `gym chat --prompt` prints its answer.
+    "DeepSpeed": re.compile(r"Setting accelerator to CPU\. If you have GPU or other accelerator, we were unable"),
 }
 
 
