@@ -37,9 +37,9 @@ from gym.models.tiny import TINY_MODELS, build_tiny
 logger = logging.getLogger(__name__)
 
 # Settings a model's generation_config.json may give that Gym's decoding uses (gym.config.generating).
-_GGUF_PARSE_LOCK = threading.RLock()  # gguf_parsed_once
-
 DECODING_KEYS = ("do_sample", "temperature", "top_p", "top_k", "max_new_tokens", "repetition_penalty")
+
+_GGUF_PARSE_LOCK = threading.RLock()  # gguf_parsed_once
 
 
 def embedded_gguf_path(name: str = DEFAULT_MODEL) -> Path:
