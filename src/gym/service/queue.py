@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
 import socket
 import time
 from dataclasses import dataclass
@@ -256,6 +257,20 @@ class JobQueue:
                 return  # re-queued meanwhile (this worker was thought dead): the job is another worker's now
             job.status, job.finished_at, job.heartbeat = status, now(), now()
             job.fine_tuned_model, job.error, job.result = fine_tuned_model, error, result
+
+    def remove_ended_work_dirs(self) -> list[str]:
+        """Remove the folders of jobs that have ended; -> their ids. A worker removes its job's folder once it has
+        recorded the end, but one stopped in between (the server stopping, kill -9) leaves it behind, checkpoints
+        and all, and nothing would read it again."""
+        root = self.store / JOBS_DIR
+        names = [p.name for p in root.iterdir() if p.is_dir()] if root.is_dir() else []
+        if not names:
+            return []
+        with self.db.session() as session:
+            ended = sorted(session.scalars(select(Job.id).where(Job.id.in_(names), Job.status.in_(ENDED))))
+        for job_id in ended:
+            shutil.rmtree(root / job_id, ignore_errors=True)
+        return ended
 
     def requeue_dead(self, alive: Any = None) -> list[str]:
         """Put back in the queue the running jobs whose worker is gone: a worker of this host whose process no

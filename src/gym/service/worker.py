@@ -113,6 +113,9 @@ class WorkerPool:
         requeued = self.queue.requeue_dead()  # jobs a killed server's workers left running
         if requeued:
             logger.info("Re-queued %d job(s) left running by stopped workers: %s", len(requeued), ", ".join(requeued))
+        swept = self.queue.remove_ended_work_dirs()  # a worker stopped between a job's end and its clean-up
+        if swept:
+            logger.info("Removed the folders of %d ended job(s): %s", len(swept), ", ".join(swept))
         self.processes = [self._spawn() for _ in range(self.count)]
         if self.count:
             self._watch = threading.Thread(target=self._watch_workers, name="job-workers", daemon=True)
