@@ -21,6 +21,17 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 REPO = Path(__file__).resolve().parent.parent
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Move what collection made (torch, transformers, every test module: ~550k objects) out of the collector's
+    reach. A worker runs for the whole suite, and each full collection walked all of it: 27% of the time of
+    tests/train/test_sft.py, test_dpo.py, tests/data and tests/config in one process (25.4 of 94.8 s), 8.5 s and
+    73.0 s once frozen. Objects the tests make are collected as before; nothing frozen here is garbage."""
+    import gc
+
+    gc.collect()
+    gc.freeze()
+
+
 @pytest.fixture(scope="session")
 def embedded_dir() -> Path:
     """The embedded SmolLM2 converted into Gym's cache (converted once per machine)."""
