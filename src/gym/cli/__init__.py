@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from gym.config.files import take_option
 from gym.core.errors import ConfigError, GymError, RunStopped, as_gym_error
+from gym.core.heap import deferred_full_collections, work_begins
 from gym.core.version import __version__
 
 if TYPE_CHECKING:
@@ -175,6 +176,7 @@ def cmd_chat(argv: list[str]) -> int:
             print(f"User: {prompt}\nAssistant: ", end="", flush=True)
             _answer(model, [{"role": "user", "content": prompt}], None, tools, images)
             return 0
+        work_begins()  # a conversation of hours collects its garbage as CPython always does
         return _interactive(model, tools, images)
     finally:
         model.close()
@@ -438,7 +440,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     _setup_logging(debug)
     try:
-        return COMMANDS[command](rest)
+        with deferred_full_collections():
+            return COMMANDS[command](rest)
     except KeyboardInterrupt:
         print("\ngym: interrupted", file=sys.stderr)
         return 130

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 import uvicorn
 
+from gym.core import heap
 from gym.core.errors import ConfigError
 from gym.core.network import bind_sockets, ready_to_listen
 from gym.delta.format import fingerprint
@@ -109,6 +110,7 @@ def serve(config: dict[str, Any], *, host: str = "127.0.0.1", port: int = 8000, 
             pool = WorkerPool(service.jobs, train_workers, db_url=db, options=job_options,
                               base_path=str(chat_model.model_args.model_name_or_path))
             pool.start()
+        heap.work_begins()  # a server of days collects its garbage as CPython always does
         server.run(ready_to_listen(sockets))
     finally:
         if pool is not None:

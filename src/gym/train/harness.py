@@ -21,6 +21,7 @@ from tqdm.auto import tqdm
 from transformers import PrinterCallback, ProgressCallback, TrainerCallback
 
 from gym.config.args import TrainArgs
+from gym.core import heap
 from gym.core.files import LOG_FILE
 from gym.core.hardware import peak_memory_bytes
 from gym.core.results import RunResult
@@ -103,6 +104,7 @@ class HarnessCallback(TrainerCallback):
         self.progress: Progress | None = None
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        heap.work_begins()  # a run of hours collects its garbage as CPython always does
         if state.is_world_process_zero:
             self.log.start(state.global_step)
             self.progress = Progress(state.max_steps, state.global_step, enabled=self.show_bar)

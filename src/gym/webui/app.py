@@ -13,6 +13,7 @@ import logging
 import os
 from typing import Any
 
+from gym.core import heap
 from gym.core.errors import ConfigError
 from gym.core.network import check_port, host_addresses, is_loopback
 from gym.core.version import __version__
@@ -101,6 +102,7 @@ def serve(host: str = "127.0.0.1", port: int = 7860, auth: tuple[str, str] | Non
     demo.queue(default_concurrency_limit=None)
     message = ("Sign in with your API key: your user id as the user name (admin for an admin's key), the key as the "
                "password.") if login is not None else None
+    heap.work_begins()  # a page served for days collects its garbage as CPython always does
     try:
         _, url, _ = demo.launch(server_name=host, server_port=port, auth=login or auth, auth_message=message,
                                 share=False, ssr_mode=False,

@@ -37,6 +37,7 @@ from safetensors.torch import save_file
 
 from gym.config.args import TrainArgs
 from gym.config.stages.ppo import PPOOptions
+from gym.core import heap
 from gym.core.kinds import DataKind
 from gym.core.results import RunResult
 from gym.train import ranks
@@ -87,6 +88,7 @@ def run(args: TrainArgs[PPOOptions]) -> RunResult:
         for _ in range(state["global_step"]):  # the prompts already trained on, in the same order
             next(prompts)
         logger.info("Resumed from %s at step %d.", setup.resume, first_step)
+    heap.work_begins()  # as every Trainer-based run does when its loop starts (HarnessCallback)
     log = RunLog(args.output_dir)
     if main:
         log.start(first_step - 1)
