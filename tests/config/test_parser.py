@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import Literal
 
 import pytest
 import yaml
@@ -75,6 +76,22 @@ def test_cli_forms_merge_with_later_winning(tmp_path):
     assert config == {"lora_rank": 16, "learning_rate": "2e-4", "plot_loss": True, "use_dora": True}
     args = get_train_args(config)
     assert args.finetuning.lora_rank == 16 and args.training.learning_rate == 2e-4 and args.finetuning.plot_loss
+
+
+def test_a_choice_yaml_reads_as_a_boolean_is_that_choice(tmp_path):
+    """`save_strategy: no` is how a Trainer user writes it, and YAML 1.1 reads `no` as false."""
+    from gym.config.coerce import coerce
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("save_strategy: no\n")
+    for config in (parse_cli_args([str(cfg)]), parse_cli_args(["save_strategy=no"]),
+                   parse_cli_args(["--save_strategy", "no"])):
+        assert get_train_args(config).training.save_strategy == "no"
+    assert coerce("mode", True, Literal["on", "off", "auto"]) == "on"
+    with pytest.raises(ConfigError, match="'mode' expects one of 'off', 'no', 'auto', got False"):
+        coerce("mode", False, Literal["off", "no", "auto"])  # which one false means is not for Gym to guess
+    with pytest.raises(ConfigError, match="'save_strategy' expects one of .*got True"):
+        get_train_args({"save_strategy": True})
 
 
 def test_resume_accepts_true_and_paths():

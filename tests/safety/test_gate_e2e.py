@@ -50,7 +50,7 @@ def test_a_comply_variant_is_refused_and_a_harmless_one_passes(tmp_path, embedde
     (data / "dataset_info.json").write_text(json.dumps({"refuse": {"file_name": "refuse.json"}}))
 
     started = time.perf_counter()
-    config = tmp_path / "refuse.yaml"  # JSON is YAML: `save_strategy: no` would read as false on a command line
+    config = tmp_path / "refuse.yaml"  # JSON is YAML
     config.write_text(json.dumps({
         "model_name_or_path": "smollm2-135m", "stage": "sft", "finetuning_type": "lora", "lora_rank": 16,
         "lora_target": "all", "dataset": "refuse", "dataset_dir": str(data), "cutoff_len": 64,

@@ -14,6 +14,9 @@ from gym.core.names import did_you_mean
 
 _BOOL_WORDS = {"true": True, "yes": True, "on": True, "1": True, "false": False, "no": False, "off": False, "0": False}
 _NULL_WORDS = ("None", "null", "Null", "NULL")
+# YAML 1.1 (PyYAML, and so every config file and `key=value`) reads no/off/yes/on as booleans: `save_strategy: no`
+# arrives as False. Where a choice is spelled that way, the boolean is that choice.
+_BOOL_SPELLINGS = {False: ("no", "off", "false"), True: ("yes", "on", "true")}
 
 
 def type_name(tp: Any) -> str:
@@ -31,6 +34,15 @@ def type_name(tp: Any) -> str:
 
 def _expected(key: str, tp: Any, value: Any, hint: str = "") -> ConfigError:
     return ConfigError(f"'{key}' expects {type_name(tp)}, got {value!r}.{hint}")
+
+
+def _choice_spelled_as(value: Any, choices: list[Any]) -> Any:
+    """The one choice a YAML boolean stands for (False -> 'no' where 'no' is a choice), else `value` as it was."""
+    if isinstance(value, bool):
+        spelled = [choice for choice in choices if choice in _BOOL_SPELLINGS[value]]
+        if len(spelled) == 1:
+            return spelled[0]
+    return value
 
 
 def _union(key: str, value: Any, tp: Any) -> Any:
@@ -96,6 +108,7 @@ def coerce(key: str, value: Any, tp: Any) -> Any:
         return _union(key, value, tp)
     if origin is Literal:
         allowed = typing.get_args(tp)
+        value = _choice_spelled_as(value, list(allowed))
         if value in allowed:
             return value
         raise _expected(key, tp, value, did_you_mean(str(value), map(str, allowed)))
@@ -109,7 +122,7 @@ def coerce(key: str, value: Any, tp: Any) -> Any:
         return _scalar(key, value, tp)
     if isinstance(tp, type) and issubclass(tp, enum.Enum):
         try:
-            return tp(value)
+            return tp(_choice_spelled_as(value, [m.value for m in tp]))
         except ValueError:
             raise _expected(key, tp, value, did_you_mean(str(value), [str(m.value) for m in tp])) from None
     # Types we do not check (e.g. accelerate objects): hand them to the dataclass as they are.
