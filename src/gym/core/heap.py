@@ -34,8 +34,14 @@ def deferred_full_collections() -> Iterator[None]:
         return
     thresholds = gc.get_threshold()
     young, middle = thresholds[0], thresholds[1]
-    _saved_thresholds = (young, middle, thresholds[2])
     gc.set_threshold(young, middle, _HELD_BACK)
+    if gc.get_threshold()[2] != _HELD_BACK:
+        # CPython 3.14's incremental collector has no oldest-generation threshold (it ignores the third value and
+        # walks the old objects a slice at a time, no start-up walks to hold back): nothing to do.
+        gc.set_threshold(*thresholds)
+        yield
+        return
+    _saved_thresholds = (young, middle, thresholds[2])
     try:
         yield
     finally:
