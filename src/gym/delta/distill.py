@@ -28,6 +28,7 @@ from gym.data.loader import get_dataset
 from gym.data.templates import get_chat_format
 from gym.delta.compress import reconstruct
 from gym.delta.tensor_quant import Encoded, QuantMethod, expand_scale, signs
+from gym.models.logit_positions import no_positions
 
 logger = logging.getLogger(__name__)
 
@@ -95,8 +96,8 @@ def distill_scales(base: Any, finetuned: Any, entries: dict[str, Encoded | torch
 
     head = finetuned.get_output_embeddings()
     with torch.no_grad(), _autocast(bf16):  # the teacher runs once per batch
-        targets = [finetuned(input_ids=b, output_hidden_states=True, use_cache=False).hidden_states[-1]
-                   for b in batches]
+        targets = [finetuned(input_ids=b, output_hidden_states=True, use_cache=False,
+                             logits_to_keep=no_positions(b.device)).hidden_states[-1] for b in batches]
 
     def loss_on(i: int) -> torch.Tensor:
         with _autocast(bf16):

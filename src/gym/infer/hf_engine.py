@@ -31,6 +31,7 @@ from gym.infer.batching import BatchingEngine
 from gym.infer.emit import finish, report_token
 from gym.infer.requests import Request
 from gym.infer.sampling import sample_rows
+from gym.models.logit_positions import last_positions
 
 logger = logging.getLogger(__name__)
 
@@ -83,7 +84,7 @@ class HFEngine(BatchingEngine):
         positions = (mask.long().cumsum(-1) - 1).clamp(min=0)[:, -input_ids.shape[1]:]
         out = self.model(input_ids=input_ids.to(self.model.device), attention_mask=mask.to(self.model.device),
                          position_ids=positions.to(self.model.device), past_key_values=cache, use_cache=True,
-                         logits_to_keep=1)
+                         logits_to_keep=last_positions(1, input_ids.shape[1], self.model.device))
         logits: torch.Tensor = out.logits[:, -1, :].float().cpu()
         return logits
 

@@ -18,6 +18,7 @@ from transformers import GenerationConfig, get_scheduler
 from gym.config.args import TrainArgs
 from gym.config.finetuning import ADAPTER_TYPES
 from gym.config.stages.ppo import PPOOptions
+from gym.models.logit_positions import last_positions
 from gym.rewards.functions import RewardFunc, combined_reward, rewards_of
 from gym.train import ranks
 from gym.train.generation import merged_lora
@@ -44,7 +45,7 @@ def forward(model: Any, value_head: torch.nn.Module | None, input_ids: torch.Ten
     with torch.autocast(input_ids.device.type, dtype=torch.bfloat16, enabled=bf16):
         out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                     use_cache=False, output_hidden_states=value_head is not None,
-                    logits_to_keep=n_completion + 1)
+                    logits_to_keep=last_positions(n_completion + 1, input_ids.shape[1], input_ids.device))
         values = None
         if value_head is not None:
             values = value_head(out.hidden_states[-1][:, n_prompt - 1 : -1]).squeeze(-1).float()

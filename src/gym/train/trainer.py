@@ -17,6 +17,7 @@ from peft.optimizers import create_loraplus_optimizer
 from transformers import Trainer
 
 from gym.data.processors import IGNORE_INDEX
+from gym.models.logit_positions import no_positions
 
 
 def supervised_lm_loss(model: Any, inputs: dict[str, torch.Tensor], labels: torch.Tensor,
@@ -25,7 +26,9 @@ def supervised_lm_loss(model: Any, inputs: dict[str, torch.Tensor], labels: torc
     """Next-token cross-entropy over labelled positions, computed from the final hidden states. `dft`: each
     token's loss weighted by its probability, held constant (Dynamic Fine-Tuning, Wu et al., 2025). `fused`
     (use_liger_kernel, on a CUDA GPU): the head and the loss in Liger's fused kernel."""
-    outputs = model(**inputs, output_hidden_states=True, logits_to_keep=1, use_cache=False)
+    # The model projects no position itself: the head runs below, on the labelled positions only.
+    outputs = model(**inputs, output_hidden_states=True, use_cache=False,
+                    logits_to_keep=no_positions(labels.device))
     hidden = outputs.hidden_states[-1][:, :-1]
     targets = labels[:, 1:]
     selected = targets != IGNORE_INDEX
