@@ -228,7 +228,7 @@ def _check_hub_available(hub_id: str, alias: str | None = None) -> str:
 def attn_implementation(model_args: ModelArguments | None) -> str:
     """transformers' attn_implementation for the config (its hardware and packages were checked by validate)."""
     if model_args is None:
-        return "sdpa"
+        return _sdpa()
     if model_args.shift_attn:
         from gym.models.attention import register_shift_attention  # transformers' attention internals: ~1.5 s
 
@@ -241,6 +241,13 @@ def attn_implementation(model_args: ModelArguments | None) -> str:
         return "flash_attention_2"
     if choice == "fa3":
         return "flash_attention_3"
+    return _sdpa()
+
+
+def _sdpa() -> str:
+    from gym.models.short_attention import use_in_place_of_sdpa  # loaded with transformers' models anyway
+
+    use_in_place_of_sdpa()
     return "sdpa"
 
 
