@@ -68,19 +68,28 @@ def test_a_row_with_nothing_to_attend_stays_finite():
     assert all(torch.isfinite(t.grad).all() for t in (query, key, value))
 
 
-@pytest.mark.parametrize("case", ["no gradients", "float32", "longer than 512", "too many scores", "a cache"])
+@pytest.mark.parametrize("case", ["float32", "longer than 128", "too many scores", "a cache"])
 def test_every_other_call_is_transformers_own(case, monkeypatch):
-    length = {"longer than 512": 513, "too many scores": 300}.get(case, 11)
-    batch = 100 if case == "too many scores" else 2  # 100 x 4 heads x 300^2 > 2^23 scores
+    length = {"longer than 128": 129, "too many scores": 128}.get(case, 11)
+    batch = 130 if case == "too many scores" else 2  # 130 x 4 heads x 128^2 > 2^23 scores
     query, key, value = _inputs(batch, length, dtype=torch.float32 if case == "float32" else torch.bfloat16)
     if case == "a cache":
         query = query[:, :, -1:]
     calls = []
     monkeypatch.setattr(short_attention, "sdpa_attention_forward", lambda *a, **k: calls.append(1) or (None, None))
-    with torch.set_grad_enabled(case != "no gradients"):
-        assert not short_attention.takes_plain_ops(GQA, query, key, value)
-        short_attention.attention(GQA, query, key, value, None)
+    assert not short_attention.takes_plain_ops(GQA, query, key, value)
+    short_attention.attention(GQA, query, key, value, None)
     assert calls == [1]
+
+
+def test_a_reference_without_gradients_attends_as_the_policy_with_them():
+    """DPO's, KTO's and NPO's loss at the first step needs the reference's numbers to equal the policy's."""
+    query, key, value = _inputs()
+    mask = _padding_mask(query.shape[2])
+    with torch.no_grad():
+        reference, _ = short_attention.attention(GQA, query, key, value, mask)
+    policy, _ = short_attention.attention(GQA, query, key, value, mask)
+    assert policy.requires_grad and torch.equal(policy.detach(), reference)
 
 
 def test_a_model_gym_loads_attends_with_it_and_trains_as_eager_does(tiny_model_dir):
