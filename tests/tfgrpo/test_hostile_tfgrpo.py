@@ -55,10 +55,9 @@ class RawServer:
             threading.Thread(target=self._answer, args=(conn, n), daemon=True).start()
 
     def _answer(self, conn: socket.socket, n: int) -> None:
-        with conn:
+        with conn, contextlib.suppress(OSError):  # the client hung up: what a deadline or close() does
             _read_request(conn)
-            with contextlib.suppress(OSError):  # the client hung up: what a deadline does
-                self.respond(conn, n, self.stop)
+            self.respond(conn, n, self.stop)
 
     def close(self) -> None:
         self.stop.set()
@@ -68,12 +67,22 @@ class RawServer:
 def _read_request(conn: socket.socket) -> None:
     data = b""
     while b"\r\n\r\n" not in data:
-        data += conn.recv(65536)
+        data += _received(conn)
     head, _, body = data.partition(b"\r\n\r\n")
     length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
                   if line.lower().startswith(b"content-length"))
     while len(body) < length:
-        body += conn.recv(65536)
+        body += _received(conn)
+
+
+def _received(conn: socket.socket) -> bytes:
+    """The next bytes of a request. A client that hangs up before its request is whole (a deadline, close())
+    ends the connection's thread: recv would return b"" at once, forever, and the loop would spin for the rest of
+    the pytest worker's life (it did: 8 threads, a core and the GIL, through every later test on that worker)."""
+    chunk = conn.recv(65536)
+    if not chunk:
+        raise ConnectionResetError("the client hung up before its request was whole")
+    return chunk
 
 
 def http(status: int, body: bytes, **headers: str) -> bytes:
