@@ -19,6 +19,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 REPO = Path(__file__).resolve().parent.parent
+pytest_plugins = ["tests.thread_guard"]  # no test leaves a thread burning CPU through the later ones
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
