@@ -45,6 +45,7 @@ def main() -> None:
     from gym.models import short_attention
     from gym.models.loader import load_causal_lm, resolve_model_path
     from gym.train.trainer import supervised_lm_loss
+    from gym.train.workflow import trainable_in_float32
 
     torch.set_num_threads(1)
     bf16 = cpu_supports_bf16() if args.bf16 == "auto" else args.bf16 == "on"
@@ -56,9 +57,7 @@ def main() -> None:
 
     model = load_causal_lm(str(resolve_model_path(None)), None, dtype=torch.bfloat16 if bf16 else torch.float32)
     model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules="all-linear"))
-    for parameter in model.parameters():
-        if parameter.requires_grad:
-            parameter.data = parameter.data.float()
+    trainable_in_float32(model)  # as `gym train` does: float32 master weights for the adapter on a bf16 base
     model.train()
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5)
 
