@@ -227,7 +227,7 @@ def test_two_first_adds_of_different_bases_at_once_leave_a_store_of_one_base(fil
     assert sum(err.count("gym: error:") for err in errors.values()) == trials
 
 
-# -- 5. a create killed with SIGKILL frees the user and leaves no temporary folder -----------------------------------
+# -- 5. a create killed with SIGKILL frees the user and leaves no temporary folder anywhere ---------------------------
 @pytest.mark.slow
 def test_a_create_killed_with_sigkill_frees_the_user(files, tiny_model_dir, tmp_path, capsys):
     store = tmp_path / "store"
@@ -238,7 +238,9 @@ def test_a_create_killed_with_sigkill_frees_the_user(files, tiny_model_dir, tmp_
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.time() + 120
-        while not list(store.glob(".alice.tmp-*")):  # the lock is taken and the variant's folder begun
+        # the lock is taken, the variant's folder begun, and the user's rows written in it (not in /tmp, where a
+        # killed create would leave them for good)
+        while not list(store.glob(".alice.tmp-*/work/rows.json")):
             assert create.poll() is None and time.time() < deadline, "the create ended before it was killed"
             time.sleep(0.01)
     finally:

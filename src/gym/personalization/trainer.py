@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import random
-import tempfile
+import shutil
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -45,6 +45,7 @@ from gym.safety.gate import SafetyGate
 
 logger = logging.getLogger(__name__)
 
+SCRATCH_DIR = "work"  # the rows and the training run, inside the variant's temporary folder
 HELD_OUT_MIN_ROWS = 10  # below this every row trains, and no gain is measured
 TRAINING_DEFAULTS: dict[str, Any] = {
     "finetuning_type": "lora", "lora_target": "all", "lora_rank": 16, "learning_rate": 5e-4,
@@ -105,15 +106,22 @@ def _calibration_rows(preferences: list[dict[str, Any]]) -> list[dict[str, Any]]
 
 
 @contextmanager
-def _work_folder(work_dir: str | Path | None) -> Iterator[Path]:
-    """`work_dir` kept as it is (a run there can be resumed), or a temporary folder removed afterwards."""
+def _work_folder(work_dir: str | Path | None, variant_folder: Path) -> Iterator[Path]:
+    """`work_dir` kept as it is (a run there can be resumed), or a folder inside the variant's temporary folder,
+    removed before the variant is committed. A create killed midway (SIGKILL, OOM) thus leaves its rows and training
+    run where the store's next writer removes them with the dead process's folder, not in the system's temporary
+    directory for good."""
     if work_dir is not None:
         path = Path(work_dir)
         path.mkdir(parents=True, exist_ok=True)
         yield path
         return
-    with tempfile.TemporaryDirectory(prefix="gym-variant-") as scratch:
-        yield Path(scratch)
+    scratch = variant_folder / SCRATCH_DIR
+    scratch.mkdir()
+    try:
+        yield scratch
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 class PersonalizedTrainer:
@@ -137,8 +145,8 @@ class PersonalizedTrainer:
         """Fine-tune, compress and store `user_id`'s variant. `data`: SFT rows (a list of alpaca-style dicts
         or conversations, a dataset name, or a file); `preferences`: chosen/rejected pairs (trained with
         dpo). `overrides`: any training key (max_steps=30, finetuning_type="full", ...). `work_dir`: where the
-        training run goes and stays (its checkpoints; resume it with resume_from_checkpoint=True), instead of a
-        temporary folder; `held_out`: SFT rows to measure the gain kept on, instead of a fifth of `data`'s.
+        training run goes and stays (its checkpoints; resume it with resume_from_checkpoint=True), instead of the
+        variant's temporary folder; `held_out`: SFT rows to measure the gain kept on, instead of a fifth of `data`'s.
         `safety_gate`: the compressed variant and the base answer the gate's safety set; a variant whose harmful
         compliance rose past the gate is refused (SafetyGateRefused, with the numbers) and nothing is stored; a
         variant that passes keeps the decision in its manifest (`safety_gate`)."""
@@ -149,7 +157,7 @@ class PersonalizedTrainer:
             raise ConfigError("create_variant needs exactly one of data= (SFT rows) or preferences= (chosen/rejected "
                               "pairs).")
         started = time.perf_counter()
-        with self.store.creating(user_id, replace=replace_existing) as folder, _work_folder(work_dir) as work:
+        with self.store.creating(user_id, replace=replace_existing) as folder, _work_folder(work_dir, folder) as work:
             dataset, dataset_dir, held, calibration = self._datasets(work, data, preferences, held_out)
             keys = {**TRAINING_DEFAULTS, **self.training, **overrides}
             keys.update(model_name_or_path=self.base_model, stage="dpo" if preferences is not None else "sft",
