@@ -22,6 +22,15 @@ REPO = Path(__file__).resolve().parent.parent
 pytest_plugins = ["tests.thread_guard"]  # no test leaves a thread burning CPU through the later ones
 
 
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """malloc keeps what a test frees for the next, as a training run does for its next step (gym.core.allocator):
+    set once here, every test runs under it, whichever test trains first in a worker. The tests' in-process
+    inference frees and maps blocks as training steps do (the suite made 35-43 million page faults without it)."""
+    from gym.core.allocator import keep_freed_memory
+
+    keep_freed_memory()
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Move what collection made (torch, transformers, every test module: ~550k objects) out of the collector's
     reach. A worker runs for the whole suite, and each full collection walked all of it: 27% of the time of

@@ -5,7 +5,8 @@ up, in gym.workflows.training, which every door calls.
 Around the run, the output folder's guarantees (docs/reliability.md): one live run owns it (a second
 one fails at once, naming the first); what a killed run left (temporary files, half-written
 checkpoints) is removed first; resuming a finished run reports it and trains nothing; running out of
-disk removes the partial checkpoint and ends with one line saying how much space is free.
+disk removes the partial checkpoint and ends with one line saying how much space is free. While it trains, the
+memory a step frees stays in the process for the next step (gym.core.allocator).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from gym.config.args import TrainArgs
 from gym.config.files import ConfigSource
 from gym.config.parser import get_train_args
 from gym.config.stages.registry import get_stage
+from gym.core.allocator import freed_memory_kept
 from gym.core.errors import OutputError
 from gym.core.files import OutputLock, human_bytes, remove_stale_temps
 from gym.core.results import RunResult
@@ -51,7 +53,7 @@ def run_training(config: ConfigSource | TrainArgs[Any] = None) -> RunResult:
             logger.info("%s already holds the finished run; nothing to resume.", args.output_dir)
             return done
         trainer = importlib.import_module(get_stage(args.finetuning.stage).trainer)
-        with out_of_space_reported(args.output_dir):
+        with out_of_space_reported(args.output_dir), freed_memory_kept():
             result: RunResult = trainer.run(args)
     return result
 
