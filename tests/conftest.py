@@ -24,8 +24,7 @@ pytest_plugins = ["tests.thread_guard"]  # no test leaves a thread burning CPU t
 
 def pytest_sessionstart(session: pytest.Session) -> None:
     """malloc keeps what a test frees for the next, as a training run does for its next step (gym.core.allocator):
-    set once here, every test runs under it, whichever test trains first in a worker. The tests' in-process
-    inference frees and maps blocks as training steps do (the suite made 35-43 million page faults without it)."""
+    set once here, so every test runs under it, whichever test trains first in a worker."""
     from gym.core.allocator import keep_freed_memory
 
     keep_freed_memory()
