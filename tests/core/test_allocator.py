@@ -64,16 +64,24 @@ def probe(keep: str | None) -> dict:
     return json.loads(done.stdout)
 
 
-def test_freed_blocks_are_reused_without_faulting_their_pages_in_again():
-    default, kept = probe("0"), probe(None)
+@pytest.fixture(scope="module")
+def default() -> dict:
+    return probe("0")
+
+
+@pytest.fixture(scope="module")
+def kept() -> dict:
+    return probe(None)
+
+
+def test_freed_blocks_are_reused_without_faulting_their_pages_in_again(default, kept):
     assert not default["kept"] and kept["kept"]
     # as glibc is: the 48 MB block is mapped anew each step and each of its 12,288 pages faults in again
     assert default["faults"] > 10 * 10_000, default
     assert kept["faults"] < default["faults"] / 20, (kept, default)
 
 
-def test_what_is_free_is_kept_while_stepping_and_given_back_at_the_end():
-    default, kept = probe("0"), probe("1")
+def test_what_is_free_is_kept_while_stepping_and_given_back_at_the_end(default, kept):
     assert default["held"] < 20 << 20, default  # glibc unmapped the 48 MB block at each free
     assert kept["held"] > 48 << 20, kept  # freed, but kept for the next step
     assert kept["released"] < 10 << 20, kept
