@@ -10,11 +10,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from gym.core.deepspeed_probe import import_deepspeed_only_when_used
 from gym.core.library_noise import quiet_optional_extensions
 from gym.core.version import __version__
 
 # Before anything imports transformers, which imports torchao and bitsandbytes (gym.core.library_noise).
 quiet_optional_extensions()
+# Before anything imports accelerate, which would import DeepSpeed to unwrap every model (gym.core.deepspeed_probe).
+import_deepspeed_only_when_used()
 
 if TYPE_CHECKING:
     from gym.delta.bitdelta import BitDeltaConfig, BitDeltaQuantizer

@@ -21,8 +21,8 @@ def test_loading_the_model_stack_prints_no_optional_extension_notes():
 
 
 def test_deepspeed_finding_no_gpu_prints_nothing_on_stdout():
-    """accelerate imports deepspeed (where installed) whenever transformers saves a model; deepspeed then printed
-    "Setting accelerator to CPU ..." on stdout, into the answer of a first `gym chat --prompt`."""
+    """Imported (by a DeepSpeed run, or by accelerate on every save before gym.core.deepspeed_probe), deepspeed
+    printed "Setting accelerator to CPU ..." on stdout, into the answer of a first `gym chat --prompt`."""
     pytest.importorskip("deepspeed")
     done = subprocess.run([sys.executable, "-c", "import gym.models.loader, deepspeed, logging; "
                            "logging.getLogger('DeepSpeed').warning('a real warning')"],

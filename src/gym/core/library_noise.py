@@ -26,8 +26,9 @@ OPTIONAL_EXTENSIONS = {
     "torch.utils._pytree": re.compile(r"<enum '\w+'> is an Enum subclass and is now natively supported"),
     # Without torchvision, transformers 5 swaps an image processor for its Pillow twin (the same numbers).
     "transformers.utils.import_utils": re.compile(r"`\w+` requires torchvision \(not installed\); falling back to"),
-    # deepspeed, imported by accelerate whenever transformers saves a model (to unwrap it), picks the CPU on a
-    # machine without a GPU and says so on stdout, where `gym chat --prompt` prints its answer.
+    # deepspeed, where a run or a user's code imports it (accelerate no longer does for every save:
+    # gym.core.deepspeed_probe), picks the CPU on a machine without a GPU and says so on stdout, where
+    # `gym chat --prompt` printed its answer.
     "DeepSpeed": re.compile(r"Setting accelerator to CPU\. If you have GPU or other accelerator, we were unable"),
 }
 
