@@ -3,8 +3,8 @@
 accelerate's `extract_model_from_parallel`, behind the Trainer's construction, `unwrap_model` and every
 `save_pretrained` of transformers, imports `deepspeed` wherever the package is installed, to test whether the model
 is a `DeepSpeedEngine`. That import (with the `mlflow` client DeepSpeed's autotuner imports where the tracking extra
-is installed) took 1.9 s of a `gym train` process's ~7 s of imports on a 2-core EPYC, in every run, DeepSpeed or
-not; in a DeepSpeed run it is imported anyway, before any model is wrapped.
+is installed) took ~1.25 s of a `gym train` process's start on a 2-core EPYC, in every run, DeepSpeed or not
+(`bench/train_start.py`); a DeepSpeed run imports it anyway, before any model is wrapped.
 
 An object can only be a `DeepSpeedEngine` once `deepspeed` has been imported, so accelerate's question "is
 DeepSpeed available?" is answered, for that module only, "only if it is already imported": the unwrapping gives
