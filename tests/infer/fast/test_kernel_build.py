@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from gym.core.errors import ConfigError
 from gym.infer.fast import kernel_build, kernels
 
 PACKAGE = Path(kernels.__file__).resolve().parents[2]  # .../gym
@@ -111,6 +112,9 @@ def test_a_variant_the_cpu_cannot_run_or_that_does_not_exist_is_one_line(monkeyp
     with pytest.raises(RuntimeError, match="no such kernel variant"):
         torch.ops.gym_kernels.use_isa("sse9")
     monkeypatch.setenv("GYM_KERNEL_ISA", "sse9")
-    with pytest.raises(ValueError, match="GYM_KERNEL_ISA='sse9': choose one of auto, avx512_vnni"):
+    with pytest.raises(ConfigError, match="GYM_KERNEL_ISA='sse9': choose one of auto, avx512_vnni"):
+        kernels.requested_isa()
+    monkeypatch.setenv("GYM_KERNEL_ISA", "avx3")
+    with pytest.raises(ConfigError, match="Did you mean 'avx2'"):
         kernels.requested_isa()
     assert kernels.use_isa("auto") == kernels.runnable_isas()[0] == kernels.kernel_isa()

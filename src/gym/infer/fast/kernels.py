@@ -30,7 +30,9 @@ from pathlib import Path
 
 import torch
 
+from gym.core.errors import ConfigError
 from gym.core.home import gym_home
+from gym.core.names import did_you_mean
 from gym.infer.fast import kernel_build
 
 logger = logging.getLogger(__name__)
@@ -50,7 +52,8 @@ def requested_isa() -> str:
     isa = os.environ.get("GYM_KERNEL_ISA", "auto").lower() or "auto"
     isa = "auto" if isa == "native" else isa  # the name of the per-machine build this replaced
     if isa not in ISAS:
-        raise ValueError(f"GYM_KERNEL_ISA={isa!r}: choose one of {', '.join(ISAS)}")
+        # a setting of the user's: one line and exit status 2 at the door, not a traceback
+        raise ConfigError(f"GYM_KERNEL_ISA={isa!r}: choose one of {', '.join(ISAS)}.{did_you_mean(isa, ISAS)}")
     return isa
 
 
