@@ -78,6 +78,42 @@ def test_cli_forms_merge_with_later_winning(tmp_path):
     assert args.finetuning.lora_rank == 16 and args.training.learning_rate == 2e-4 and args.finetuning.plot_loss
 
 
+@pytest.mark.parametrize(("name", "text", "message"), [
+    ("open.yaml", "lora_rank: [16\n", r"open.yaml, line 2, column 1: not valid YAML \(expected ',' or ']', .*while "
+     r"parsing a flow sequence that starts at line 1, column 12\)\.$"),
+    ("indent.yaml", "a: b\n  c: d\n", r"indent.yaml, line 2, column 4: not valid YAML \(mapping values are not "
+     r"allowed here\)\.$"),
+    ("comma.json", '{"a": 1,}', r"comma.json, line 1, column 9: not valid JSON \(Expecting property name"),
+])
+def test_a_config_that_does_not_parse_is_one_line_with_its_place(tmp_path, name, text, message):
+    """The parsers' own messages span several lines (a caret drawing, a second mark); Gym's is one line naming
+    the file, the line and the column."""
+    (tmp_path / name).write_text(text)
+    with pytest.raises(ConfigError, match=message) as caught:
+        parse_cli_args([str(tmp_path / name)])
+    assert "\n" not in str(caught.value)
+
+
+def test_a_folder_names_the_model_of_a_verb_that_loads_one(tmp_path):
+    """`gym chat saves/run`: a LoRA run is its adapter, any other model folder the model; train takes configs only."""
+    run, model, empty = tmp_path / "run", tmp_path / "merged", tmp_path / "empty"
+    for folder in (run, model, empty):
+        folder.mkdir()
+    (run / "adapter_config.json").write_text("{}")
+    (model / "config.json").write_text("{}")
+    assert parse_cli_args([str(run), "max_new_tokens=5"], model_folders=True) == {
+        "adapter_name_or_path": str(run), "max_new_tokens": 5}
+    assert parse_cli_args([str(model)], model_folders=True) == {"model_name_or_path": str(model)}
+    with pytest.raises(ConfigError, match="empty is a folder, but neither a model .config.json. nor an adapter"):
+        parse_cli_args([str(empty)], model_folders=True)
+    with pytest.raises(ConfigError, match="Two model folders given"):
+        parse_cli_args([str(run), str(model)], model_folders=True)
+    with pytest.raises(ConfigError, match=r"Unexpected argument '.*/gone' \(no such file or folder\)"):
+        parse_cli_args([str(tmp_path / "gone")], model_folders=True)
+    with pytest.raises(ConfigError, match="Unexpected argument .*give a .yaml/.json config, key=value"):
+        parse_cli_args([str(run)])
+
+
 def test_a_choice_yaml_reads_as_a_boolean_is_that_choice(tmp_path):
     """`save_strategy: no` is how a Trainer user writes it, and YAML 1.1 reads `no` as false."""
     from gym.config.coerce import coerce

@@ -31,12 +31,33 @@ def load_config_file(path: str | os.PathLike[str]) -> Config:
     except UnicodeDecodeError:
         raise ConfigError(f"{path} is not a text file; a config is {kind} text.") from None
     except (yaml.YAMLError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"{path} is not valid {kind}: {exc}") from None
+        raise ConfigError(f"{path}{_where(exc)}: not valid {kind} ({_why(exc)}).") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
         raise ConfigError(f"{path} must hold a mapping of keys to values, not a {type(data).__name__}.")
     return data
+
+
+def _where(exc: yaml.YAMLError | json.JSONDecodeError) -> str:
+    """', line L, column C' of a parse error (the parsers' own messages span several lines)."""
+    if isinstance(exc, json.JSONDecodeError):
+        return f", line {exc.lineno}, column {exc.colno}"
+    mark = getattr(exc, "problem_mark", None)
+    return "" if mark is None else f", line {mark.line + 1}, column {mark.column + 1}"
+
+
+def _why(exc: yaml.YAMLError | json.JSONDecodeError) -> str:
+    if isinstance(exc, json.JSONDecodeError):
+        return exc.msg
+    problem, context = getattr(exc, "problem", None), getattr(exc, "context", None)
+    if not problem:
+        return " ".join(str(exc).split())
+    why = str(problem)
+    if context:  # e.g. "while parsing a flow sequence": where the unfinished thing began is the useful place
+        mark = getattr(exc, "context_mark", None)
+        why += f", {context}" + ("" if mark is None else f" that starts at line {mark.line + 1}, column {mark.column + 1}")
+    return " ".join(why.split())
 
 
 def as_config_dict(config: ConfigSource) -> Config:
@@ -55,13 +76,27 @@ def _parse_scalar(text: str) -> Any:
         return text
 
 
-def parse_cli_args(argv: list[str]) -> Config:
+def model_folder_keys(folder: Path) -> Config:
+    """A folder named on the command line of a verb that loads a model (`gym chat saves/run`): a finished LoRA run
+    or adapter -> adapter_name_or_path (its base is the one adapter_config.json names), a model folder (a full
+    fine-tune, a merged export, a downloaded model) -> model_name_or_path."""
+    if (folder / "adapter_config.json").is_file():
+        return {"adapter_name_or_path": str(folder)}
+    if (folder / "config.json").is_file():
+        return {"model_name_or_path": str(folder)}
+    raise ConfigError(f"{folder} is a folder, but neither a model (config.json) nor an adapter (adapter_config.json): "
+                      "name a finished run's output_dir, a model folder, or a .yaml/.json config.")
+
+
+def parse_cli_args(argv: list[str], *, model_folders: bool = False) -> Config:
     """`[CONFIG] [key=value ...] [--key value ...] [--flag]` -> one flat dict (later wins).
 
     `key=value` is always an override, even when the value is a path ending in .json or .yaml. `--config FILE`
-    is another way to give CONFIG (LLaMA-Factory's `train --config` spelling)."""
+    is another way to give CONFIG (LLaMA-Factory's `train --config` spelling). With model_folders (the verbs that
+    load a model: chat, api, infer, eval, export), a folder may stand for the model: model_folder_keys."""
     config: Config = {}
     overrides: Config = {}
+    folder_given: str | None = None
     i = 0
     while i < len(argv):
         arg = argv[i]
@@ -84,8 +119,15 @@ def parse_cli_args(argv: list[str]) -> Config:
             overrides[key] = _parse_scalar(text)
         elif Path(arg).suffix.lower() in CONFIG_SUFFIXES:
             config.update(load_config_file(arg))
+        elif model_folders and Path(arg).expanduser().is_dir():
+            if folder_given is not None:
+                raise ConfigError(f"Two model folders given, {folder_given!r} and {arg!r}: name one.")
+            folder_given = arg
+            overrides.update(model_folder_keys(Path(arg).expanduser()))
         else:
-            raise ConfigError(f"Unexpected argument {arg!r}: give a .yaml/.json config, key=value, or --key value.")
+            what = "a .yaml/.json config, a model or run folder," if model_folders else "a .yaml/.json config,"
+            missing = " (no such file or folder)" if model_folders and "/" in arg else ""
+            raise ConfigError(f"Unexpected argument {arg!r}{missing}: give {what} key=value, or --key value.")
         i += 1
     config.update(overrides)
     return config
