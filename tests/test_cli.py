@@ -51,6 +51,10 @@ def test_train_then_chat_answers_once(tmp_path, train_config):
     chat = gym_process("chat", cfg, "--prompt", "Add 2 and 3.")
     assert chat.returncode == 0, chat.stderr
     assert chat.stdout.startswith("User: Add 2 and 3.\nAssistant:")
+    # The run's folder names the same model (its adapter on the base adapter_config.json names): the same answer.
+    by_folder = gym_process("chat", tmp_path / "out", "--prompt", "Add 2 and 3.", "max_new_tokens=5", "do_sample=false")
+    assert by_folder.returncode == 0, by_folder.stderr
+    assert by_folder.stdout == chat.stdout
 
 
 def test_chat_prompt_prints_the_answer_on_stdout_and_status_before_it(tiny_model_dir):

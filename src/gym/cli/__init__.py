@@ -58,6 +58,7 @@ commands:
   env                                              versions of Python, torch and the HF stack, and the device
   version                                          Gym's version
 
+chat, api, infer, export and eval also take a run or model folder for CONFIG (`gym chat saves/run`).
 add --debug to any command to see tracebacks."""
 
 
@@ -133,12 +134,13 @@ def cmd_tune(argv: list[str]) -> int:
     return 0
 
 
-CHAT_USAGE = """usage: gym chat [CONFIG] [key=value ...] [--prompt TEXT] [--tools FILE] [--image PATH ...]
+CHAT_USAGE = """usage: gym chat [CONFIG | FOLDER] [key=value ...] [--prompt TEXT] [--tools FILE] [--image PATH ...]
 
 Talk to a model: a short name (smollm2-135m), a hub id or folder (model_name_or_path=...), a training config (its
-finished output_dir: the adapter on its base, with the trained chat template and system prompt), or an adapter
-(adapter_name_or_path=...). Without --prompt, a conversation on the terminal (/clear, /exit). Decoding keys:
-temperature, top_p, top_k, max_new_tokens, repetition_penalty, do_sample; engine keys: infer_backend, infer_dtype.
+finished output_dir: the adapter on its base, with the trained chat template and system prompt), an adapter
+(adapter_name_or_path=...), or a FOLDER (`gym chat saves/run`: a LoRA run's adapter on its base, or a model folder).
+Without --prompt, a conversation on the terminal (/clear, /exit). Decoding keys: temperature, top_p, top_k,
+max_new_tokens, repetition_penalty, do_sample; engine keys: infer_backend, infer_dtype.
 --tools FILE: a JSON list of functions (OpenAI's `tools`) the model may call; its calls are shown as
 `-> name({...})`, and the next line you type is sent back as their result. --image PATH (repeatable), for a
 vision-language model: the images go with --prompt, or with the first message of each conversation, before its
@@ -162,7 +164,7 @@ def cmd_chat(argv: list[str]) -> int:
     tools = _read_tools(tools_file) if tools_file else None
     for image in images:  # a missing or broken file is one line now, before the model loads
         load_image(image, where=f"--image {image}").close()
-    model = ChatModel(parse_cli_args(argv))
+    model = ChatModel(parse_cli_args(argv, model_folders=True))
     try:
         if images and model.media is None:
             raise GymError(f"--image: the model is a text model ({model.model_path}); it takes no images. Chat with a "
@@ -281,7 +283,8 @@ def cmd_infer(argv: list[str]) -> int:
     except ValueError:
         raise GymError(f"--batch_size and --max_samples take whole numbers, got {batch_size!r}, "
                        f"{max_samples!r}.") from None
-    path = run_infer(parse_cli_args(argv), dataset, output, dataset_dir, batch_size=sizes[0], max_samples=sizes[1])
+    path = run_infer(parse_cli_args(argv, model_folders=True), dataset, output, dataset_dir, batch_size=sizes[0],
+                     max_samples=sizes[1])
     print(f"Wrote {path}")
     return 0
 

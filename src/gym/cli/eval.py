@@ -11,8 +11,8 @@ USAGE = """usage: gym eval CONFIG --task T [--task T2 ...] [--n_shot K] [--batch
                 [--delta FILE | --variant STORE:USER]
        gym eval --compare A.json B.json
 
-CONFIG names the model as `gym chat` does (model_name_or_path, adapter_name_or_path, or a training config
-whose output_dir holds the run; its eval_tasks are the tasks when no --task is given). Tasks:
+CONFIG names the model as `gym chat` does (a run or model folder, model_name_or_path, adapter_name_or_path, or a
+training config whose output_dir holds the run; its eval_tasks are the tasks when no --task is given). Tasks:
   mc_demo, mmlu            multiple choice: acc (the answer's letter) and acc_norm (its text, per byte)
   arithmetic, gsm8k        generation with a checked final number
   toolcall_demo            tool calling: call_rate, name_acc, args_exact (calls), no_call_acc (text turns)
@@ -52,7 +52,7 @@ def main(argv: list[str]) -> int:
         return 0
     tasks, argv = _take_all(argv, "--task")
     outputs, argv = _take_all(argv, "-o")
-    config = parse_cli_args(argv)
+    config = parse_cli_args(argv, model_folders=True)
     if tasks:
         config["tasks"] = tasks
     if outputs:

@@ -34,7 +34,7 @@ OPTIONS: dict[str, str | None] = {
 FLAGS = ("--allow-remote-media",)
 
 
-USAGE = """usage: gym api [CONFIG] [key=value ...] [--host 127.0.0.1] [--port 8000] [--api-key KEY]
+USAGE = """usage: gym api [CONFIG | FOLDER] [key=value ...] [--host 127.0.0.1] [--port 8000] [--api-key KEY]
                [--max_batch_size 16] [--max_waiting 256] [--served_model_name NAME] [--max_body_bytes N]
                [--variants STORE] [--experiences FILE] [--media-dir DIR] [--allow-remote-media]
                [--max_media_bytes N] [--db URL] [--max_file_bytes N] [--file_quota_bytes N]
@@ -43,7 +43,8 @@ USAGE = """usage: gym api [CONFIG] [key=value ...] [--host 127.0.0.1] [--port 80
                [--safety-gate SET [--safety-judge refusal|GUARD_SPEC] [--safety-max-rise 0.05]]
 
 An OpenAI-compatible server (/v1/chat/completions, /v1/completions, /v1/models, /tokenize) for the model CONFIG
-names, as `gym chat` loads it. --variants STORE serves each user's variant as BASE:USER in the same batches.
+(or FOLDER: a finished run or a model folder) names, as `gym chat` loads it. --variants STORE serves each user's
+variant as BASE:USER in the same batches.
 A vision-language model takes image_url parts: data: URLs; file:// URLs only inside --media-dir DIR; http(s)
 URLs only with --allow-remote-media (at most --max_media_bytes each, 10 s). See docs/serving.md.
 
@@ -74,7 +75,7 @@ def main(argv: list[str]) -> int:
         given[name], argv = take_option(argv, name)
     flags = {flag: flag in argv for flag in FLAGS}
     argv = [arg for arg in argv if arg not in FLAGS]
-    config = parse_cli_args(argv)
+    config = parse_cli_args(argv, model_folders=True)
     block = server_options(config)
     if given["--max_batch_size"] is None and "batch_size" in block:
         given["--max_batch_size"] = str(block["batch_size"])
