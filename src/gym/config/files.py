@@ -56,7 +56,8 @@ def _why(exc: yaml.YAMLError | json.JSONDecodeError) -> str:
     why = str(problem)
     if context:  # e.g. "while parsing a flow sequence": where the unfinished thing began is the useful place
         mark = getattr(exc, "context_mark", None)
-        why += f", {context}" + ("" if mark is None else f" that starts at line {mark.line + 1}, column {mark.column + 1}")
+        where = "" if mark is None else f" that starts at line {mark.line + 1}, column {mark.column + 1}"
+        why += f", {context}{where}"
     return " ".join(why.split())
 
 
