@@ -49,6 +49,26 @@ def test_serving_becomes_engine_keys_and_server_options():
     assert aliases.megabytes("1.5GB") == 1536 and aliases.megabytes(300) == 300
 
 
+def test_a_key_on_the_command_line_wins_over_a_block_in_the_file(tmp_path):
+    """In one file two spellings must agree; a flag given on the command line overrides the file, blocks included."""
+    from gym.config.files import parse_cli_args
+
+    config = tmp_path / "serve.yaml"
+    config.write_text("serving: {quantization: int4, cache_size: 10GB, batch_size: 32}\n"
+                      "quantization: {method: deltaquant, bits: 4, group_size: 64}\n")
+    with pytest.raises(ConfigError, match="'serving:' sets 'infer_dtype: int4', and the config also has"):
+        aliases.canonical({**parse_cli_args([str(config)]), "infer_dtype": "int8"})
+    given = parse_cli_args([str(config), "--infer_dtype", "int8", "--infer-prefix-cache-mb", "64",
+                            "delta_compression=int8"])
+    flat = aliases.canonical(given)
+    assert (flat["infer_dtype"], flat["infer_prefix_cache_mb"]) == ("int8", 64)
+    assert (flat["delta_compression"], flat["delta_group_size"]) == ("int8", 64)  # the block's other entries stand
+    assert aliases.server_options(given) == {"batch_size": 32}
+    only_block = parse_cli_args([str(config), "delta_compression=int8", "delta_group_size=32", "infer_dtype=int8",
+                                 "infer_prefix_cache_mb=1"])
+    assert "quantization" not in only_block and set(only_block["serving"]) == {"batch_size"}
+
+
 @pytest.mark.parametrize(("block", "match"), [
     ({"cache": "1GB"}, "Unknown key 'serving.cache'. Did you mean 'cache_size'"),
     ({"cache_size": "lots"}, "a size such as 10GB"),

@@ -120,6 +120,7 @@ _DELTA_FLAT = {"group_size": "delta_group_size", "safety_threshold": "delta_safe
                "enable_deltasoup": "delta_enable_deltasoup", "distill_steps": "delta_distill_steps"}
 _DELTA_KEYS = ("method", "bits", *_DELTA_FLAT)
 _DELTAQUANT_BITS = {8: "int8", 4: "int4", 2: "int2", 1: "binary"}
+_DELTA_BLOCK_FLAT = {"method": "delta_compression", "bits": "delta_compression", **_DELTA_FLAT}
 
 
 def _expand_delta_block(config: dict[str, Any]) -> dict[str, Any]:
@@ -162,10 +163,36 @@ def _delta_method(method: Any, bits: Any) -> str:
     return name
 
 
+def without_overridden(config: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """The config (from files) less the block entries that a key given on the command line overrides: a flag wins
+    over a block (`--infer_dtype int8` over `serving: {quantization: int4}`), where two spellings in one file must
+    agree. A block left empty goes."""
+    given = {KEY_ALIASES.get(str(key).replace("-", "_"), str(key).replace("-", "_")) for key in overrides}
+    out = dict(config)
+    for block_name, flat in ((SERVING_BLOCK, _SERVING_FLAT), (DELTA_BLOCK, _DELTA_BLOCK_FLAT)):
+        block = out.get(block_name)
+        if isinstance(block, str) and block_name == DELTA_BLOCK and "delta_compression" in given:
+            del out[block_name]
+        elif isinstance(block, dict):
+            block_of(out, block_name, _SERVING_KEYS if block_name == SERVING_BLOCK else _DELTA_KEYS)  # typos named
+            kept = {key: value for key, value in block.items() if flat.get(str(key)) not in given}
+            del out[block_name]
+            if block_name == DELTA_BLOCK and "delta_compression" in given:
+                # the block without its method is no block: what is left of it is its flat keys
+                for key, value in kept.items():
+                    set_flat(out, block_name, _DELTA_BLOCK_FLAT[str(key)], value)
+            elif kept:
+                out[block_name] = kept
+    return out
+
+
 # ---------------------------------------------------------------- `serving:`: how the model is served
 
 SERVING_BLOCK = "serving"
 _SERVING_KEYS = ("model_format", "quantization", "batch_size", "max_concurrent", "cache_size")
+# The flat key each entry sets (batch_size and max_concurrent are gym api's --max_batch_size and --max_waiting,
+# which gym.serve.cli prefers over the block itself).
+_SERVING_FLAT = {"model_format": "infer_backend", "quantization": "infer_dtype", "cache_size": "infer_prefix_cache_mb"}
 _FORMATS = ("hf", "safetensors", "gguf")
 _INFER_DTYPES = ("int4", "int8", "bfloat16", "float16", "float32", "auto")
 _UNITS = {"": 1 / (1 << 20), "b": 1 / (1 << 20), "kb": 1 / 1024, "k": 1 / 1024, "mb": 1, "m": 1, "gb": 1024,

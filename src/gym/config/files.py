@@ -10,6 +10,7 @@ from typing import Any
 
 import yaml
 
+from gym.config.aliases import without_overridden
 from gym.core.errors import ConfigError
 
 CONFIG_SUFFIXES = (".yaml", ".yml", ".json")
@@ -130,6 +131,7 @@ def parse_cli_args(argv: list[str], *, model_folders: bool = False) -> Config:
             missing = " (no such file or folder)" if model_folders and "/" in arg else ""
             raise ConfigError(f"Unexpected argument {arg!r}{missing}: give {what} key=value, or --key value.")
         i += 1
+    config = without_overridden(config, overrides)
     config.update(overrides)
     return config
 
