@@ -65,3 +65,13 @@ def test_merging_an_adapter_for_another_base_size_is_one_line(narrow_adapter, ti
     assert_one_line_error(done, f"The adapter {narrow_adapter} does not fit the base {tiny_model_dir} (size mismatch",
                           "It was trained on", "pass --model_name_or_path")
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(("flag", "named"), [("--export_sise", "--export_size"), ("--formt", "--format"),
+                                             ("--export_overwite", "--export_overwrite")])
+def test_a_misspelt_export_flag_names_the_export_option_before_anything_loads(tiny_model_dir, tmp_path, capfd,
+                                                                                flag, named):
+    done = gym_here("export", f"model_name_or_path={tiny_model_dir}", "--export_dir", tmp_path / "out", flag, "2",
+                    capfd=capfd)
+    assert_one_line_error(done, f"Did you mean '{named}'?")
+    assert "[gym]" not in done.stderr and not (tmp_path / "out").exists()

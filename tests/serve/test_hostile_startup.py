@@ -52,6 +52,27 @@ def test_a_host_it_cannot_listen_on_is_one_line(host, tiny_model_dir, capsys, no
     assert no_model_load == []
 
 
+@pytest.mark.parametrize(("args", "message"), [
+    (["--max_wating", "3"], "Unknown config key 'max_wating'. Did you mean '--max_waiting'?"),
+    (["--api_kee", "x"], "Did you mean '--api-key'?"),
+    (["--nonsense_option_here", "1"], "The command's own options: --host, --port, --api-key"),
+])
+def test_a_misspelt_flag_is_named_against_the_commands_own_options(args, message, tiny_model_dir, capsys,
+                                                                   no_model_load):
+    assert main(["api", "--model_name_or_path", str(tiny_model_dir), *args]) == 2
+    assert_only_an_error_line(capsys.readouterr().err, message)
+    assert no_model_load == []
+
+
+def test_either_spelling_of_a_flag_is_that_flag(tiny_model_dir, capsys, no_model_load):
+    """The documents write --api-key and --max_batch_size; --api_key and --max-batch-size are the same flags (and
+    --flag=value their same values): here the port, checked last, is what stops the start."""
+    assert main(["api", "--model_name_or_path", str(tiny_model_dir), "--api_key", "k", "--max-batch-size", "4",
+                 "--served-model-name=m", "--allow_remote_media", "--port", "70000"]) == 2
+    assert_only_an_error_line(capsys.readouterr().err, "--port 70000", "1 to 65535")
+    assert no_model_load == []
+
+
 def test_a_taken_port_as_a_process_exits_2_at_once(tiny_model_dir):
     with socket.socket() as held:
         held.bind(("127.0.0.1", 0))

@@ -20,7 +20,7 @@ import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from gym.config.files import take_option
+from gym.config.files import take_flag, take_option
 from gym.core.errors import ConfigError, GymError, RunStopped, as_gym_error
 from gym.core.heap import deferred_full_collections, work_begins
 from gym.core.version import __version__
@@ -154,17 +154,22 @@ def cmd_chat(argv: list[str]) -> int:
     prompt, argv = take_option(argv, "--prompt")
     tools_file, argv = take_option(argv, "--tools")
     images: list[str] = []
-    while "--image" in argv:
+    while True:
         image, argv = take_option(argv, "--image")
-        images.append(image or "")
+        if image is None:
+            break
+        images.append(image)
     from gym.config.files import parse_cli_args
+    from gym.config.parser import check_keys
     from gym.data.media import load_image
     from gym.infer.chat import ChatModel
 
     tools = _read_tools(tools_file) if tools_file else None
     for image in images:  # a missing or broken file is one line now, before the model loads
         load_image(image, where=f"--image {image}").close()
-    model = ChatModel(parse_cli_args(argv, model_folders=True))
+    config = parse_cli_args(argv, model_folders=True)
+    check_keys(config, ["--prompt", "--tools", "--image"])
+    model = ChatModel(config)
     try:
         if images and model.media is None:
             raise GymError(f"--image: the model is a text model ({model.model_path}); it takes no images. Chat with a "
@@ -266,6 +271,7 @@ def cmd_infer(argv: list[str]) -> int:
               "kept). See docs/inference.md.")
         return 0
     from gym.config.files import parse_cli_args
+    from gym.config.parser import check_keys
     from gym.infer.batch import run_infer
 
     dataset, argv = take_option(argv, "--dataset")
@@ -283,8 +289,9 @@ def cmd_infer(argv: list[str]) -> int:
     except ValueError:
         raise GymError(f"--batch_size and --max_samples take whole numbers, got {batch_size!r}, "
                        f"{max_samples!r}.") from None
-    path = run_infer(parse_cli_args(argv, model_folders=True), dataset, output, dataset_dir, batch_size=sizes[0],
-                     max_samples=sizes[1])
+    config = parse_cli_args(argv, model_folders=True)
+    check_keys(config, ["--dataset", "-o", "--output", "--dataset_dir", "--batch_size", "--max_samples"])
+    path = run_infer(config, dataset, output, dataset_dir, batch_size=sizes[0], max_samples=sizes[1])
     print(f"Wrote {path}")
     return 0
 
@@ -342,8 +349,7 @@ def cmd_webui(argv: list[str]) -> int:
               "its own folder under --runs_dir.\n\n--service URL: the page of a `gym api --variants STORE` "
               "server's fine-tuning service instead, where people sign in with their API keys (docs/service.md).")
         return 0
-    insecure_no_auth = "--insecure-no-auth" in argv
-    argv = [a for a in argv if a != "--insecure-no-auth"]
+    insecure_no_auth, argv = take_flag(argv, "--insecure-no-auth")
     values: dict[str, str | None] = {}
     for name, default in {"--host": "127.0.0.1", "--port": "7860", "--auth": None, "--runs_dir": "saves/webui",
                           "--dataset_dir": "data", "--share": "off", "--service": None}.items():

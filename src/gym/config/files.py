@@ -136,11 +136,33 @@ def parse_cli_args(argv: list[str], *, model_folders: bool = False) -> Config:
     return config
 
 
+def flag_name(arg: str) -> str:
+    """`--max-batch-size` and `--max_batch_size` -> "max_batch_size": the one name both spellings stand for (the
+    documents write some flags with hyphens, LLaMA-Factory and transformers with underscores)."""
+    return arg.lstrip("-").replace("-", "_")
+
+
+def _is_flag(arg: str, name: str) -> bool:
+    head = arg.split("=", 1)[0]
+    dashes = len(name) - len(name.lstrip("-"))
+    return head[:dashes] == "-" * dashes and head[dashes:dashes + 1] != "-" and flag_name(head) == flag_name(name)
+
+
 def take_option(argv: list[str], name: str, default: str | None = None) -> tuple[str | None, list[str]]:
-    """`--name value` out of argv -> (value, the rest); (default, argv) when it is not there."""
-    if name not in argv:
-        return default, argv
-    i = argv.index(name)
-    if i + 1 >= len(argv):
-        raise ConfigError(f"{name} needs a value.")
-    return argv[i + 1], argv[:i] + argv[i + 2:]
+    """`--name value` (or `--name=value`, either spelling: flag_name) out of argv -> (value, the rest); (default,
+    argv) when it is not there."""
+    for i, arg in enumerate(argv):
+        if not _is_flag(arg, name):
+            continue
+        if "=" in arg:
+            return arg.split("=", 1)[1], argv[:i] + argv[i + 1:]
+        if i + 1 >= len(argv):
+            raise ConfigError(f"{name} needs a value.")
+        return argv[i + 1], argv[:i] + argv[i + 2:]
+    return default, argv
+
+
+def take_flag(argv: list[str], name: str) -> tuple[bool, list[str]]:
+    """Whether the switch `--name` (either spelling) is in argv, and argv without it."""
+    rest = [arg for arg in argv if not (_is_flag(arg, name) and "=" not in arg)]
+    return len(rest) != len(argv), rest

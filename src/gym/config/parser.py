@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import typing
+from collections.abc import Iterable
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from gym.config import aliases, distributed
 from gym.config.args import TrainArgs
 from gym.config.coerce import coerce
 from gym.config.data import DataArguments
-from gym.config.files import ConfigSource, as_config_dict
+from gym.config.files import ConfigSource, as_config_dict, flag_name
 from gym.config.finetuning import FinetuningArguments
 from gym.config.generating import GeneratingArguments
 from gym.config.model import ModelArguments
@@ -29,7 +30,7 @@ from gym.config.stages.registry import Stage, get_stage, option_classes
 from gym.config.training import TrainingArguments
 from gym.config.unsupported import READ_ELSEWHERE, UNSUPPORTED
 from gym.core.errors import ConfigError, IncompleteConfig
-from gym.core.names import did_you_mean
+from gym.core.names import closest
 
 CONCERNS: dict[str, type] = {
     "model": ModelArguments,
@@ -71,6 +72,37 @@ def _build(cls: type, values: dict[str, Any]) -> Any:
         raise ConfigError(f"Invalid {cls.__name__}: {exc}") from None
 
 
+# Keys get_train_args takes besides the dataclasses' fields: spellings and blocks that config/aliases and
+# config/distributed turn into fields, and the LLaMA-Factory keys it answers with a sentence.
+def _read_specially() -> set[str]:
+    return {*aliases.KEY_ALIASES, aliases.SERVING_BLOCK, aliases.DELTA_BLOCK, distributed.BLOCK, "tune",
+            "sequence_parallel", "sequence_parallel_size", *READ_ELSEWHERE, *UNSUPPORTED}
+
+
+def _unknown_key(key: str, options: Iterable[str] = ()) -> ConfigError:
+    """The error for a key nothing reads: the closest of the config's keys and of the command's own `options`
+    (flags such as --max_waiting, compared without their dashes and named with them)."""
+    flags = {flag_name(option): option for option in options}
+    hint = " Run `gym train --help` for the list of keys."
+    if flags:
+        hint = f" The command's own options: {', '.join(flags.values())}; `gym train --help` lists the config keys."
+    match = closest(key, [*flags, *known_keys(), *aliases.KEY_ALIASES])
+    if match is None:
+        return ConfigError(f"Unknown config key '{key}'.{hint}")
+    return ConfigError(f"Unknown config key '{key}'. Did you mean '{flags.get(match, match)}'?")
+
+
+def check_keys(config: dict[str, Any], options: Iterable[str] = ()) -> None:
+    """Refuse, before anything loads, a key of `config` that no part of a config reads (a misspelt flag of the
+    command: `options` are its own, named in the suggestion). What the keys' values mean is checked later, by
+    get_train_args, as before."""
+    keys, special = known_keys(), _read_specially()
+    for raw in config:
+        key = str(raw).replace("-", "_")
+        if key not in keys and key not in special:
+            raise _unknown_key(str(raw), options)
+
+
 def _split_by_concern(config: dict[str, Any], stage: str, options: type | None) -> dict[type, dict[str, Any]]:
     """Key -> the dataclass that reads it: a concern, or the chosen stage's own options."""
     keys = known_keys()
@@ -92,8 +124,7 @@ def _split_by_concern(config: dict[str, Any], stage: str, options: type | None) 
         elif key in keys:
             raise ConfigError(f"'{key}' applies to stage {'/'.join(_stages_reading(key))}, not '{stage}'.")
         else:
-            hint = " Run `gym train --help` for the list of keys."
-            raise ConfigError(f"Unknown config key '{key}'.{did_you_mean(key, [*keys, *aliases.KEY_ALIASES], hint)}")
+            raise _unknown_key(key)
     return buckets
 
 

@@ -8,6 +8,7 @@ from typing import Any
 
 from gym.config.aliases import EXPORT_KEY_ALIASES
 from gym.config.coerce import split_keys
+from gym.config.parser import check_keys
 from gym.core.errors import ConfigError
 from gym.core.names import did_you_mean
 
@@ -68,6 +69,8 @@ class ExportArguments:
 def parse_export(config: dict[str, Any]) -> tuple[ExportArguments, dict[str, Any]]:
     """(the export keys, the rest: the model keys of `gym chat`, checked when the model loads)."""
     export, rest = split_keys(config, ExportArguments, ALIASES)
+    # a misspelt export flag is named now, against the export's own keys too, not once the model has loaded
+    check_keys(rest, [f"--{name}" for name in (*ExportArguments.__dataclass_fields__, *ALIASES)])
     args = ExportArguments(**export)
     if not args.export_dir:
         args.export_dir = _default_export_dir(rest, args.export_format)

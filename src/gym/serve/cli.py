@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from gym.config.aliases import server_options
-from gym.config.files import parse_cli_args, take_option
+from gym.config.files import parse_cli_args, take_flag, take_option
+from gym.config.parser import check_keys
 from gym.core.errors import ConfigError
 from gym.core.network import check_port_number
 from gym.serve.limits import DEFAULT_GUARD_WINDOW
@@ -73,9 +74,11 @@ def main(argv: list[str]) -> int:
     given: dict[str, str | None] = {}
     for name in OPTIONS:
         given[name], argv = take_option(argv, name)
-    flags = {flag: flag in argv for flag in FLAGS}
-    argv = [arg for arg in argv if arg not in FLAGS]
+    flags: dict[str, bool] = {}
+    for flag in FLAGS:
+        flags[flag], argv = take_flag(argv, flag)
     config = parse_cli_args(argv, model_folders=True)
+    check_keys(config, [*OPTIONS, *FLAGS])
     block = server_options(config)
     if given["--max_batch_size"] is None and "batch_size" in block:
         given["--max_batch_size"] = str(block["batch_size"])
