@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from types import SimpleNamespace
 
 import pytest
@@ -22,11 +23,14 @@ def _logits(model, ids):
         return model(torch.tensor([ids])).logits[0]
 
 
-def test_lora_export_equals_the_served_model_and_carries_its_format(trained_run, tmp_path, capsys):
+def test_lora_export_equals_the_served_model_and_carries_its_format(trained_run, tmp_path, capsys, caplog):
     result = SimpleNamespace(output_dir=str(trained_run))
     out = tmp_path / "export"
+    caplog.set_level(logging.INFO, logger="gym")
     assert main(["export", "--output_dir", result.output_dir, "--export_dir", str(out), "--export_size", "0.0004"]) == 0
     assert f"Exported {out}" in capsys.readouterr().out
+    # the run's saved config holds the quantization keys at their defaults: this adapter trained on no quantized base
+    assert "Merging onto the unquantized base" not in caplog.text
     shards = sorted(p.name for p in out.glob("*.safetensors"))
     assert len(shards) > 1 and (out / "model.safetensors.index.json").is_file()  # 0.4 MB shards of a ~2 MB model
 

@@ -72,9 +72,14 @@ def load_merged(config: dict[str, Any], delta: str | None = None, bitdelta: bool
     """The model with every adapter merged in, and what prompts it. `bitdelta`: the merged model replaced by base +
     its BitDelta (what a personalized variant of this fine-tune serves)."""
     resolved = resolve_inference_config(config)
-    dropped = [k for k in _QUANTIZATION_KEYS if resolved.pop(k, None) is not None]
-    if dropped:
-        logger.info("Merging onto the unquantized base (the adapter was trained with %s).", ", ".join(dropped))
+    # A run's saved config holds every key, the quantization ones at their defaults: only quantization_bit says
+    # the base was quantized while it trained (QLoRA).
+    trained_bits = resolved.get("quantization_bit")
+    for key in _QUANTIZATION_KEYS:
+        resolved.pop(key, None)
+    if trained_bits is not None:
+        logger.info("Merging onto the unquantized base (the adapter was trained on a %s-bit quantized base).",
+                    trained_bits)
     model_args, data_args, _, generating = get_infer_args({k: v for k, v in resolved.items() if k != "output_dir"})
     model_path = resolve_model_path(model_args.model_name_or_path)
     processor = None
