@@ -165,3 +165,20 @@ def test_an_adapter_saved_ungathered_is_an_error_not_a_silent_file(what, damage,
     with pytest.raises(OutputError, match=what):
         run_exp(config)
     assert not (Path(config["output_dir"]) / "gym_manifest.json").exists()
+
+
+def test_a_runs_saved_config_reads_back_as_the_config_it_ran(trained_run, tmp_path):
+    """gym_config.yaml is the config as run: `gym train saves/run/gym_config.yaml output_dir=...` reruns it. What it
+    records only for its reader (the folder the base resolved to) is not a setting, and a hidden credential is none."""
+    from gym.config.files import parse_cli_args
+    from gym.config.parser import get_train_args
+
+    saved = yaml.safe_load((trained_run / "gym_config.yaml").read_text())
+    assert "resolved_model_path" in saved
+    (tmp_path / "again.yaml").write_text(yaml.safe_dump({**saved, "hub_token": "<hidden>"}))
+    args = get_train_args(parse_cli_args([str(tmp_path / "again.yaml"), f"output_dir={tmp_path / 'again'}"]))
+    assert (args.data.template, args.data.default_system, args.generating.temperature) == ("llama3", "Answer briefly.",
+                                                                                          0.3)
+    assert args.finetuning.lora_rank == saved["lora_rank"] and args.model.model_name_or_path == saved[
+        "model_name_or_path"]
+    assert args.training.hub_token is None

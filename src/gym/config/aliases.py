@@ -63,12 +63,20 @@ _FALSE_WORDS = ("false", "no", "off", "0", "1")  # sequence_parallel_size 1 is o
 EXPORT_KEY_ALIASES: dict[str, str] = {"quantization": "export_type", "export_quantization": "export_type"}
 
 
+# What a run's gym_config.yaml records for its reader besides the settings: the folder the base resolved to. The
+# file is "the config as run", so it is read back as a config (`gym train saves/run/gym_config.yaml`) without it.
+RECORDED_ONLY = ("resolved_model_path",)
+HIDDEN = "<hidden>"  # what gym_config.yaml writes in place of a credential: nothing to read back
+
+
 def canonical(config: dict[str, Any]) -> dict[str, Any]:
     """The config in Gym's own names: keys renamed, values respelt, the `quantization:` and `serving:` blocks
     expanded. Two spellings of one key must agree."""
     out: dict[str, Any] = {}
     for raw_key, value in config.items():
         key = str(raw_key).replace("-", "_")
+        if key in RECORDED_ONLY or (key.endswith("hub_token") and value == HIDDEN):
+            continue
         target = KEY_ALIASES.get(key, key)
         if key == "gradient_checkpointing" and str(value).lower() == "auto":
             value = None  # unset: chosen by estimated memory when the run starts

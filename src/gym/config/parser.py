@@ -75,8 +75,8 @@ def _build(cls: type, values: dict[str, Any]) -> Any:
 # Keys get_train_args takes besides the dataclasses' fields: spellings and blocks that config/aliases and
 # config/distributed turn into fields, and the LLaMA-Factory keys it answers with a sentence.
 def _read_specially() -> set[str]:
-    return {*aliases.KEY_ALIASES, aliases.SERVING_BLOCK, aliases.DELTA_BLOCK, distributed.BLOCK, "tune",
-            "sequence_parallel", "sequence_parallel_size", *READ_ELSEWHERE, *UNSUPPORTED}
+    return {*aliases.KEY_ALIASES, *aliases.RECORDED_ONLY, aliases.SERVING_BLOCK, aliases.DELTA_BLOCK,
+            distributed.BLOCK, "tune", "sequence_parallel", "sequence_parallel_size", *READ_ELSEWHERE, *UNSUPPORTED}
 
 
 def _unknown_key(key: str, options: Iterable[str] = ()) -> ConfigError:

@@ -20,6 +20,7 @@ from typing import Any
 
 import yaml
 
+from gym.config.aliases import HIDDEN
 from gym.config.args import TrainArgs
 from gym.config.finetuning import ADAPTER_TYPES
 from gym.core.errors import ConfigError, OutputError
@@ -90,7 +91,7 @@ def resolved_config(args: TrainArgs[Any], model_path: str) -> dict[str, Any]:
     config["resolved_model_path"] = model_path
     for key in config:
         if key.endswith("hub_token") and config[key]:
-            config[key] = "<hidden>"  # a credential: never written to disk or sent to a tracker
+            config[key] = HIDDEN  # a credential: never written to disk or sent to a tracker
     plain: dict[str, Any] = _plain(config)
     return plain
 
