@@ -4,6 +4,7 @@ after the options, and an adapter variant exported as its base with the adapter 
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -48,6 +49,19 @@ def test_create_still_refuses_what_is_not_a_key(tmp_path, capsys):
     with pytest.raises(SystemExit) as exited:  # the other verbs take no training keys
         main(["variants", "list", str(tmp_path / "store"), "max_steps=3"])
     assert exited.value.code == 2
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (["--adapter", "saves/alice"], "to store an adapter made elsewhere, use `gym variants add .* --user u --adapter"),
+    (["--replac"], "Unknown config key 'replac'. Did you mean '--replace'?"),
+    (["--max_stepz", "3"], "Did you mean 'max_steps'?"),
+])
+def test_create_names_a_flag_it_does_not_take_before_anything_trains(extra, message, tmp_path, capsys):
+    """A flag create lacks lands among the training keys: it is named at once, against create's own flags too
+    (the README had given `create --adapter`, which only `add` takes)."""
+    assert main(["variants", "create", str(tmp_path / "store"), "--user", "u", "--data", "x.json", *extra]) == 2
+    assert re.search(message, capsys.readouterr().err)
+    assert not (tmp_path / "store").exists()
 
 
 # -- 8. an adapter variant exports as base + adapter -----------------------------------------------------------------

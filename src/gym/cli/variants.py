@@ -9,6 +9,7 @@ from typing import Any
 
 from gym.cli.gates import add_gate_flags, gate_from
 from gym.config.files import CONFIG_SUFFIXES, parse_cli_args
+from gym.config.parser import check_keys
 from gym.core.errors import ConfigError, DataError
 from gym.personalization.store import VariantStore
 
@@ -31,6 +32,7 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--replace", action="store_true", help="replace the user's existing variant")
     c.add_argument("--dataset-dir", default="data", help="folder of dataset_info.json (for --safety-gate names)")
     add_gate_flags(c)
+    c.set_defaults(own_flags=[flag for action in c._actions for flag in action.option_strings if flag[:2] == "--"])
     # Training keys (max_steps=30 finetuning_type=full ..., or --max_steps 30) are taken anywhere, as `gym train`
     # takes them: not an argparse positional, which would only take them before the first option.
     a = sub.add_parser("add", help="put an existing variant in the store: a delta file or a LoRA adapter folder")
@@ -115,6 +117,13 @@ def main(argv: list[str]) -> int:
         from gym.delta.bitdelta import BitDeltaConfig
 
         keys = _keys(extra)
+        for made_elsewhere in ("adapter", "delta"):
+            if made_elsewhere in keys:
+                article = "an" if made_elsewhere == "adapter" else "a"
+                raise ConfigError(f"gym variants create trains a variant on --data or --preferences; to store "
+                                  f"{article} {made_elsewhere} made elsewhere, use `gym variants add {args.store} "
+                                  f"--user {args.user} --{made_elsewhere} ...` (not gated: docs/safety.md).")
+        check_keys(keys, args.own_flags)  # a misspelt flag lands among the training keys: named here, not later
         gate = gate_from(args, args.dataset_dir)
         config = BitDeltaConfig(distill_steps=args.distill_steps,
                                 calibration="user-rows" if args.distill_steps else None)
