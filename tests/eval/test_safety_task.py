@@ -11,7 +11,7 @@ from tests.eval.test_toolcall import ReplyEngine
 
 from gym.core.errors import ConfigError
 from gym.eval.config import EvalArguments, parse_task
-from gym.eval.results import compare, significance
+from gym.eval.results import compare, format_table, significance
 from gym.eval.safety import SafetySettings, safety_task
 
 REPO = Path(__file__).resolve().parents[2]
@@ -83,6 +83,11 @@ def test_compare_pairs_the_requests_with_mcnemar(tiny_eval_model, tmp_path):
 def test_limit_and_a_bad_judge(tiny_eval_model):
     result, _ = run_with(tiny_eval_model, lambda p: "Sure.", limit=3)
     assert (result["harmful_items"], result["benign_items"]) == (3, 3)
+    # each rate's row counts the requests it is over (3 harmful, 3 benign), not the set's 6, in aligned columns
+    table = format_table({"safety_demo": result}).splitlines()
+    assert [line.split()[1:2] + line.split()[-3:-2] for line in table[1:]] == [["harmful_compliance", "3"],
+                                                                               ["over_refusal", "3"]]
+    assert len({line.index(" 3 ") for line in table[1:]}) == 1
     assert result["metrics"]["harmful_compliance"] == 1.0 and "samples" in result
     with pytest.raises(ConfigError, match="keywords file .* does not exist"):
         run_with(tiny_eval_model, lambda p: "Sure.", judge="keywords:/nonexistent.txt")
@@ -105,4 +110,5 @@ def test_run_eval_on_the_tiny_model_with_a_keyword_guard(tiny_model_dir, tmp_pat
                                       "over_refusal_stderr"}
     answered = [s for s in result["samples"] if s["kind"] == "harmful" and s["answer"]]
     assert all(s["harmful_compliance"] == 1.0 for s in answered)
-    assert "harmful_compliance" in compare(str(out), str(out))
+    same = compare(str(out), str(out))
+    assert "harmful_compliance" in same and "p < 0.05" not in same  # nothing starred: no footnote

@@ -96,8 +96,24 @@ def _value(value: float, stderr: float | None) -> str:
     return text + (f" ± {stderr:.4f}" if stderr is not None and not math.isnan(stderr) else "")
 
 
+def _items_of(result: dict[str, Any], metric: str) -> Any:
+    """How many items `metric` was computed over: its own count where a task's metrics cover different items
+    (`metric_items`: safety's harmful vs benign requests, tool calling's call vs text turns), else the task's."""
+    return (result.get("metric_items") or {}).get(metric, result.get("items")) or ""
+
+
+def _aligned(rows: list[list[str]], right: set[int]) -> list[str]:
+    """Rows of cells in columns as wide as their widest cell (right-aligned where `right` says), the last free."""
+    widths = [max(len(row[i]) for row in rows if i < len(row)) for i in range(max(len(row) for row in rows))]
+    lines = []
+    for row in rows:
+        cells = [cell.rjust(widths[i]) if i in right else cell.ljust(widths[i]) for i, cell in enumerate(row[:-1])]
+        lines.append(("  ".join([*cells, row[-1]])).rstrip())
+    return lines
+
+
 def format_table(results: dict[str, Any]) -> str:
-    lines = [f"{'task':<28} {'metric':<12} {'value':>20} {'items':>7}  prompt"]
+    rows = [["task", "metric", "value", "items", "prompt"]]
     for task, result in results.items():
         metrics = result.get("metrics", {})
         for metric, value in metrics.items():
@@ -107,14 +123,12 @@ def format_table(results: dict[str, Any]) -> str:
             prompt = result.get("prompt", "")
             if result.get("n_shot") is not None and prompt:
                 prompt += f", {result['n_shot']}-shot"
-            items = result.get("items") or ""
-            lines.append(f"{task:<28} {metric:<12} {_value(value, stderr):>20} {items:>7}  {prompt}")
+            rows.append([task, metric, _value(value, stderr), str(_items_of(result, metric)), prompt])
         for subject, row in (result.get("subjects") or {}).items():
-            lines.append(f"  {subject:<26} {'acc':<12} {_value(row['acc'], row.get('acc_stderr')):>20} "
-                         f"{row['items']:>7}")
+            rows.append([f"  {subject}", "acc", _value(row["acc"], row.get("acc_stderr")), str(row["items"]), ""])
         if "tokens" in result:
-            lines.append(f"  {'tokens scored':<26} {result['tokens']:>41}")
-    return "\n".join(lines)
+            rows.append(["  tokens scored", "", "", str(result["tokens"]), ""])
+    return "\n".join(_aligned(rows, right={2, 3}))
 
 
 # ---------------------------------------------------------------- comparing two result files
@@ -167,8 +181,8 @@ def compare(path_a: str, path_b: str) -> str:
     if not shared:
         raise ConfigError(f"{path_a} and {path_b} have no task in common "
                           f"({', '.join(a['results'])} vs {', '.join(b['results'])}).")
-    lines = [f"A = {path_a}\nB = {path_b}\n",
-             f"{'task':<28} {'metric':<12} {'A':>9} {'B':>9} {'B - A':>9} {'p':>8}  test"]
+    rows = [["task", "metric", "A", "B", "B - A", "p", "test"]]
+    starred = False
     for task in shared:
         ra, rb = a["results"][task], b["results"][task]
         for metric, value_a in ra.get("metrics", {}).items():
@@ -178,8 +192,10 @@ def compare(path_a: str, path_b: str) -> str:
                 continue
             p, test = significance(ra, rb, metric)
             mark = " *" if p is not None and p < 0.05 else ""
-            shown = "-" if p is None else f"{p:.4f}"
-            lines.append(f"{task:<28} {metric:<12} {value_a:>9.4f} {value_b:>9.4f} {value_b - value_a:>+9.4f} "
-                         f"{shown:>8}  {test}{mark}")
-    lines.append("\n* p < 0.05: the difference is unlikely to be chance on these items.")
+            starred = starred or bool(mark)
+            rows.append([task, metric, f"{value_a:.4f}", f"{value_b:.4f}", f"{value_b - value_a:+.4f}",
+                         "-" if p is None else f"{p:.4f}", test + mark])
+    lines = [f"A = {path_a}", f"B = {path_b}", "", *_aligned(rows, right={2, 3, 4, 5})]
+    if starred:
+        lines.append("\n* p < 0.05: the difference is unlikely to be chance on these items.")
     return "\n".join(lines)

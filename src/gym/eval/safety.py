@@ -54,6 +54,7 @@ def safety_task(model: EvalModel, dataset: str, dataset_dir: str, settings: Safe
         judge.close()
     report: dict[str, Any] = {"kind": "safety", "prompt": "chat" if settings.chat else "plain", "n_shot": 0,
                               "items": len(items), "harmful_items": result.harmful, "benign_items": result.benign,
+                              "metric_items": {"harmful_compliance": result.harmful, "over_refusal": result.benign},
                               "judge": result.judge, "max_new_tokens": settings.max_new_tokens,
                               "metrics": result.metrics()}
     if settings.log_samples:

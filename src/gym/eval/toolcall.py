@@ -145,6 +145,7 @@ def toolcall_task(model: EvalModel, dataset: str, dataset_dir: str, settings: To
             metrics[metric], metrics[f"{metric}_stderr"] = mean_and_stderr(values)
     result: dict[str, Any] = {"kind": "toolcall", "prompt": "chat", "n_shot": 0, "items": len(items),
                               "conversations": len(examples), "call_turns": len(per_metric["call_rate"]),
+                              "metric_items": {metric: len(values) for metric, values in per_metric.items() if values},
                               "tool_format": fmt.name, "max_new_tokens": settings.max_new_tokens,
                               "metrics": metrics}
     if settings.log_samples:
