@@ -62,6 +62,7 @@ def test_lora_trains_the_adapter_and_the_head_in_the_labels_order(labelled_confi
     result = run_exp(labelled_config(labels=["unsafe", "safe"], learning_rate=5e-3, max_steps=20, val_size=0.25))
     out = Path(result.output_dir)
     assert _falls(out) and result.metrics["eval_accuracy"] >= 0.75
+    assert result.tokens_seen > 0 and result.tokens_per_second > 0  # the summary's tokens/s (it said 0)
     adapter = json.loads((out / "adapter_config.json").read_text())
     assert adapter["task_type"] == "SEQ_CLS" and not (out / "config.json").exists()
     saved = load_file(str(out / "adapter_model.safetensors"))

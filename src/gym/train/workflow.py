@@ -237,8 +237,9 @@ def train_and_save(trainer: Any, setup: Setup, args: TrainArgs[Any]) -> RunResul
     losses = [e["loss"] for e in trainer.state.log_history if "loss" in e]
     if isinstance(trainer, GymTrainer):  # counts from its first batch, so setup is not counted
         tokens_seen, tokens_per_second = trainer.tokens_seen, trainer.tokens_per_second()
-    else:  # TRL trainers log the running count of tokens they trained on
-        tokens_seen = int(max((e.get("num_tokens", 0) for e in trainer.state.log_history), default=0))
+    else:  # TRL trainers log the running count of tokens they trained on; transformers' the tokens it read
+        tokens_seen = int(max((e.get("num_tokens", 0) or e.get("num_input_tokens_seen", 0)
+                               for e in trainer.state.log_history), default=0))
         tokens_per_second = tokens_seen / seconds if seconds else 0.0
     return harness.finish_run(trainer.model, setup.processor or setup.tokenizer, args, model_path=setup.model_path,
                               global_step=trainer.state.global_step, seconds=seconds, tokens_seen=tokens_seen,
