@@ -253,7 +253,7 @@ class ChatFormat:
             return self.tool_format
         raise DataError(
             f"{where} has tools or tool calls, and this tokenizer's chat template ignores {support.missing()}, so "
-            "training would silently drop them. Set `template:` to a named template with tools "
+            "the model would never see them. Set `template:` to a named template with tools "
             f"({', '.join(TOOL_TEMPLATES)}), or set `tool_format:` (" + ", ".join(sorted(TOOL_FORMATS)) + ") to "
             "write the tools and calls as text inside this template's messages.")
 
