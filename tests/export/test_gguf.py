@@ -143,6 +143,10 @@ def test_named_template_and_bad_choices(trained_run, tmp_path, capsys):
     assert "<|start_header_id|>" in template  # the trained llama3 format, not the tokenizer's ChatML
     assert main(["export", "--output_dir", result.output_dir, "--format", "gguf", "--export_dir", str(path)]) == 2
     assert "--overwrite" in capsys.readouterr().err
+    # a run named as the model (`--model saves/run`) names the file, not the base its weights start from
+    assert main(["export", "--model", str(trained_run), "--format", "gguf", "--export_dir",
+                 str(tmp_path / "by-run")]) == 0
+    assert [p.name for p in (tmp_path / "by-run").iterdir()] == [f"{trained_run.name}-F16.gguf"]
     assert main(["export", "--output_dir", result.output_dir, "--format", "gguf", "--type", "q4_k_x",
                  "--export_dir", str(tmp_path / "x")]) == 2
     assert "Unknown GGUF type 'q4_k_x'" in capsys.readouterr().err

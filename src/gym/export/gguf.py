@@ -36,7 +36,10 @@ def write_model_gguf(args: ExportArguments, config: dict[str, Any]) -> tuple[Pat
     merged = load_merged(config, args.delta, bitdelta)
     model, tokenizer, chat, decoding, model_path = (merged.model, merged.tokenizer, merged.chat, merged.decoding,
                                                     merged.model_path)
-    name = Path(str(config.get("adapter_name_or_path") or config.get("output_dir") or model_path).rstrip("/")).name
+    # named after what the user named (`--model saves/run` is a run, though the weights come from its base)
+    named = next((config[key] for key in ("adapter_name_or_path", "output_dir", "model_name_or_path", "model")
+                  if config.get(key)), model_path)
+    name = Path(str(named).split(",")[0].rstrip("/")).name
     out = gguf_path(args.export_dir, name, "bitdelta-f16" if bitdelta else gguf_type)
     refuse_overwrite(out, args.export_overwrite)
     make_folder(out.parent)
