@@ -9,9 +9,18 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from gym.core.errors import OutputError
-from gym.core.files import LOCK_FILE, OutputLock, check_free_space, refuse_overwrite, remove_stale_temps, temp_path
+from gym.core.files import (
+    LOCK_FILE,
+    OutputLock,
+    check_free_space,
+    readable_as_umask,
+    refuse_overwrite,
+    remove_stale_temps,
+    temp_path,
+)
 
 
 def _dead_pid() -> int:
@@ -93,3 +102,23 @@ def test_free_space_is_checked_before_writing(tmp_path):
     check_free_space(tmp_path / "small", 1024)
     with pytest.raises(OutputError, match=r"No space left on the device of .*needs ~[\d.]+ TB, .* is free"):
         check_free_space(tmp_path / "not" / "yet" / "there", 2**60)
+
+
+def test_outputs_are_readable_as_the_umask_says_though_safetensors_writes_0600(tmp_path):
+    """safetensors' save_file leaves its file 0600: a model folder shared with another user could not be read.
+    readable_as_umask adds what the umask allows, and never takes a bit away."""
+    from safetensors.torch import save_file
+
+    old = os.umask(0o022)
+    try:
+        folder = tmp_path / "model"
+        folder.mkdir()
+        save_file({"w": torch.zeros(2)}, str(folder / "model.safetensors"))
+        (folder / "private.txt").write_text("x")
+        (folder / "private.txt").chmod(0o700)
+        assert (folder / "model.safetensors").stat().st_mode & 0o777 == 0o600  # what the library does
+        readable_as_umask(folder)
+        assert (folder / "model.safetensors").stat().st_mode & 0o777 == 0o644
+        assert (folder / "private.txt").stat().st_mode & 0o777 == 0o744  # bits added, the owner's x kept
+    finally:
+        os.umask(old)

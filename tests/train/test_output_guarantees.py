@@ -182,3 +182,11 @@ def test_a_runs_saved_config_reads_back_as_the_config_it_ran(trained_run, tmp_pa
     assert args.finetuning.lora_rank == saved["lora_rank"] and args.model.model_name_or_path == saved[
         "model_name_or_path"]
     assert args.training.hub_token is None
+
+
+def test_a_runs_weights_are_readable_as_the_umask_says(trained_run):
+    """safetensors writes 0600; the run's folder is shared as its config and tokenizer are (core.files)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    weights = list(trained_run.glob("*.safetensors"))
+    assert weights and all(w.stat().st_mode & 0o666 & ~mask == 0o666 & ~mask for w in weights)

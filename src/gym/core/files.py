@@ -78,6 +78,28 @@ def temp_path(final: PathLike) -> Path:
     return final.with_name(f".{final.name}.tmp-{os.getpid()}")
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def readable_as_umask(path: PathLike) -> None:
+    """Give a file (or every file under a folder) the permissions the umask gives a new file, where it has fewer:
+    safetensors writes its files 0600 (via a private temporary file), so a model, adapter or delta folder shared
+    with another user or a service account could not be read, unlike the config and tokenizer beside it. Bits
+    are only added, never taken away; links are left alone."""
+    wanted = 0o666 & ~_umask()
+    path = Path(path)
+    files = [path] if not path.is_dir() else [Path(root) / name for root, _, names in os.walk(path) for name in names]
+    for file in files:
+        if file.is_symlink():
+            continue
+        mode = file.stat().st_mode & 0o777
+        if mode | wanted != mode:
+            file.chmod(mode | wanted)
+
+
 def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -205,6 +227,7 @@ def install_folder(tmp: PathLike, out: PathLike, overwrite: bool, how: str = "--
     in place, so a crash leaves the old output or the new one, never neither."""
     tmp, out = Path(tmp), Path(out)
     refuse_overwrite(out, overwrite, how, folder=True)
+    readable_as_umask(tmp)
     if not os.path.lexists(out):
         os.replace(tmp, out)
         return out

@@ -29,7 +29,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from gym.core.errors import ConfigError
-from gym.core.files import check_free_space, refuse_overwrite, remove_stale_temps, temp_path
+from gym.core.files import check_free_space, readable_as_umask, refuse_overwrite, remove_stale_temps, temp_path
 from gym.delta.tensor_quant import BITS, Encoded, QuantMethod
 
 FORMAT = "gym-delta"
@@ -82,6 +82,7 @@ def save_delta(path: str | os.PathLike[str], entries: dict[str, Encoded | torch.
     tmp = temp_path(path)
     try:
         save_file(tensors, str(tmp), metadata={HEADER_KEY: json.dumps(full_header)})
+        readable_as_umask(tmp)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)

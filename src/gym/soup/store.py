@@ -29,7 +29,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from gym.core.errors import ConfigError
-from gym.core.files import make_folder, remove_stale_temps, temp_path
+from gym.core.files import make_folder, readable_as_umask, remove_stale_temps, temp_path
 from gym.delta.compress import reconstruct
 from gym.delta.format import HEADER_KEY
 from gym.delta.tensor_quant import Encoded, QuantMethod
@@ -165,6 +165,7 @@ class Store:
             name = f"{digest.hexdigest()}.safetensors"
             with open(tmp, "rb") as handle:
                 os.fsync(handle.fileno())
+            readable_as_umask(tmp)
             os.replace(tmp, self.blob_path(name))  # same bytes under the same name: replacing is harmless
         finally:
             tmp.unlink(missing_ok=True)

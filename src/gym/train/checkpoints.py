@@ -23,7 +23,7 @@ from safetensors.torch import load_file, save_file
 
 from gym.config.args import TrainArgs
 from gym.core.errors import ConfigError
-from gym.core.files import temp_path
+from gym.core.files import readable_as_umask, temp_path
 
 WEIGHTS_FILE = "trainable.safetensors"
 LOOP_STATE_FILE = "loop_state.pt"
@@ -115,6 +115,7 @@ def save_checkpoint(output_dir: str | Path, step: int, modules: dict[str, torch.
     (tmp / STATE_FILE).write_text(json.dumps({"global_step": step, **state}, indent=2))
     if folder.exists():
         shutil.rmtree(folder)
+    readable_as_umask(tmp)
     os.replace(tmp, folder)
     if total_limit:
         steps = sorted(int(m[1]) for p in Path(output_dir).iterdir() if (m := _CHECKPOINT.match(p.name)))

@@ -24,7 +24,15 @@ from gym.config.aliases import HIDDEN
 from gym.config.args import TrainArgs
 from gym.config.finetuning import ADAPTER_TYPES
 from gym.core.errors import ConfigError, OutputError
-from gym.core.files import CONFIG_FILE, FORMAT_VERSION, LOG_FILE, MANIFEST_FILE, check_free_space, temp_path
+from gym.core.files import (
+    CONFIG_FILE,
+    FORMAT_VERSION,
+    LOG_FILE,
+    MANIFEST_FILE,
+    check_free_space,
+    readable_as_umask,
+    temp_path,
+)
 from gym.core.results import RunResult
 from gym.core.version import __version__
 
@@ -146,6 +154,7 @@ def save_final(model: Any, tokenizer: Any, args: TrainArgs[Any], model_path: str
     if extra is not None:
         extra(tmp)
     (tmp / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2))
+    readable_as_umask(tmp)
     for item in tmp.iterdir():
         target = out / item.name
         if target.is_dir():
