@@ -88,3 +88,21 @@ def test_threads_asking_for_the_engine_at_once_share_one(tiny_model_dir, monkeyp
         thread.join()
     model.close()
     assert len(built) == 1 and len({id(e) for e in engines}) == 1
+
+
+def test_a_training_config_whose_run_is_missing_says_the_base_answers(tmp_path, trained_run, caplog):
+    """`gym eval CONFIG` before `gym train CONFIG` scored the base with no word: now a warning names the output_dir.
+    A finished run is used, as before, without one."""
+    import logging
+
+    from gym.infer.config import resolve_inference_config
+
+    caplog.set_level(logging.INFO, logger="gym")
+    missing = tmp_path / "never-trained"
+    resolved = resolve_inference_config({"model_name_or_path": "smollm2-135m", "output_dir": str(missing)})
+    assert "adapter_name_or_path" not in resolved
+    assert f"output_dir {missing} holds no finished run" in caplog.text and "using the base model smollm2-135m" in (
+        caplog.text)
+    caplog.clear()
+    resolved = resolve_inference_config({"output_dir": str(trained_run)})
+    assert resolved["adapter_name_or_path"] == str(trained_run) and "holds no finished run" not in caplog.text

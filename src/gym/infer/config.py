@@ -53,6 +53,12 @@ def resolve_inference_config(config: ConfigSource) -> Config:
         else:
             config["model_name_or_path"] = str(trained)
         logger.info("Using the trained model in %s", trained)
+    elif config.get("output_dir") and not config.get("adapter_name_or_path"):
+        # A training config whose run is not there (not trained yet, or another output_dir): what answers is the
+        # base, and a score or a chat would otherwise pass for the fine-tune's.
+        logger.warning("output_dir %s holds no finished run (train it first: gym train CONFIG); using the base "
+                       "model %s as it is.", config["output_dir"],
+                       config.get("model_name_or_path") or config.get("model") or "smollm2-135m")
     # Settings saved by training (with the first adapter) fill in what the user left unset.
     first_adapter = next(iter(split_names(config.get("adapter_name_or_path"))), "")
     saved_dir = Path(first_adapter) if first_adapter else Path(str(config.get("model_name_or_path") or ""))
