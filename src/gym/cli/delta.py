@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from gym.cli.arguments import CommandParser
 from gym.cli.gates import add_gate_flags, gate_from
 from gym.core.errors import ConfigError
 from gym.core.files import human_bytes, refuse_overwrite
@@ -21,7 +22,7 @@ COMPRESSION_METHODS = ("bitdelta", "int8", "int4", "int2", "ternary", "binary")
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="gym delta", description="Store a fine-tune as a compressed delta "
+    parser = CommandParser(prog="gym delta", description="Store a fine-tune as a compressed delta "
                                      "from its base, and get it back.")
     sub = parser.add_subparsers(dest="verb", required=True)
 

@@ -19,6 +19,7 @@ from typing import Any
 
 import yaml
 
+from gym.cli.arguments import CommandParser
 from gym.cli.gates import add_gate_flags
 from gym.core.errors import ConfigError
 from gym.soup.config import DeltaSoupConfig
@@ -27,7 +28,7 @@ from gym.soup.store import LEDGER
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="gym soup", description="Merge many users' fine-tunes of one base into a "
+    parser = CommandParser(prog="gym soup", description="Merge many users' fine-tunes of one base into a "
                                      "community delta: robust to attackers, optionally private, contributors paid.")
     sub = parser.add_subparsers(dest="verb", required=True)
 

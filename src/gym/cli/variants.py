@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from gym.cli.arguments import CommandParser
 from gym.cli.gates import add_gate_flags, gate_from
 from gym.config.files import CONFIG_SUFFIXES, parse_cli_args
 from gym.config.parser import check_keys
@@ -15,7 +16,7 @@ from gym.personalization.store import VariantStore
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="gym variants", description="Per-user fine-tunes of one base model, "
+    parser = CommandParser(prog="gym variants", description="Per-user fine-tunes of one base model, "
                                      "each stored as a 1-bit delta.")
     sub = parser.add_subparsers(dest="verb", required=True)
     c = sub.add_parser("create", help="fine-tune a user's variant on their rows and store it", allow_abbrev=False,
