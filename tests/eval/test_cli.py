@@ -76,3 +76,9 @@ def test_bad_data_as_a_subprocess(tiny_model_dir, tmp_path):
                        env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"})
     assert done.returncode == 2, done.stderr
     assert "bad.json, row 1, field 'answer'" in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize(("flag", "named"), [("--limt", "--limit"), ("--n_shto", "--n_shot"), ("--taks", "--tasks")])
+def test_a_misspelt_eval_option_names_the_eval_option_before_the_model_loads(tiny_model_dir, capsys, flag, named):
+    assert main(["eval", f"model_name_or_path={tiny_model_dir}", "--task", "mc_demo", flag, "2"]) == 2
+    assert f"Did you mean '{named}'?" in capsys.readouterr().err

@@ -30,7 +30,8 @@ def _chosen_subparser(parser: argparse.ArgumentParser, args: argparse.Namespace)
 
 
 class CommandParser(argparse.ArgumentParser):
-    def parse_args(self, args: Sequence[str] | None = None, namespace: Any = None) -> Any:
+    def parse_args(  # type: ignore[override]  # one signature for what typeshed spells as overloads
+            self, args: Sequence[str] | None = None, namespace: Any = None) -> Any:
         parsed, extra = self.parse_known_args(args, namespace)
         if extra:
             self.refuse_extra(parsed, extra)

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gym.config.coerce import split_keys
+from gym.config.parser import check_keys
 from gym.core.errors import ConfigError
 from gym.core.names import did_you_mean
 
@@ -121,6 +122,8 @@ def parse_eval(config: dict[str, Any]) -> tuple[EvalArguments, dict[str, Any]]:
 
     tasks = {k: as_list(k, v) for k, v in config.items()}
     values, rest = split_keys(tasks, EvalArguments, ALIASES)
+    # a misspelt eval option (--limt) is named against the eval's own keys, before the model loads
+    check_keys(rest, [f"--{name}" for name in (*EvalArguments.__dataclass_fields__, *ALIASES) if len(name) > 1])
     if "dataset_dir" in values:  # the model config's data keys read it too (a dataset's template, ...)
         rest["dataset_dir"] = values["dataset_dir"]
     return EvalArguments(**values), rest
