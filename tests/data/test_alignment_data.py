@@ -151,6 +151,17 @@ def test_dataset_without_pairs_for_a_pairwise_stage_says_how_to_fix_dataset_info
     assert '"ranking": true' in message and "chosen" in message and "rejected" in message
 
 
+@pytest.mark.parametrize("kind", ["supervised", "feedback"])
+def test_preference_pairs_for_a_stage_that_wants_answers_name_the_stages_that_read_them(tmp_path, kind):
+    """LLaMA-Factory refuses a ranking dataset outside its preference stages too; the message said
+    'for DataKind.SUPERVISED data' about the row's last message."""
+    _write(tmp_path, {"pairs": PAIRS_ALPACA}, {"pairs.json": [{"instruction": "Hi", "chosen": "a", "rejected": "b"}]})
+    with pytest.raises(DataError, match=r"Dataset 'pairs' holds preference pairs .* train it with a preference stage "
+                       r"\(dpo, orpo, simpo, cpo, rm\)") as info:
+        _examples(tmp_path, "pairs", kind)
+    assert "DataKind" not in str(info.value)
+
+
 def test_pairwise_cutoff_drops_long_prompts_and_cuts_answers(tmp_path, chat, tokenizer):
     long_prompt = " ".join(f"word{i}" for i in range(200))
     long_answer = " ".join(f"answer{i}" for i in range(200))

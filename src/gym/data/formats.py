@@ -152,7 +152,21 @@ _NEEDED_COLUMNS = {
 }
 
 
+# What a stage reading each kind of data is called, for the errors (a DataKind prints as its class name).
+_KIND_WORDS = {"supervised": "supervised (sft) data", "feedback": "feedback (kto) data", "pairwise": "preference data",
+               "prompt": "prompt data", "labelled": "labelled (cls) data", "unsupervised": "plain-text (pt) data"}
+
+
+def _kind_words(kind: str) -> str:
+    name = str(getattr(kind, "value", kind))
+    return _KIND_WORDS.get(name, f"{name} data")
+
+
 def _check_columns_for(attr: DatasetAttr, kind: str) -> None:
+    if attr.ranking and kind in ("supervised", "feedback"):
+        raise DataError(f"Dataset '{attr.name}' holds preference pairs (`\"ranking\": true` in dataset_info.json), "
+                        f"and this stage reads {_kind_words(kind)}: train it with a "
+                        "preference stage (dpo, orpo, simpo, cpo, rm), or choose a dataset of that kind.")
     if kind not in _NEEDED_COLUMNS:
         return
     needed, how = _NEEDED_COLUMNS[kind]
@@ -274,7 +288,7 @@ def _convert_sharegpt(attr: DatasetAttr, source: RowSource, row: dict[str, Any],
         system = _string(source, row, system_col, required=False)
     ends_with_answer = bool(messages) and messages[-1]["role"] == ASSISTANT
     if kind in ("supervised", "feedback") and not ends_with_answer:
-        raise _fail(source, column, f"must end with an assistant message for {kind} data.")
+        raise _fail(source, column, f"must end with an assistant message for {_kind_words(kind)}.")
     if kind == "prompt" and ends_with_answer:
         messages = messages[:-1]  # an answer in the row is not part of the prompt
     if kind in ("pairwise", "prompt") and (not messages or messages[-1]["role"] not in (USER, OBSERVATION)):
