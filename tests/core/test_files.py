@@ -32,7 +32,7 @@ def test_one_owner_at_a_time(tmp_path):
     with OutputLock(tmp_path / "out", what="gym train") as lock:
         owner = json.loads(lock.path.read_text())
         assert owner["pid"] == os.getpid() and owner["host"] == socket.gethostname()
-        with pytest.raises(OutputError, match=rf"in use by another Gym gym train \(pid {os.getpid()}"):
+        with pytest.raises(OutputError, match=rf"in use by another Gym process \(gym train, pid {os.getpid()}"):
             OutputLock(tmp_path / "out").acquire()
     assert not (tmp_path / "out" / LOCK_FILE).exists()
     assert not (tmp_path / "out").exists()  # made only for the lock, and left empty: removed with it

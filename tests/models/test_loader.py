@@ -32,6 +32,15 @@ def test_missing_local_paths_are_clear():
         resolve_model_path("./nowhere/model")
 
 
+def test_a_missing_folder_under_a_local_one_is_not_called_a_hub_model(tmp_path, monkeypatch):
+    """`out/nothere` has a hub id's shape; offline, with `out/` right here, it is the folder the user meant."""
+    (tmp_path / "out").mkdir()
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ModelError, match=r"^Model folder not found: out/nothere \(out has no nothere; nor is a hub"):
+        resolve_model_path("out/nothere")
+
+
 def test_local_folder_is_used_as_is(tiny_model_dir):
     assert resolve_model_path(str(tiny_model_dir)) == str(tiny_model_dir)
 

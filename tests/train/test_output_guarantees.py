@@ -25,7 +25,7 @@ def test_a_second_run_on_a_live_runs_output_fails_at_once_naming_the_owner(train
     config = train_config()
     with OutputLock(config["output_dir"], what="gym train"):
         started = time.perf_counter()
-        with pytest.raises(OutputError, match=rf"in use by another Gym gym train \(pid {os.getpid()} on "):
+        with pytest.raises(OutputError, match=rf"in use by another Gym process \(gym train, pid {os.getpid()} on "):
             run_exp(config)
         assert time.perf_counter() - started < 30  # refused before any model loads
     result = run_exp(config)  # released: the folder is free again

@@ -295,9 +295,9 @@ class OutputLock:
                 owner = self._owner()
                 if owner is not None and self._alive(owner):
                     raise OutputError(
-                        f"{self.output} is in use by another Gym {owner.get('what', 'run')} (pid {owner.get('pid')} "
-                        f"on {owner.get('host')}, since {owner.get('since')}). Wait for it to finish, or choose "
-                        f"another output. If that process is gone, delete {self.path}.") from None
+                        f"{self.output} is in use by another Gym process ({owner.get('what', 'a run')}, pid "
+                        f"{owner.get('pid')} on {owner.get('host')}, since {owner.get('since')}). Wait for it to "
+                        f"finish, or choose another output. If that process is gone, delete {self.path}.") from None
                 self.path.unlink(missing_ok=True)  # stale: its owner is dead
                 continue
             with os.fdopen(fd, "w", encoding="utf-8") as handle:
