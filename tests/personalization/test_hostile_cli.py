@@ -54,6 +54,9 @@ def test_create_still_refuses_what_is_not_a_key(tmp_path, capsys):
     (["--adapter", "saves/alice"], "to store an adapter made elsewhere, use `gym variants add .* --user u --adapter"),
     (["--replac"], "Unknown config key 'replac'. Did you mean '--replace'?"),
     (["--max_stepz", "3"], "Did you mean 'max_steps'?"),
+    (["distill_steps=2"], "Did you mean '--distill-steps'?"),
+    (["delta_distill_steps=2"], "delta_distill_steps: gym variants create stores every variant as BitDelta; its "
+                                "distillation is --distill-steps N"),
 ])
 def test_create_names_a_flag_it_does_not_take_before_anything_trains(extra, message, tmp_path, capsys):
     """A flag create lacks lands among the training keys: it is named at once, against create's own flags too

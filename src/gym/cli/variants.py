@@ -125,6 +125,10 @@ def main(argv: list[str]) -> int:
                                   f"{article} {made_elsewhere} made elsewhere, use `gym variants add {args.store} "
                                   f"--user {args.user} --{made_elsewhere} ...` (not gated: docs/safety.md).")
         check_keys(keys, args.own_flags)  # a misspelt flag lands among the training keys: named here, not later
+        ignored = sorted(key for key in keys if str(key).replace("-", "_").startswith("delta_"))
+        if ignored:  # gym train's compression keys: a variant is always BitDelta, distilled --distill-steps steps
+            raise ConfigError(f"{', '.join(ignored)}: gym variants create stores every variant as BitDelta; its "
+                              "distillation is --distill-steps N (the delta_* keys are gym train's).")
         gate = gate_from(args, args.dataset_dir)
         config = BitDeltaConfig(distill_steps=args.distill_steps,
                                 calibration="user-rows" if args.distill_steps else None)
