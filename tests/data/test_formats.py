@@ -57,6 +57,8 @@ def test_openai_messages_file_is_sniffed(tmp_path):
          r"bad.jsonl, line 2: field 'output' is missing"),
         ('{"instruction": "a", "output": "b"}\n{"instruction": "c", "output": \n', ".jsonl",
          r"bad.jsonl, line 2: not valid JSON"),
+        ('{"instruction": "a", "output": "b"}\n{"instruction": "c", "output": "d"\n', ".jsonl",
+         r"bad.jsonl, line 2: not valid JSON \(column 35\): Expecting ',' delimiter"),  # where the row is cut off
         ("instruction,output\na,b\nc,\n", ".csv", r"bad.csv, row 2: field 'output' is empty"),
         ('[{"instruction": "a", "output": "b"}, "oops"]', ".json", r"bad.json, row 2: expected an object"),
     ],

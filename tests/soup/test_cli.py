@@ -61,8 +61,10 @@ def test_user_errors_are_config_errors(tiny_model_dir, tmp_path):
         main(["status", str(tmp_path / "nothing")])
     with pytest.raises(ConfigError, match="key=value"):
         main(["init", str(tmp_path / "s"), "--base", str(tiny_model_dir), "method"])
-    with pytest.raises(ConfigError, match="Unknown DeltaSoupConfig field"):
+    with pytest.raises(ConfigError, match="Unknown DeltaSoupConfig field 'methd'. Did you mean 'method'?"):
         main(["init", str(tmp_path / "s"), "--base", str(tiny_model_dir), "methd=mean"])
+    with pytest.raises(ConfigError, match="Unknown aggregation method 'meen'.* Did you mean 'mean'?"):
+        main(["init", str(tmp_path / "s"), "--base", str(tiny_model_dir), "method=meen"])
     assert main(["init", str(tmp_path / "s"), "--base", str(tiny_model_dir)]) == 0
     with pytest.raises(ConfigError, match="already a soup"):
         main(["init", str(tmp_path / "s"), "--base", str(tiny_model_dir)])

@@ -87,7 +87,7 @@ def _read_jsonl(file: Path) -> Iterator[tuple[RowSource, Any]]:
             if not line.strip():
                 continue
             try:
-                row = json.loads(line)
+                row = json.loads(line.rstrip("\r\n"))  # with its newline, a cut-off row errs at "line 2, column 1"
             except json.JSONDecodeError as exc:
                 raise DataError(f"{file}, line {lineno}: not valid JSON (column {exc.colno}): {exc.msg}") from None
             yield RowSource(str(file), lineno, "line"), row

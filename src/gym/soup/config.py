@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from gym.core.errors import ConfigError
+from gym.core.names import closest, did_you_mean
 from gym.soup.aggregators import AggregationMethod
 from gym.soup.screen import NORM_RATIO
 
@@ -103,7 +104,8 @@ class DeltaSoupConfig:
             self.method = AggregationMethod(self.method)
         except ValueError:
             choices = ", ".join(m.value for m in AggregationMethod)
-            raise ConfigError(f"Unknown aggregation method {self.method!r}; choose one of {choices}.") from None
+            raise ConfigError(f"Unknown aggregation method {self.method!r}; choose one of {choices}."
+                              f"{did_you_mean(str(self.method), [m.value for m in AggregationMethod])}") from None
         _in_range("trim_percent", self.trim_percent, 0.0, 0.5, high_open=True)
         if self.byzantine_threshold is not None:
             _in_range("byzantine_threshold", self.byzantine_threshold, 0.0, 0.5, high_open=True)
@@ -189,6 +191,9 @@ class DeltaSoupConfig:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(values) - known)
         if unknown:
+            match = closest(str(unknown[0]), known)
+            if match is not None:
+                raise ConfigError(f"Unknown DeltaSoupConfig field {unknown[0]!r}. Did you mean {match!r}?")
             raise ConfigError(f"Unknown DeltaSoupConfig field(s): {', '.join(unknown)}; known: "
                               f"{', '.join(sorted(known))}.")
         return cls(**values)
