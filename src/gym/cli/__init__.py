@@ -32,7 +32,7 @@ USAGE = """usage: gym <command> [options]
 
 commands:
   train CONFIG [key=value ...] [--key value ...]   fine-tune (`gym train --help` lists every key; or --config CONFIG)
-  tune CONFIG --trials N [--metric M] [--direction minimize|maximize]
+  tune CONFIG [--trials 10] [--metric M] [--direction minimize|maximize]
                                                    hyper-parameter search over the config's `tune:` section
   chat [CONFIG] [--key value ...] [--prompt TEXT]  talk to a model; --prompt answers once and exits
   api [CONFIG] [--key value ...] [--host H] [--port P] [--api-key KEY] [--max_batch_size N] [--max_waiting N]
@@ -111,7 +111,7 @@ def cmd_train(argv: list[str]) -> int:
 
 def cmd_tune(argv: list[str]) -> int:
     if "--help" in argv or "-h" in argv or not argv:
-        print("usage: gym tune CONFIG --trials N [--metric eval_loss] [--direction minimize] [key=value ...]\n\n"
+        print("usage: gym tune CONFIG [--trials 10] [--metric eval_loss] [--direction minimize] [key=value ...]\n\n"
               "Searches the keys of the config's `tune:` section with Optuna; each trial trains in "
               "output_dir/trial-<n>. Resumable (output_dir/tune.db); writes tune_results.md and best.yaml.")
         return 0 if argv else 2
