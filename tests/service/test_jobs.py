@@ -158,6 +158,9 @@ def test_a_bad_file_fails_the_job_with_an_event(tmp_path):
     assert result.status is JobStatus.FAILED and result.fine_tuned_model is None
     assert result.error and result.error["code"] == "invalid_training_file" and "at least 10" in result.error["message"]
     assert events.seen[-1]["level"] == "error" and events.seen[-1]["type"] == "message"
+    # the tenant sees its file by name, never the folder the server keeps it in
+    shown = [result.error["message"], *(event["message"] for event in events.seen)]
+    assert "few.jsonl" in result.error["message"] and not any(str(tmp_path) in text for text in shown)
     assert VariantStore(tmp_path / "store").users() == []
 
 

@@ -431,6 +431,15 @@ def _error(exc: GymError) -> dict[str, Any]:
     return {"code": code, "message": str(exc), "param": "training_file" if isinstance(exc, DataError) else None}
 
 
+def _as_the_client_names_it(text: str, spec: JobSpec) -> str:
+    """The server's paths of the job's files as their ids (file-...): what the tenant uploaded and knows, not where
+    the server keeps it."""
+    for path in (spec.training_file, getattr(spec, "validation_file", None)):
+        if path:
+            text = text.replace(str(path), Path(path).name)
+    return text
+
+
 def run_job(spec: JobSpec, store_dir: str | Path, work_dir: str | Path, on_event: EventSink | None = None,
             cancel: Callable[[], bool] | Any | None = None) -> JobResult:
     """Run `spec` to its end: succeeded (its variant in the store at `store_dir`, the variant store of
@@ -461,6 +470,7 @@ def run_job(spec: JobSpec, store_dir: str | Path, work_dir: str | Path, on_event
         result.status, result.fine_tuned_model, result.variant = JobStatus.FAILED, None, None
         result.error = _error(known) if known is not None else {"code": "server_error", "message": str(exc),
                                                                 "param": None}
+        result.error["message"] = _as_the_client_names_it(result.error["message"], spec)
         data: dict[str, Any] = {"error": result.error}
         decision = getattr(known, "decision", None)  # a safety gate's refusal: its numbers, as the event's data
         if decision is not None:
@@ -478,11 +488,11 @@ def _train_and_publish(spec: JobSpec, store: Any, work: Path, emit: EventSink, c
     from gym.train.harness import extra_callbacks
     from gym.train.outputs import is_finished_output, read_log
 
-    emit("info", f"Validating training file: {spec.training_file}", None)
+    emit("info", f"Validating training file: {Path(spec.training_file).name}", None)
     rows = read_training_file(spec.training_file, spec.method)
     held_out = None
     if spec.validation_file is not None:
-        emit("info", f"Validating validation file: {spec.validation_file}", None)
+        emit("info", f"Validating validation file: {Path(spec.validation_file).name}", None)
         validation = read_training_file(spec.validation_file, spec.method, minimum=1)
         held_out = validation if spec.method is Method.SUPERVISED else None  # dpo: the gain kept is SFT rows' only
     if cancelled():
