@@ -39,6 +39,8 @@ def test_a_missing_folder_under_a_local_one_is_not_called_a_hub_model(tmp_path, 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(ModelError, match=r"^Model folder not found: out/nothere \(out has no nothere; nor is a hub"):
         resolve_model_path("out/nothere")
+    with pytest.raises(ModelError, match=r"not in the local Hugging Face cache.*Did you mean 'smollm2-135m'\?$"):
+        resolve_model_path("smollm2-13m")  # a bare name is never taken for a folder of the working directory
 
 
 def test_local_folder_is_used_as_is(tiny_model_dir):

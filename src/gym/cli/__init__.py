@@ -58,7 +58,7 @@ commands:
   env                                              versions of Python, torch and the HF stack, and the device
   version                                          Gym's version
 
-chat, api, infer, export and eval also take a run or model folder for CONFIG (`gym chat saves/run`).
+chat, api, infer, export and eval also take a run or model folder, or a model name, for CONFIG (`gym chat saves/run`).
 add --debug to any command to see tracebacks."""
 
 

@@ -95,7 +95,8 @@ def parse_cli_args(argv: list[str], *, model_folders: bool = False) -> Config:
 
     `key=value` is always an override, even when the value is a path ending in .json or .yaml. `--config FILE`
     is another way to give CONFIG (LLaMA-Factory's `train --config` spelling). With model_folders (the verbs that
-    load a model: chat, api, infer, eval, export), a folder may stand for the model: model_folder_keys."""
+    load a model: chat, api, infer, eval, export), a folder or a model name may stand for the model (one of
+    them): model_folder_keys."""
     config: Config = {}
     overrides: Config = {}
     folder_given: str | None = None
@@ -121,15 +122,17 @@ def parse_cli_args(argv: list[str], *, model_folders: bool = False) -> Config:
             overrides[key] = _parse_scalar(text)
         elif Path(arg).suffix.lower() in CONFIG_SUFFIXES:
             config.update(load_config_file(arg))
-        elif model_folders and Path(arg).expanduser().is_dir():
+        elif model_folders and not arg.startswith("-"):
             if folder_given is not None:
-                raise ConfigError(f"Two model folders given, {folder_given!r} and {arg!r}: name one.")
+                raise ConfigError(f"Two models given, {folder_given!r} and {arg!r}: name one.")
             folder_given = arg
-            overrides.update(model_folder_keys(Path(arg).expanduser()))
+            # a folder as model_folder_keys says; anything else a model name (`gym api smollm2-135m`, as vLLM's
+            # `serve MODEL`), which the loader resolves or refuses with the names it knows
+            folder = Path(arg).expanduser()
+            overrides.update(model_folder_keys(folder) if folder.is_dir() else {"model_name_or_path": arg})
         else:
             what = "a .yaml/.json config, a model or run folder," if model_folders else "a .yaml/.json config,"
-            missing = " (no such file or folder)" if model_folders and "/" in arg else ""
-            raise ConfigError(f"Unexpected argument {arg!r}{missing}: give {what} key=value, or --key value.")
+            raise ConfigError(f"Unexpected argument {arg!r}: give {what} key=value, or --key value.")
         i += 1
     config = without_overridden(config, overrides)
     config.update(overrides)

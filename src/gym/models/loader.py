@@ -29,6 +29,7 @@ from gym.core.errors import ModelError
 from gym.core.files import FORMAT_VERSION, temp_path
 from gym.core.files import MANIFEST_FILE as MANIFEST
 from gym.core.home import gym_home
+from gym.core.names import did_you_mean
 from gym.models import unsloth
 from gym.models.base_quantization import describe_quantized, device_map, quantization_config
 from gym.models.registry import DEFAULT_MODEL, EMBEDDED, HUB_PRESETS, known_names
@@ -217,13 +218,13 @@ def _check_hub_available(hub_id: str, alias: str | None = None) -> str:
     offline = os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes")
     if offline and not isinstance(try_to_load_from_cache(hub_id, "config.json"), str):
         named = f"'{alias}' ({hub_id})" if alias else f"'{hub_id}'"
-        if alias is None and Path(hub_id).parent.is_dir():  # `out/nothere`: a folder is far likelier than a hub id
+        if alias is None and "/" in hub_id and Path(hub_id).parent.is_dir():  # `out/nothere`: likelier a folder
             raise ModelError(f"Model folder not found: {hub_id} ({Path(hub_id).parent} has no {Path(hub_id).name}; nor "
                              "is a hub model of that name in the local Hugging Face cache).")
         raise ModelError(
             f"Model {named} is not in the local Hugging Face cache and HF_HUB_OFFLINE=1 forbids downloading it. "
             f"Download it once with network (`hf download {hub_id}`), pass a local folder, or use a known "
-            f"short name: {', '.join(known_names())}."
+            f"short name: {', '.join(known_names())}.{did_you_mean(hub_id, known_names())}"
         )
     return hub_id
 
