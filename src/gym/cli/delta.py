@@ -23,7 +23,7 @@ COMPRESSION_METHODS = ("bitdelta", "int8", "int4", "int2", "ternary", "binary")
 
 def _parser() -> argparse.ArgumentParser:
     parser = CommandParser(prog="gym delta", description="Store a fine-tune as a compressed delta "
-                                     "from its base, and get it back.")
+                           "from its base, and get it back.")
     sub = parser.add_subparsers(dest="verb", required=True)
 
     c = sub.add_parser("compress", help="base + fine-tune (model folder or LoRA adapter) -> delta file")

@@ -18,7 +18,7 @@ from gym.service.keys import create_key, list_keys, revoke_key
 
 def _parser() -> argparse.ArgumentParser:
     parser = CommandParser(prog="gym keys", description="API keys for `gym api --variants STORE`: a user's "
-                                     "key sees the base and that user's variants and files only; an admin's, all.")
+                           "key sees the base and that user's variants and files only; an admin's, all.")
     sub = parser.add_subparsers(dest="verb", required=True)
     c = sub.add_parser("create", help="make a key (printed once, as the last word)")
     c.add_argument("store")

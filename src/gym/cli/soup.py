@@ -29,7 +29,7 @@ from gym.soup.store import LEDGER
 
 def _parser() -> argparse.ArgumentParser:
     parser = CommandParser(prog="gym soup", description="Merge many users' fine-tunes of one base into a "
-                                     "community delta: robust to attackers, optionally private, contributors paid.")
+                           "community delta: robust to attackers, optionally private, contributors paid.")
     sub = parser.add_subparsers(dest="verb", required=True)
 
     i = sub.add_parser("init", help="create a soup folder for one base model")

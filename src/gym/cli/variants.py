@@ -17,7 +17,7 @@ from gym.personalization.store import VariantStore
 
 def _parser() -> argparse.ArgumentParser:
     parser = CommandParser(prog="gym variants", description="Per-user fine-tunes of one base model, "
-                                     "each stored as a 1-bit delta.")
+                           "each stored as a 1-bit delta.")
     sub = parser.add_subparsers(dest="verb", required=True)
     c = sub.add_parser("create", help="fine-tune a user's variant on their rows and store it", allow_abbrev=False,
                        usage="gym variants create STORE --user USER (--data FILE | --preferences FILE) [options] "
