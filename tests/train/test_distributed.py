@@ -53,6 +53,24 @@ def test_elastic_and_multi_node_settings():
         torchrun_command(["train", "c.yaml"], env={"NNODES": "2", "NPROC_PER_NODE": "1"})
     with pytest.raises(ConfigError, match="NPROC_PER_NODE must be a whole number"):
         torchrun_command(["train", "c.yaml"], env={"NPROC_PER_NODE": "two"})
+    with pytest.raises(ConfigError, match="NPROC_PER_NODE must be a whole number of at least 1, got '0'"):
+        torchrun_command(["train", "c.yaml"], env={"NPROC_PER_NODE": "0"})  # it ran on one process, saying nothing
+
+
+def test_a_config_error_of_a_relaunched_run_is_one_line_before_torchrun_starts(tmp_path, monkeypatch, capsys):
+    """Each rank said it inside torchrun's traceback, exit 1; the launcher checks the config first."""
+    import subprocess
+
+    from gym.cli import main
+
+    monkeypatch.setenv("NPROC_PER_NODE", "2")
+    started: list[object] = []
+    monkeypatch.setattr(subprocess, "call", lambda *a, **k: started.append(a) or 0)
+    config = tmp_path / "c.yaml"
+    config.write_text("distributed: {strategey: fsdp}\n")
+    assert main(["train", str(config)]) == 2
+    assert "Unknown key 'distributed.strategey'. Did you mean 'strategy'?" in capsys.readouterr().err
+    assert started == []
 
 
 def _config(train_config, tmp_path: Path, name: str, per_device: int, **overrides) -> dict:

@@ -9,7 +9,8 @@ from gym.cli import main
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--share", "on"], "share links"), (["--auth", "nopassword"], "user:password"), (["--port", "x"], "whole number"),
+    (["--share", "on"], "share links"), (["--share"], "share links"), (["--share", "--port", "7861"], "share links"),
+    (["--auth", "nopassword"], "user:password"), (["--port", "x"], "whole number"),
     (["--prot", "1"], "unknown argument"),
 ])
 def test_bad_arguments_are_one_line_and_exit_2(argv, message, capsys):

@@ -350,13 +350,18 @@ def cmd_webui(argv: list[str]) -> int:
               "server's fine-tuning service instead, where people sign in with their API keys (docs/service.md).")
         return 0
     insecure_no_auth, argv = take_flag(argv, "--insecure-no-auth")
+    # `--share` alone (Gradio's switch, as its users type it) is a request to share: refused below with the reason
+    share_switch = any(arg == "--share" and (i + 1 == len(argv) or argv[i + 1].startswith("--"))
+                       for i, arg in enumerate(argv))
+    if share_switch:
+        argv = [arg for arg in argv if arg != "--share"]
     values: dict[str, str | None] = {}
     for name, default in {"--host": "127.0.0.1", "--port": "7860", "--auth": None, "--runs_dir": "saves/webui",
                           "--dataset_dir": "data", "--share": "off", "--service": None}.items():
         values[name], argv = take_option(argv, name, default)
     if argv:
         raise ConfigError(f"gym webui: unknown argument {argv[0]!r} (see gym webui --help).")
-    if values["--share"] not in ("off", "false", "no"):
+    if share_switch or values["--share"] not in ("off", "false", "no"):
         raise ConfigError("gym webui --share: public share links send the page through Gradio's servers; Gym "
                           "keeps the UI on this machine. Use --host 0.0.0.0 --auth user:password on a trusted network.")
     try:

@@ -48,10 +48,11 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _whole(env: Mapping[str, str], key: str, default: str) -> str:
+def _whole(env: Mapping[str, str], key: str, default: str, least: int = 0) -> str:
     value = env.get(key, default)
-    if not value.isdigit():
-        raise ConfigError(f"{key} must be a whole number, got {value!r}.")
+    if not value.isdigit() or int(value) < least:
+        kind = "a whole number" if least <= 0 else f"a whole number of at least {least}"
+        raise ConfigError(f"{key} must be {kind}, got {value!r}.")
     return value
 
 
@@ -67,8 +68,8 @@ def torchrun_command(gym_args: list[str], env: Mapping[str, str] | None = None,
         gpus = _visible_gpus() if gpus is None else gpus
         if gpus <= 1:
             return None
-    nproc = _whole(env, "NPROC_PER_NODE", str(max(1, _visible_gpus() if gpus is None else gpus)))
-    nnodes = _whole(env, "NNODES", "1")
+    nproc = _whole(env, "NPROC_PER_NODE", str(max(1, _visible_gpus() if gpus is None else gpus)), least=1)
+    nnodes = _whole(env, "NNODES", "1", least=1)
     if int(nproc) <= 1 and nnodes == "1" and not force:
         return None
     master_addr = env.get("MASTER_ADDR", "127.0.0.1")
@@ -101,6 +102,11 @@ def launch_elsewhere(argv: list[str], values: dict[str, Any]) -> tuple[dict[str,
     launcher = torchrun_command(["train", *argv], needs_launcher=needs_launcher(values))
     if launcher is None:
         return values, None
+    from gym.config.parser import get_train_args
+
+    # Checked here, once, before torchrun starts: a bad key is then one line and exit 2, where each rank would say
+    # it in turn inside torchrun's traceback (and exit 1).
+    get_train_args(values)
     import subprocess
 
     return values, subprocess.call(launcher)
