@@ -71,6 +71,10 @@ def test_a_config_error_of_a_relaunched_run_is_one_line_before_torchrun_starts(t
     assert main(["train", str(config)]) == 2
     assert "Unknown key 'distributed.strategey'. Did you mean 'strategy'?" in capsys.readouterr().err
     assert started == []
+    # checked as a rank of the world torchrun will make: FSDP on 2 processes passes and is launched
+    config.write_text("distributed: {strategy: fsdp, backend: gloo}\n")
+    assert main(["train", str(config)]) == 0 and len(started) == 1
+    assert "WORLD_SIZE" not in os.environ and "LOCAL_RANK" not in os.environ
 
 
 def _config(train_config, tmp_path: Path, name: str, per_device: int, **overrides) -> dict:

@@ -88,6 +88,26 @@ def torchrun_command(gym_args: list[str], env: Mapping[str, str] | None = None,
     return [*command, "-m", "gym.cli", *gym_args]
 
 
+def check_as_a_rank(values: dict[str, Any], launcher: list[str]) -> None:
+    """Parse and validate the config as the first rank of `launcher` will: the checks that read the process's
+    place (FSDP needs a world of 2 or more, DeepSpeed a launcher's LOCAL_RANK) see the world torchrun will make."""
+    from gym.config.parser import get_train_args
+
+    nproc = int(launcher[launcher.index("--nproc-per-node") + 1])
+    nnodes = int(launcher[launcher.index("--nnodes") + 1].split(":")[-1])
+    rank_env = {"WORLD_SIZE": str(nproc * nnodes), "LOCAL_WORLD_SIZE": str(nproc), "RANK": "0", "LOCAL_RANK": "0"}
+    saved = {key: os.environ.get(key) for key in rank_env}
+    os.environ.update(rank_env)
+    try:
+        get_train_args(values)
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
 def launch_elsewhere(argv: list[str], values: dict[str, Any]) -> tuple[dict[str, Any], int | None]:
     """`gym train argv` where the run needs other processes: on Ray workers (USE_RAY=1), or under torchrun (several
     processes, several nodes, or DeepSpeed). Returns the config to run here (Ray's keys taken out) and None, or the
@@ -102,11 +122,9 @@ def launch_elsewhere(argv: list[str], values: dict[str, Any]) -> tuple[dict[str,
     launcher = torchrun_command(["train", *argv], needs_launcher=needs_launcher(values))
     if launcher is None:
         return values, None
-    from gym.config.parser import get_train_args
-
     # Checked here, once, before torchrun starts: a bad key is then one line and exit 2, where each rank would say
     # it in turn inside torchrun's traceback (and exit 1).
-    get_train_args(values)
+    check_as_a_rank(values, launcher)
     import subprocess
 
     return values, subprocess.call(launcher)
