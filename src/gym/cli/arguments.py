@@ -15,7 +15,8 @@ from gym.core.names import closest
 _INVALID_CHOICE = re.compile(r"invalid choice: '(?P<value>[^']*)' \(choose from (?P<choices>.*)\)$")
 
 
-def _option_strings(parser: argparse.ArgumentParser) -> list[str]:
+def option_strings(parser: argparse.ArgumentParser) -> list[str]:
+    """Every flag `parser` takes (`-o`, `--output`, ...)."""
     return [flag for action in parser._actions for flag in action.option_strings]
 
 
@@ -40,7 +41,7 @@ class CommandParser(argparse.ArgumentParser):
     def refuse_extra(self, parsed: argparse.Namespace, extra: list[str]) -> NoReturn:
         """An argument the (sub-)command does not take: named, with the closest of that command's flags."""
         command = _chosen_subparser(self, parsed)
-        flags = _option_strings(command)
+        flags = option_strings(command)
         hint = ""
         for arg in extra:
             match = closest(arg.split("=", 1)[0], flags) if arg.startswith("-") else None

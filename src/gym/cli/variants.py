@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from gym.cli.arguments import CommandParser
+from gym.cli.arguments import CommandParser, option_strings
 from gym.cli.gates import add_gate_flags, gate_from
 from gym.config.files import CONFIG_SUFFIXES, parse_cli_args
 from gym.config.parser import check_keys
@@ -33,7 +33,7 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--replace", action="store_true", help="replace the user's existing variant")
     c.add_argument("--dataset-dir", default="data", help="folder of dataset_info.json (for --safety-gate names)")
     add_gate_flags(c)
-    c.set_defaults(own_flags=[flag for action in c._actions for flag in action.option_strings if flag[:2] == "--"])
+    c.set_defaults(own_flags=[flag for flag in option_strings(c) if flag[:2] == "--"])
     # Training keys (max_steps=30 finetuning_type=full ..., or --max_steps 30) are taken anywhere, as `gym train`
     # takes them: not an argparse positional, which would only take them before the first option.
     a = sub.add_parser("add", help="put an existing variant in the store: a delta file or a LoRA adapter folder")
