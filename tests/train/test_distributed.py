@@ -128,14 +128,24 @@ def test_two_nodes_on_loopback_train_together(train_config, tmp_path):
 
 
 @pytest.mark.slow
-def test_fsdp_on_two_cpu_processes_shards_the_model_and_equals_one_process(train_config, tmp_path):
+def test_fsdp_on_two_cpu_processes_shards_the_model_equals_one_process_and_resumes_its_checkpoint(train_config,
+                                                                                                tmp_path):
     # accelerate alone would train plain DDP here; the seeds' block turns on FSDP2, which Gym runs on CPU processes.
-    single = run_exp(_config(train_config, tmp_path, "single", per_device=4))
-    config = _config(train_config, tmp_path, "fsdp", per_device=2,
-                     distributed={"backend": "gloo", "strategy": "fsdp", "sharding_strategy": "full_shard"})
-    out = _finish(_gym_train(config, tmp_path, {"NPROC_PER_NODE": "2"}))
+    # The checkpoint at step 2 is written mid-run, after accelerate has re-read its state: it must still be gathered.
+    def config(name: str, per_device: int, steps: int, **overrides) -> dict:
+        return _config(train_config, tmp_path, name, per_device=per_device, max_steps=steps,
+                       lr_scheduler_type="constant", save_strategy="steps", save_steps=2, **overrides)
+
+    fsdp = {"backend": "gloo", "strategy": "fsdp", "sharding_strategy": "full_shard"}
+    single = run_exp(config("single", 4, 4))
+    out = _finish(_gym_train(config("fsdp", 2, 4, distributed=fsdp), tmp_path, {"NPROC_PER_NODE": "2"}))
     assert 0.45 < _held_share(out) < 0.55  # each process holds half the model: sharded, not replicated
+    _same_adapter(Path(single.output_dir) / "checkpoint-2", tmp_path / "fsdp" / "checkpoint-2")
     _same_adapter(Path(single.output_dir), tmp_path / "fsdp")  # gathered before saving: full, not empty
+    shutil.rmtree(tmp_path / "fsdp" / "checkpoint-4")
+    _finish(_gym_train(config("fsdp", 2, 4, distributed=fsdp, resume_from_checkpoint=True), tmp_path,
+                       {"NPROC_PER_NODE": "2"}))
+    _same_adapter(Path(single.output_dir), tmp_path / "fsdp")  # the resumed run ends where the whole one did
 
 
 def test_a_deepspeed_config_is_launched_under_torchrun_and_refused_outside_a_launcher(train_config):

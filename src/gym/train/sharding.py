@@ -26,8 +26,14 @@ def enable_fsdp_on_cpu(trainer: Any) -> None:
     state = trainer.accelerator.state
     if state.distributed_type != DistributedType.MULTI_CPU:
         return
+    from accelerate.state import PartialState
+
     state.fsdp_plugin = FullyShardedDataParallelPlugin(**plugin_args)
     state.distributed_type = DistributedType.FSDP
+    # Every later `AcceleratorState()` copies PartialState's fields over its own, so the switch must be made there
+    # too, as accelerate does when it chooses FSDP itself: otherwise the first checkpoint after the first step
+    # reads the run as plain DDP and hands PEFT the sharded tensors instead of the gathered ones.
+    PartialState._shared_state["distributed_type"] = DistributedType.FSDP
     trainer.is_fsdp_enabled = True
 
 
