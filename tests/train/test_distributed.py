@@ -32,7 +32,7 @@ def test_no_relaunch_for_one_process_or_inside_torchrun():
 
 def test_relaunch_reads_llamafactorys_variables():
     command = torchrun_command(["train", "c.yaml"], env={"NPROC_PER_NODE": "2", "MASTER_PORT": "29511"})
-    assert command[1:3] == ["-m", "torch.distributed.run"] and command[-4:] == ["-m", "gym.cli", "train", "c.yaml"]
+    assert command[1:3] == ["-m", "gym.workflows.torchrun"] and command[-4:] == ["-m", "gym.cli", "train", "c.yaml"]
     flags = dict(zip(command[3:-4:2], command[4:-4:2]))
     assert flags == {"--nproc-per-node": "2", "--nnodes": "1", "--node-rank": "0", "--master-addr": "127.0.0.1",
                      "--master-port": "29511"}
@@ -275,3 +275,36 @@ def test_ray_keys_without_use_ray_are_refused(train_config, tmp_path):
     assert "ray_num_workers" not in values and ray == {"ray_num_workers": 2, "placement_strategy": "SPREAD"}
     with pytest.raises(ConfigError, match="'ray_num_workers' must be a whole number of at least 1"):
         split_settings(train_config(ray_num_workers=0), env={"USE_RAY": "1"})
+
+
+def test_cpu_ranks_share_the_cores_and_a_thread_count_the_user_set_is_kept():
+    from gym.workflows.launch import rank_environment
+
+    launcher = torchrun_command(["train", "c.yaml"], env={"NPROC_PER_NODE": "2", "MASTER_PORT": "29511"})
+    assert launcher is not None
+    assert rank_environment(launcher, env={}, cpus=16, gpus=0)["OMP_NUM_THREADS"] == "8"
+    assert rank_environment(launcher, env={}, cpus=3, gpus=0)["OMP_NUM_THREADS"] == "1"
+    assert rank_environment(launcher, env={"OMP_NUM_THREADS": "3"}, cpus=16, gpus=0)["OMP_NUM_THREADS"] == "3"
+    assert "OMP_NUM_THREADS" not in rank_environment(launcher, env={}, cpus=16, gpus=2)  # torchrun's 1 per GPU rank
+
+
+def test_a_rank_that_fails_ends_the_run_in_one_line_with_its_exit_code(tmp_path):
+    # Each rank refuses a config that is not there (Gym's one-line error, exit 2); the launcher then says which
+    # rank stopped the run, in place of torchrun's traceback and failure table, and leaves with the rank's code.
+    command = torchrun_command(["train", str(tmp_path / "missing.yaml")],
+                               env={"NPROC_PER_NODE": "2", "MASTER_PORT": str(free_port())})
+    assert command is not None and command[1:3] == ["-m", "gym.workflows.torchrun"]
+    done = subprocess.run(command, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr and "ChildFailedError" not in done.stderr, done.stderr[-3000:]
+    assert "missing.yaml" in done.stderr
+    assert re.search(r"gym: the run stopped: rank [01] exited with code 2; its message is above\.", done.stderr)
+
+
+def test_a_rank_killed_by_a_signal_is_named_with_the_shells_exit_code():
+    from gym.workflows.torchrun import failure_line
+
+    line, code = failure_line(1, -9)
+    assert code == 137 and "rank 1 was killed by SIGKILL" in line and "out-of-memory" in line
+    assert failure_line(0, -15) == ("gym: the run stopped: rank 0 was killed by SIGTERM.", 143)

@@ -104,13 +104,18 @@ def serve(host: str = "127.0.0.1", port: int = 7860, auth: tuple[str, str] | Non
                "password.") if login is not None else None
     heap.work_begins()  # a page served for days collects its garbage as CPython always does
     try:
+        # Quiet: Gradio's own start-up lines end with "set `share=True` in `launch()`", which Gym refuses; the
+        # page's address is said once, below, in Gym's words.
         _, url, _ = demo.launch(server_name=host, server_port=port, auth=login or auth, auth_message=message,
                                 share=False, ssr_mode=False,
-                                mcp_server=False, pwa=False, footer_links=[], show_error=True, quiet=not block,
-                                prevent_thread_lock=not block, theme=theme(), css=CSS, js=FORCE_DARK,
+                                mcp_server=False, pwa=False, footer_links=[], show_error=True, quiet=True,
+                                prevent_thread_lock=True, theme=theme(), css=CSS, js=FORCE_DARK,
                                 allowed_paths=[] if login is not None else [str(store.root)],
                                 enable_monitoring=False)
     except OSError:
         check_port(host, port)  # another program took the port while the page was built: the same one line
         raise
+    if block:
+        print(f"Gym web UI on {url} (Ctrl-C stops it).", flush=True)
+        demo.block_thread()
     return demo, url

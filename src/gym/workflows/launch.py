@@ -8,7 +8,8 @@ When to relaunch, and how, is read from the environment with LLaMA-Factory's nam
     RDZV_ID (+ MIN_NNODES, MAX_NNODES, MAX_RESTARTS)      an elastic job with c10d rendezvous
 
 Each process then runs the same `gym train` with torchrun's RANK/LOCAL_RANK/WORLD_SIZE set; the Hugging Face
-Trainer (through accelerate) takes it from there: DDP over NCCL on GPUs, over gloo on CPUs.
+Trainer (through accelerate) takes it from there: DDP over NCCL on GPUs, over gloo on CPUs. torchrun runs through
+`gym.workflows.torchrun`, which ends a failed run in one line, and CPU ranks share the machine's cores.
 """
 
 from __future__ import annotations
@@ -76,7 +77,7 @@ def torchrun_command(gym_args: list[str], env: Mapping[str, str] | None = None,
     if int(nnodes) > 1 and "MASTER_PORT" not in env:
         raise ConfigError("NNODES > 1: set MASTER_ADDR and MASTER_PORT to the same values on every node.")
     master_port = _whole(env, "MASTER_PORT", str(free_port()))
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", nproc]
+    command = [sys.executable, "-m", "gym.workflows.torchrun", "--nproc-per-node", nproc]
     if "RDZV_ID" in env:
         low, high = env.get("MIN_NNODES"), env.get("MAX_NNODES")
         command += ["--nnodes", f"{low}:{high}" if low and high else nnodes, "--rdzv-id", env["RDZV_ID"],
@@ -127,4 +128,19 @@ def launch_elsewhere(argv: list[str], values: dict[str, Any]) -> tuple[dict[str,
     check_as_a_rank(values, launcher)
     import subprocess
 
-    return values, subprocess.call(launcher)
+    return values, subprocess.call(launcher, env=rank_environment(launcher))
+
+
+def rank_environment(launcher: list[str], env: Mapping[str, str] | None = None,
+                     cpus: int | None = None, gpus: int | None = None) -> dict[str, str]:
+    """The environment the ranks start with. torchrun gives every process of a node one compute thread when
+    OMP_NUM_THREADS is unset, which suits GPU ranks; CPU ranks compute on the CPU, so they share this machine's
+    cores instead (16 cores, 2 processes: 8 threads each, not 1). A value the user set is kept."""
+    env = dict(os.environ if env is None else env)
+    if "OMP_NUM_THREADS" in env or (_visible_gpus() if gpus is None else gpus):
+        return env
+    nproc = int(launcher[launcher.index("--nproc-per-node") + 1])
+    if cpus is None:  # the cores this process may run on (a container's or taskset's share), where the OS says
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    env["OMP_NUM_THREADS"] = str(max(1, cpus // nproc))
+    return env
