@@ -308,3 +308,33 @@ def test_a_rank_killed_by_a_signal_is_named_with_the_shells_exit_code():
     line, code = failure_line(1, -9)
     assert code == 137 and "rank 1 was killed by SIGKILL" in line and "out-of-memory" in line
     assert failure_line(0, -15) == ("gym: the run stopped: rank 0 was killed by SIGTERM.", 143)
+
+
+@pytest.mark.slow
+def test_ctrl_c_under_torchrun_stops_every_rank_after_the_same_step_with_a_checkpoint(train_config, tmp_path):
+    # As from a terminal: SIGINT to the whole foreground group (gym, torchrun), not ignored. The ranks lead their
+    # own sessions and hear it from the launcher; they finish the step, decide together, save and leave with 130.
+    import signal
+    import time
+
+    config = _config(train_config, tmp_path, "stopped", per_device=2, max_steps=10_000, save_strategy="no",
+                     logging_steps=1)
+    path = tmp_path / "stopped.yaml"
+    path.write_text(yaml.safe_dump(config))
+    run = subprocess.Popen([sys.executable, "-m", "gym.cli", "train", str(path)],
+                           env={**os.environ, "OMP_NUM_THREADS": "1", "NPROC_PER_NODE": "2"},
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                           preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    log = tmp_path / "stopped" / "trainer_log.jsonl"
+    deadline = time.monotonic() + 300
+    while run.poll() is None and time.monotonic() < deadline and not (
+            log.is_file() and log.read_text().count('"loss"') >= 2):
+        time.sleep(0.2)
+    os.killpg(run.pid, signal.SIGINT)
+    out, _ = run.communicate(timeout=300)
+    assert run.returncode == 130, out[-3000:]
+    stopped = re.findall(r"gym: stopped at step (\d+) of 10000 on request", out)
+    assert len(stopped) == 2 and stopped[0] == stopped[1], out[-3000:]  # both ranks, the same step
+    checkpoint = tmp_path / "stopped" / f"checkpoint-{stopped[0]}"
+    assert (checkpoint / "adapter_model.safetensors").is_file() and (checkpoint / "rng_state_1.pth").is_file()
+    assert "Traceback" not in out and "interrupted" not in out, out[-3000:]

@@ -50,9 +50,14 @@ def sum_across(tensor: Any) -> Any:
     """The tensor summed over every process (itself when there is one)."""
     if not _group_active():
         return tensor
+    import torch
     import torch.distributed as dist
 
     total = tensor.detach().clone()
+    if dist.get_backend() == "nccl" and total.device.type == "cpu":  # NCCL reduces only tensors on the GPU
+        on_gpu = total.to(torch.device("cuda", torch.cuda.current_device()))
+        dist.all_reduce(on_gpu)
+        return on_gpu.to(tensor.device)
     dist.all_reduce(total)
     return total
 

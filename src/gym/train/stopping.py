@@ -20,6 +20,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 from gym.core.errors import RunStopped
+from gym.train import ranks
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +58,11 @@ class StopCallback(TrainerCallback):
         self.request = request
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if self.request.requested:
+        # Under torchrun every rank must stop after the same step: one that stopped while another went on into
+        # the next step's gradient exchange would leave that one waiting for it until the process group times
+        # out. The signal reaches each rank at its own moment, so the ranks decide together.
+        if ranks.any_across(self.request.requested):
+            self.request.requested = True
             control.should_save = True
             control.should_training_stop = True
 

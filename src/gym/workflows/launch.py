@@ -126,9 +126,25 @@ def launch_elsewhere(argv: list[str], values: dict[str, Any]) -> tuple[dict[str,
     # Checked here, once, before torchrun starts: a bad key is then one line and exit 2, where each rank would say
     # it in turn inside torchrun's traceback (and exit 1).
     check_as_a_rank(values, launcher)
-    import subprocess
+    return values, wait_for_launcher(launcher, rank_environment(launcher))
 
-    return values, subprocess.call(launcher, env=rank_environment(launcher))
+
+def wait_for_launcher(launcher: list[str], env: dict[str, str]) -> int:
+    """Run torchrun and wait for it. Ctrl-C reaches torchrun as well (one process group), and it passes the stop
+    on to the ranks, which save a checkpoint first; so this process ignores SIGINT while it waits, where Python's
+    subprocess would answer it by killing torchrun a quarter of a second later and leave the ranks on their own."""
+    import signal
+    import subprocess
+    import threading
+
+    launched = subprocess.Popen(launcher, env=env)
+    if threading.current_thread() is not threading.main_thread():
+        return launched.wait()
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        return launched.wait()
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def rank_environment(launcher: list[str], env: Mapping[str, str] | None = None,
