@@ -237,6 +237,18 @@ def test_bf16_unset_follows_the_hardware(monkeypatch):
     assert hf_args.hf_training_args(get_train_args({"bf16": False})).bf16 is False
 
 
+def test_lora_runs_tell_ddp_every_trainable_weight_is_used_unless_a_vision_part_trains():
+    from gym.train import hf_args
+
+    def unused(config: dict) -> object:
+        return hf_args.hf_training_args(get_train_args(config)).ddp_find_unused_parameters
+
+    assert unused({"finetuning_type": "lora"}) is False
+    assert unused({"finetuning_type": "full"}) is None  # transformers decides, as before
+    assert unused({"finetuning_type": "lora", "freeze_vision_tower": False}) is None
+    assert unused({"finetuning_type": "lora", "ddp_find_unused_parameters": True}) is True
+
+
 def test_a_hub_token_reaches_the_hub_libraries_but_not_the_saved_training_arguments(monkeypatch):
     """The Trainer pickles its arguments into every checkpoint (training_args.bin): the push token must not be in
     them. It goes to the environment the hub libraries read."""

@@ -63,7 +63,10 @@ add --debug to any command to see tracebacks."""
 
 
 def _setup_logging(debug: bool) -> None:
-    logging.basicConfig(level=logging.DEBUG if debug else logging.INFO, format="[gym] %(message)s")
+    # Under torchrun every rank runs the same steps: the others' notes would repeat rank 0's, line for line.
+    quiet_rank = not debug and int(os.environ.get("RANK", "0") or 0) > 0
+    logging.basicConfig(level=logging.DEBUG if debug else logging.WARNING if quiet_rank else logging.INFO,
+                        format="[gym] %(message)s")
     for noisy in ("transformers", "peft", "datasets", "accelerate", "httpx", "httpx2", "openai", "filelock", "urllib3",
                   "matplotlib"):
         logging.getLogger(noisy).setLevel(logging.DEBUG if debug else logging.WARNING)
@@ -460,7 +463,10 @@ def main(argv: list[str] | None = None) -> int:
         print("\ngym: interrupted", file=sys.stderr)
         return 130
     except RunStopped as stopped:
-        print(f"gym: {stopped}", file=sys.stderr)
+        from gym.train.ranks import is_main_process
+
+        if is_main_process():  # every rank of a run under torchrun stops at the same step: one line says it
+            print(f"gym: {stopped}", file=sys.stderr)
         return 130
     except Exception as exc:
         error = as_gym_error(exc)

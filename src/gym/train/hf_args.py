@@ -36,6 +36,14 @@ def machine_values(args: TrainArgs[Any]) -> dict[str, Any]:
         values["use_cpu"] = not has_accelerator()
     if not torch.cuda.is_available():
         values["dataloader_pin_memory"] = False  # pinning needs an accelerator; it only warns on CPU
+    finetuning = args.finetuning
+    if (training.ddp_find_unused_parameters is None and finetuning.finetuning_type == "lora"
+            and finetuning.freeze_vision_tower and finetuning.freeze_multi_modal_projector):
+        # transformers asks DDP to look for unused parameters whenever the model is not a PreTrainedModel (a PEFT
+        # model never is): an extra pass over the autograd graph every step, and a warning from every rank. Every
+        # LoRA weight of a text model takes part in each forward pass, as LLaMA-Factory also assumes; a trainable
+        # vision tower or projector does not on a batch without images, so those runs keep DDP's search.
+        values["ddp_find_unused_parameters"] = False
     return values
 
 
