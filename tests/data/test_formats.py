@@ -157,3 +157,118 @@ def test_shipped_demo_datasets_load(tokenizer):
                        ("pt_demo", "unsupervised"), ("wiki_demo", "unsupervised")]:
         data = get_dataset(DataArguments(dataset=name, dataset_dir=str(repo_data), cutoff_len=512), chat, kind)
         assert len(data.train) >= 30, name
+
+
+def _entry(tmp_path, entry: dict, rows: list, name: str = "rows.json") -> None:
+    (tmp_path / name).write_text(json.dumps(rows))
+    (tmp_path / "dataset_info.json").write_text(json.dumps({"d": {"file_name": name, **entry}}))
+
+
+ALPACA_ROW = {"instruction": "What is 1+1?", "input": "Answer briefly", "output": "2", "system": "You are terse.",
+              "history": [["hi", "hello"]]}
+
+
+@pytest.mark.parametrize("columns, misspelt, suggestion", [
+    ({"prompt": "instruction", "query": "inptu", "response": "output"}, "'query' to the column 'inptu'", "input"),
+    ({"system": "sytem"}, "'system' to the column 'sytem'", "system"),
+    ({"history": "histroy"}, "'history' to the column 'histroy'", "history"),
+])
+def test_a_misspelt_column_is_refused_where_it_would_drop_a_field_from_every_row(tmp_path, columns, misspelt,
+                                                                                  suggestion):
+    _entry(tmp_path, {"columns": columns}, [ALPACA_ROW])
+    with pytest.raises(DataError, match=rf"maps {misspelt}, which no row has\. Did you mean '{suggestion}'\?"):
+        _examples(tmp_path, "d")
+
+
+def test_a_column_only_later_rows_have_is_read_and_a_usual_name_may_be_absent(tmp_path):
+    rows = [{"instruction": "a", "output": "b"}, {"instruction": "c", "output": "d", "sys": "Be brief."}]
+    _entry(tmp_path, {"columns": {"system": "sys", "query": "input"}}, rows)  # `input`: the usual name, in no row
+    assert [ex.system for ex in _examples(tmp_path, "d")] == [None, "Be brief."]
+
+
+def test_a_misspelt_kto_tag_column_is_named_as_missing_not_as_a_bad_value(tmp_path):
+    rows = [{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}], "label": True}]
+    _entry(tmp_path, {"formatting": "openai", "columns": {"kto_tag": "lable"}}, rows)
+    with pytest.raises(DataError, match=r"maps 'kto_tag' to the column 'lable', which no row has\. Did you mean "
+                                        r"'label'\?"):
+        _examples(tmp_path, "d", kind="feedback")
+
+
+def test_a_bare_alpaca_file_keeps_its_system_prompt_and_history(tmp_path):
+    path = tmp_path / "alp.json"
+    path.write_text(json.dumps([ALPACA_ROW]))
+    (attr,) = get_dataset_attrs(str(path), tmp_path)
+    example = load_examples(attr, "supervised")[0]
+    assert example.system == "You are terse."
+    assert [m["content"] for m in example.messages] == ["hi", "hello", "What is 1+1?\nAnswer briefly", "2"]
+
+
+def test_num_samples_draws_at_random_every_row_once_before_any_twice(tmp_path):
+    rows = [{"instruction": f"q{i}", "output": f"a{i}"} for i in range(20)]
+    _entry(tmp_path, {"num_samples": 5}, rows)
+    (attr,) = get_dataset_attrs("d", tmp_path)
+
+    def drawn(**options) -> list[str]:
+        return [ex.messages[0]["content"] for ex in load_examples(attr, "supervised", **options)]
+
+    five = drawn(seed=1)
+    assert len(set(five)) == 5 and five != [f"q{i}" for i in range(5)]  # a random subset, not the first rows
+    assert drawn(seed=1) == five and drawn(seed=2) != five  # the run's seed decides
+    assert drawn(seed=1, max_samples=2) == five[:2]  # max_samples then keeps the first of them
+    attr.num_samples = 45
+    many = drawn(seed=1)
+    assert len(many) == 45 and set(many) == {f"q{i}" for i in range(20)}  # all 20, then 25 drawn again
+
+
+@pytest.mark.parametrize("entry, message", [
+    ({"ranking": "false"}, r"'d'\.ranking must be true or false \(without quotes\), got 'false'"),
+    ({"num_samples": "5"}, r"'d'\.num_samples must be a whole number of at least 1, got '5'"),
+    ({"num_samples": 0}, r"'d'\.num_samples must be a whole number of at least 1, got 0"),
+])
+def test_entry_values_of_the_wrong_type_are_refused(tmp_path, entry, message):
+    _entry(tmp_path, entry, [ALPACA_ROW])
+    with pytest.raises(DataError, match=message):
+        get_dataset_attrs("d", tmp_path)
+
+
+@pytest.mark.parametrize("kind", ["unsupervised", "labelled"])
+def test_preference_pairs_are_refused_for_plain_text_and_classifier_stages_too(tmp_path, kind):
+    _entry(tmp_path, {"ranking": True, "columns": {"chosen": "chosen", "rejected": "rejected"}},
+           [{"instruction": "q", "chosen": "a", "rejected": "b"}])
+    with pytest.raises(DataError, match=r"holds preference pairs .* train it with a preference stage"):
+        _examples(tmp_path, "d", kind=kind)
+
+
+def test_an_empty_last_answer_in_a_conversation_is_refused_as_an_empty_output_is(tmp_path):
+    rows = [{"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": " "}]}]
+    _entry(tmp_path, {"formatting": "sharegpt"}, rows)
+    with pytest.raises(DataError, match=r"rows.json, row 1: field 'conversations\[1\].value' is empty"):
+        _examples(tmp_path, "d")
+
+
+def test_plain_text_rows_in_an_entry_without_columns_are_told_how_to_map_them(tmp_path):
+    _entry(tmp_path, {}, [{"text": "Some text."}])
+    with pytest.raises(DataError, match=r"field 'instruction' is missing \(the row's keys: 'text'\)\. For plain "
+                                        r"text, map it in dataset_info.json: `\"columns\": \{\"prompt\": \"text\"\}`"):
+        _examples(tmp_path, "d", kind="unsupervised")
+
+
+def test_a_json_array_under_a_jsonl_name_is_read(tmp_path):
+    path = tmp_path / "rows.jsonl"
+    path.write_text(json.dumps([{"instruction": "a", "output": "b"}, {"instruction": "c", "output": "d"}], indent=2))
+    (attr,) = get_dataset_attrs(str(path), tmp_path)
+    examples = load_examples(attr, "supervised")
+    assert [ex.messages[1]["content"] for ex in examples] == ["b", "d"] and examples[1].source.endswith("row 2")
+
+
+@pytest.mark.parametrize("messages, message", [
+    ([{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}],
+     r"field 'messages\[0\]' has no 'from' key \(its keys: 'role', 'content'\); say which keys hold the role"),
+    ([{"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}, {"from": "system", "value": "s"},
+      {"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}],
+     r"field 'messages\[2\]\.from' is a system message after the first"),
+])
+def test_role_problems_say_what_is_wrong(tmp_path, messages, message):
+    _entry(tmp_path, {"formatting": "sharegpt", "columns": {"messages": "messages"}}, [{"messages": messages}])
+    with pytest.raises(DataError, match=message):
+        _examples(tmp_path, "d")

@@ -85,7 +85,7 @@ def _string(source: RowSource, row: dict[str, Any], column: str, *, required: bo
 def _string(source: RowSource, row: dict[str, Any], column: str, *, required: bool) -> str | None:
     if column not in row or row[column] is None:
         if required:
-            raise _fail(source, column, "is missing.")
+            raise _fail(source, column, "is missing." if column in row else _missing(column, row))
         return None
     value = row[column]
     if not isinstance(value, str):
@@ -93,6 +93,15 @@ def _string(source: RowSource, row: dict[str, Any], column: str, *, required: bo
     if required and not value.strip():
         raise _fail(source, column, "is empty.")
     return value
+
+
+def _missing(column: str, row: dict[str, Any]) -> str:
+    """`is missing`, with the row's own keys, and the mapping a plain-text row needs."""
+    keys = ", ".join(repr(k) for k in row) or "none"
+    hint = (" For plain text, map it in dataset_info.json: `\"columns\": {\"prompt\": \"text\"}`."
+            if "text" in row and column == "instruction" else
+            " Map the dataset's own column names in dataset_info.json's `columns`.")
+    return f"is missing (the row's keys: {keys}).{hint}"
 
 
 def convert_row(attr: DatasetAttr, source: RowSource, row: Any, kind: str) -> Example:
@@ -163,7 +172,8 @@ def _kind_words(kind: str) -> str:
 
 
 def _check_columns_for(attr: DatasetAttr, kind: str) -> None:
-    if attr.ranking and kind in ("supervised", "feedback"):
+    # As in LLaMA-Factory, a dataset of pairs feeds only the pairwise stages (prompt data may take its prompts).
+    if attr.ranking and kind in ("supervised", "feedback", "unsupervised", "labelled"):
         raise DataError(f"Dataset '{attr.name}' holds preference pairs (`\"ranking\": true` in dataset_info.json), "
                         f"and this stage reads {_kind_words(kind)}: train it with a "
                         "preference stage (dpo, orpo, simpo, cpo, rm), or choose a dataset of that kind.")
@@ -289,6 +299,11 @@ def _convert_sharegpt(attr: DatasetAttr, source: RowSource, row: dict[str, Any],
     ends_with_answer = bool(messages) and messages[-1]["role"] == ASSISTANT
     if kind in ("supervised", "feedback") and not ends_with_answer:
         raise _fail(source, column, f"must end with an assistant message for {_kind_words(kind)}.")
+    # The last answer is what the model learns to say; an alpaca row's empty output is refused the same way.
+    if kind in ("supervised", "feedback") and not messages[-1].get("tool_calls") and not str(
+            messages[-1]["content"]).strip():
+        raise _fail(source, f"{column}[{len(raw) - 1}].{attr.tag('content_tag')}",
+                    "is empty: the last answer is what the model learns to say.")
     if kind == "prompt" and ends_with_answer:
         messages = messages[:-1]  # an answer in the row is not part of the prompt
     if kind in ("pairwise", "prompt") and (not messages or messages[-1]["role"] not in (USER, OBSERVATION)):

@@ -12,6 +12,7 @@ from typing import Any
 
 from gym.config.data import DataArguments
 from gym.core.errors import DataError
+from gym.core.names import did_you_mean
 from gym.data.formats import Example, convert_row
 from gym.data.media import KINDS as MEDIA_KINDS
 from gym.data.multimodal import MediaInputs
@@ -64,22 +65,58 @@ def raw_rows(attr: DatasetAttr) -> Iterator[tuple[RowSource, Any]]:
     return _hub_rows(attr) if attr.load_from == "hub" else read_rows(attr.path)
 
 
-def load_examples(attr: DatasetAttr, kind: str, max_samples: int | None = None, media: bool = False) -> list[Example]:
+def load_examples(attr: DatasetAttr, kind: str, max_samples: int | None = None, media: bool = False,
+                  seed: int = 42) -> list[Example]:
     """Read and check the rows. `media`: whether the model can take images, videos and audios; when it cannot,
     a dataset with them is refused, but only after every row was read and checked, so a broken row is reported
-    as that row's error first."""
-    rows = raw_rows(attr)
-    limit = min(x for x in (attr.num_samples, max_samples) if x) if (attr.num_samples or max_samples) else None
+    as that row's error first.
+
+    An entry's `num_samples` draws that many rows at random (`seed`), every row once before any twice, as
+    LLaMA-Factory does: fewer than the file holds is a random subset, more repeats rows. `max_samples` then keeps
+    the first rows of what is left."""
     examples: list[Example] = []
-    for source, row in rows:
-        if limit is not None and len(examples) >= limit:
+    checked = False
+    for source, row in raw_rows(attr):
+        if not attr.num_samples and max_samples is not None and len(examples) >= max_samples:
             break
+        if not checked and isinstance(row, dict):
+            _check_mapped_columns(attr, row)
+            checked = True
         examples.append(convert_row(attr, source, row, kind))
     if not examples:
         raise DataError(f"Dataset '{attr.name}' ({attr.path}) has no rows.")
+    if attr.num_samples:
+        examples = _draw(examples, attr.num_samples, random.Random(seed))
+        examples = examples[:max_samples] if max_samples else examples
     if not media:
         _refuse_media(examples)
     return examples
+
+
+def _draw(examples: list[Example], count: int, rng: random.Random) -> list[Example]:
+    order = list(range(len(examples)))
+    rng.shuffle(order)
+    chosen = order[:count] + [rng.randrange(len(examples)) for _ in range(count - len(order))]
+    return [examples[i] for i in chosen]
+
+
+def _check_mapped_columns(attr: DatasetAttr, first: dict[str, Any]) -> None:
+    """A column dataset_info.json names that no row has is a misspelling: refused, where reading on would leave
+    an optional column (input, system, history) out of every row without a word. Only when the first row lacks
+    one are the other rows' keys read, since a column may be absent from some rows."""
+    absent = {key: column for key, column in attr.mapped.items() if column not in first}
+    if not absent:
+        return
+    keys: set[str] = set()
+    for _, row in raw_rows(attr):
+        if isinstance(row, dict):
+            keys.update(row)
+    for key, column in absent.items():
+        if column not in keys:
+            listed = ", ".join(repr(k) for k in sorted(keys)) or "none"
+            raise DataError(f"Dataset '{attr.name}' ({attr.path}): dataset_info.json maps '{key}' to the column "
+                            f"'{column}', which no row has.{did_you_mean(column, sorted(keys))} The rows' keys: "
+                            f"{listed}.")
 
 
 def _refuse_media(examples: list[Example], reason: str | None = None) -> None:
@@ -137,7 +174,7 @@ def _collect(names: str | None, data_args: DataArguments, kind: str, seed: int,
     examples: list[Example] = []
     for attr in get_dataset_attrs(names, data_args.dataset_dir, data_args.media_dir):
         loaded = load_examples(attr, kind, None if data_args.seed_shuffle_datasets else data_args.max_samples,
-                               media=media)
+                               media=media, seed=seed)
         if media and refuse_media:
             _refuse_media(loaded, refuse_media)
         if data_args.seed_shuffle_datasets:

@@ -112,8 +112,16 @@ def read_conversation(raw: Any, tags: Tags, column: str,
         if role == SYSTEM and i == 0:
             system = _text(message.get(tags.content), content_field)
             continue
-        if role is None or role == SYSTEM:
+        if role == SYSTEM:
+            raise MessageProblem(f"{where}.{tags.role}", "is a system message after the first: a conversation's "
+                                 "system prompt is its first message, and is given once.")
+        if role is None:
             expected = ", ".join(repr(r) for r, ours in tags.roles.items() if ours != SYSTEM)
+            if tags.role not in message:
+                keys = ", ".join(repr(k) for k in message) or "none"
+                raise MessageProblem(where, f"has no {tags.role!r} key (its keys: {keys}); say which keys hold "
+                                     "the role and the text in dataset_info.json's `tags` (role_tag, content_tag), "
+                                     "or use `\"formatting\": \"openai\"` for role/content messages.")
             raise MessageProblem(f"{where}.{tags.role}",
                                  f"has unknown role {message.get(tags.role)!r}; expected one of {expected}.")
         if role == OBSERVATION:

@@ -83,14 +83,31 @@ def _read_json(file: Path) -> Iterator[tuple[RowSource, Any]]:
 
 def _read_jsonl(file: Path) -> Iterator[tuple[RowSource, Any]]:
     with file.open(encoding="utf-8") as handle:
+        read_any = False
         for lineno, line in enumerate(handle, start=1):
             if not line.strip():
                 continue
             try:
                 row = json.loads(line.rstrip("\r\n"))  # with its newline, a cut-off row errs at "line 2, column 1"
             except json.JSONDecodeError as exc:
+                if not read_any and line.lstrip().startswith("["):
+                    # A JSON array under a .jsonl name (a pretty-printed export): `datasets` reads it, so do we.
+                    yield from _json_array_rows(file, lineno, exc)
+                    return
                 raise DataError(f"{file}, line {lineno}: not valid JSON (column {exc.colno}): {exc.msg}") from None
+            read_any = True
             yield RowSource(str(file), lineno, "line"), row
+
+
+def _json_array_rows(file: Path, lineno: int, error: json.JSONDecodeError) -> Iterator[tuple[RowSource, Any]]:
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except json.JSONDecodeError:
+        raise DataError(f"{file}, line {lineno}: not valid JSON (column {error.colno}): {error.msg}") from None
+    if not isinstance(data, list):
+        raise DataError(f"{file}: expected JSON lines or a JSON array of objects, got {type(data).__name__}.")
+    for i, row in enumerate(data, start=1):
+        yield RowSource(str(file), i), row
 
 
 def _read_csv(file: Path) -> Iterator[tuple[RowSource, Any]]:

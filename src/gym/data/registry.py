@@ -53,6 +53,7 @@ class DatasetAttr:
     columns: dict[str, str | None] = field(default_factory=dict)
     tags: dict[str, str] = field(default_factory=dict)
     media_dir: str | None = None  # where relative image/video/audio paths are looked up first
+    mapped: dict[str, str] = field(default_factory=dict)  # columns named by the user, not the usual names
 
     def column(self, key: str) -> str | None:
         return self.columns.get(key)
@@ -84,6 +85,15 @@ def _attr_from_info(name: str, info: dict[str, Any], dataset_dir: Path) -> Datas
                 [*ALPACA_COLUMNS, *SHAREGPT_COLUMNS, "messages", *EVAL_COLUMNS, *MEDIA_COLUMNS])
     _check_keys(f"'{name}'.tags", info.get("tags", {}), SHAREGPT_TAGS)
     formatting = info.get("formatting", "alpaca")
+    ranking = info.get("ranking", False)
+    if not isinstance(ranking, bool):  # "false" in quotes is a non-empty string, true to Python
+        raise DataError(f"dataset_info.json: '{name}'.ranking must be true or false (without quotes), "
+                        f"got {ranking!r}.")
+    num_samples = info.get("num_samples")
+    if num_samples is not None and (isinstance(num_samples, bool) or not isinstance(num_samples, int)
+                                    or num_samples < 1):
+        raise DataError(f"dataset_info.json: '{name}'.num_samples must be a whole number of at least 1, "
+                        f"got {num_samples!r}.")
     if formatting not in ("alpaca", "sharegpt", "openai"):
         raise DataError(f"dataset_info.json: '{name}'.formatting must be alpaca, sharegpt or openai, "
                         f"got {formatting!r}.")
@@ -99,13 +109,17 @@ def _attr_from_info(name: str, info: dict[str, Any], dataset_dir: Path) -> Datas
     if formatting == "openai":
         # OpenAI/TRL rows keep their functions in `tools`; a row without the column simply offers none
         columns["messages"], columns["tools"] = "messages", "tools"
+    # A column given its usual name (`query: input`, `images: images`) may be absent from every row, as in entries
+    # copied from LLaMA-Factory's; a name of the user's own must be in some row (gym.data.loader checks).
+    mapped = {key: column for key, column in info.get("columns", {}).items()
+              if isinstance(column, str) and column not in (key, columns.get(key))}
     columns.update(info.get("columns", {}))
     tags = dict(OPENAI_TAGS if formatting == "openai" else SHAREGPT_TAGS)
     tags.update(info.get("tags", {}))
     return DatasetAttr(
-        name=name, load_from=load_from, path=path, formatting=formatting, ranking=bool(info.get("ranking", False)),
-        split=info.get("split", "train"), subset=info.get("subset"), num_samples=info.get("num_samples"),
-        columns=columns, tags=tags,
+        name=name, load_from=load_from, path=path, formatting=formatting, ranking=ranking,
+        split=info.get("split", "train"), subset=info.get("subset"), num_samples=num_samples,
+        columns=columns, tags=tags, mapped=mapped,
     )
 
 
@@ -173,6 +187,10 @@ def _attr_from_file(name: str, path: Path) -> DatasetAttr:
         columns["prompt"] = "text"
     elif "prompt" in row and "instruction" not in row:  # TRL's layout: prompt (+ chosen/rejected, answer...)
         columns["prompt"] = "prompt"
+    elif "instruction" in row and "history" in row:  # LLaMA-Factory's alpaca layout keeps earlier turns there
+        columns["history"] = "history"
+    if "system" in row and "messages" not in row:  # an OpenAI row's system prompt is its first message
+        columns["system"] = "system"
     # The columns the alignment kinds read, under their usual names (TRL and LLaMA-Factory spellings).
     if "chosen" in row and "rejected" in row:
         info["ranking"] = True
