@@ -78,3 +78,43 @@ def test_cli(tiny_model_dir, data_dir, tmp_path, capsys):
     assert "needs --dataset" in capsys.readouterr().err
     assert main(["infer", "--dataset", "nope", "--dataset_dir", str(data_dir), "-o", str(tmp_path / "x.jsonl")]) == 2
     assert "Dataset 'nope' not found" in capsys.readouterr().err and not (tmp_path / "x.jsonl").exists()
+
+
+def test_cli_samples_with_the_configs_seed_and_reads_its_dataset_dir(tiny_model_dir, data_dir, tmp_path, capsys):
+    # The config's dataset_dir, as `gym train` reads it; `seed=` chooses the draws (row i: seed + i).
+    def answers(name: str, *keys: str) -> list[str]:
+        out = tmp_path / f"{name}.jsonl"
+        args = ["infer", "--model_name_or_path", str(tiny_model_dir), "--dataset", "tiny_alpaca", "--max_samples", "4",
+                "-o", str(out), f"dataset_dir={data_dir}", "do_sample=true", "temperature=1.0", "max_new_tokens=6",
+                *keys]
+        assert main(args) == 0, capsys.readouterr().err
+        return [json.loads(line)["prediction"] for line in out.read_text().splitlines()]
+
+    first, again, other = answers("s1", "seed=1"), answers("s1-again", "seed=1"), answers("s2", "seed=2")
+    assert first == again and first != other
+    assert main(["infer", "--model_name_or_path", str(tiny_model_dir), "--dataset", "tiny_alpaca", "-o",
+                 str(tmp_path / "bad.jsonl"), f"dataset_dir={data_dir}", "seed=-1"]) == 2
+    assert "seed must be a whole number of at least 0, got -1" in capsys.readouterr().err
+
+
+def test_a_mistyped_chat_command_is_named_and_not_sent(tiny_model_dir, capsys, monkeypatch):
+    from gym.cli import _interactive
+
+    model = ChatModel({"model_name_or_path": str(tiny_model_dir), **GREEDY})
+    lines = iter(["/exti", "/exit"])
+    monkeypatch.setattr("builtins.input", lambda prompt: next(lines))
+    try:
+        assert _interactive(model) == 0
+    finally:
+        model.close()
+    out = capsys.readouterr().out
+    assert "Unknown command /exti. Did you mean '/exit'?" in out and "Assistant:" not in out
+
+
+def test_gym_chat_with_a_seed_answers_the_same_twice(tiny_model_dir, capsys):
+    def answer(seed: int) -> str:
+        assert main(["chat", "--model_name_or_path", str(tiny_model_dir), "--prompt", "Hello", "do_sample=true",
+                     "temperature=1.0", "max_new_tokens=8", f"seed={seed}"]) == 0
+        return capsys.readouterr().out
+
+    assert answer(3) == answer(3) != answer(4)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+import re
 import sys
 import warnings
 from collections.abc import Callable
@@ -184,12 +185,20 @@ def cmd_chat(argv: list[str]) -> int:
         model.start()
         if prompt is not None:
             print(f"User: {prompt}\nAssistant: ", end="", flush=True)
-            _answer(model, [{"role": "user", "content": prompt}], None, tools, images)
+            _answer(model, [{"role": "user", "content": prompt}], None, tools, images, seed=_seed(config))
             return 0
         work_begins()  # a conversation of hours collects its garbage as CPython always does
-        return _interactive(model, tools, images)
+        return _interactive(model, tools, images, seed=_seed(config))
     finally:
         model.close()
+
+
+def _seed(config: dict[str, Any]) -> int | None:
+    """The config's `seed` for sampling (row i of `gym infer` samples with seed + i)."""
+    seed = config.get("seed")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
+        raise ConfigError(f"seed must be a whole number of at least 0, got {seed!r}.")
+    return seed
 
 
 def _read_tools(path: str) -> list[dict[str, Any]]:
@@ -206,12 +215,14 @@ def _read_tools(path: str) -> list[dict[str, Any]]:
 
 
 def _answer(model: ChatModel, history: list[dict[str, Any]], system: str | None,
-            tools: list[dict[str, Any]] | None, images: list[str] | None = None) -> dict[str, Any]:
+            tools: list[dict[str, Any]] | None, images: list[str] | None = None,
+            seed: int | None = None) -> dict[str, Any]:
     """Print the answer as it comes, then its calls; the assistant turn to keep in the history. `images`: those
-    of the conversation (its placeholders stay in the history, so every turn re-sends them)."""
+    of the conversation (its placeholders stay in the history, so every turn re-sends them). `seed` (the config's
+    `seed=`): the same conversation samples the same answer."""
     from gym.infer.tool_choice import describe_calls
 
-    stream = model.stream_reply(history, system, tools=tools, images=images or ())
+    stream = model.stream_reply(history, system, tools=tools, images=images or (), seed=seed)
     for piece in stream:
         print(piece, end="", flush=True)
     reply = stream.reply
@@ -234,7 +245,11 @@ def cmd_merge(argv: list[str]) -> int:
     return merge_main(argv)
 
 
-def _interactive(model: ChatModel, tools: list[dict[str, Any]] | None = None, images: list[str] | None = None) -> int:
+CHAT_COMMANDS = ("/clear", "/system", "/exit")
+
+
+def _interactive(model: ChatModel, tools: list[dict[str, Any]] | None = None, images: list[str] | None = None,
+                 seed: int | None = None) -> int:
     print("Chat with the model. /clear resets the history, /system <text> sets the system prompt, /exit quits.")
     history: list[dict[str, Any]] = []
     system = None
@@ -258,12 +273,19 @@ def _interactive(model: ChatModel, tools: list[dict[str, Any]] | None = None, im
             history = []
             print(f"System prompt {'set' if system else 'cleared'}; history cleared.")
             continue
+        if re.match(r"/[A-Za-z]+$", line.split(" ", 1)[0]):  # `/exti`: a command mistyped, not a message to send
+            from gym.core.names import did_you_mean
+
+            word = line.split(" ", 1)[0]
+            print(f"Unknown command {word}.{did_you_mean(word, CHAT_COMMANDS)} The commands: "
+                  f"{', '.join(CHAT_COMMANDS)} (/system takes the prompt's text).")
+            continue
         if images and not history and "<image>" not in line:
             line = "<image>" * len(images) + line  # the conversation's images go with its first message
         # After calls, the line is their result (a tool message), as an application would send it.
         history.append({"role": "observation" if calling else "user", "content": line})
         print("Assistant: ", end="", flush=True)
-        history.append(_answer(model, history, system, tools, images))
+        history.append(_answer(model, history, system, tools, images, seed=seed))
 
 
 def cmd_infer(argv: list[str]) -> int:
@@ -271,7 +293,7 @@ def cmd_infer(argv: list[str]) -> int:
         print("usage: gym infer CONFIG --dataset NAME_OR_FILE -o OUT.jsonl [--dataset_dir data] [--batch_size 8]\n"
               "                 [--max_samples N] [key=value ...]\n\n"
               "Generations for every row of a dataset, as `gym chat` answers them; resumable (rows already in OUT are "
-              "kept). See docs/inference.md.")
+              "kept). See docs/serving.md.")
         return 0
     from gym.config.files import parse_cli_args
     from gym.config.parser import check_keys
@@ -280,9 +302,9 @@ def cmd_infer(argv: list[str]) -> int:
     dataset, argv = take_option(argv, "--dataset")
     output, argv = take_option(argv, "-o")
     output, argv = take_option(argv, "--output", output)
-    dataset_dir, argv = take_option(argv, "--dataset_dir", "data")
+    dataset_dir, argv = take_option(argv, "--dataset_dir")
     batch_size, argv = take_option(argv, "--batch_size", "8")
-    dataset_dir, batch_size = dataset_dir or "data", batch_size or "8"
+    batch_size = batch_size or "8"
     max_samples, argv = take_option(argv, "--max_samples")
     if not dataset or not output:
         raise GymError("gym infer needs --dataset NAME_OR_FILE and -o OUT.jsonl: "
@@ -294,7 +316,11 @@ def cmd_infer(argv: list[str]) -> int:
                        f"{max_samples!r}.") from None
     config = parse_cli_args(argv, model_folders=True)
     check_keys(config, ["--dataset", "-o", "--output", "--dataset_dir", "--batch_size", "--max_samples"])
-    path = run_infer(config, dataset, output, dataset_dir, batch_size=sizes[0], max_samples=sizes[1])
+    # The config's dataset_dir (the one its training read) unless the flag says otherwise, as for `gym train`.
+    dataset_dir = dataset_dir or str(config.get("dataset_dir") or "data")
+    seed = _seed(config)
+    path = run_infer(config, dataset, output, dataset_dir, batch_size=sizes[0], max_samples=sizes[1],
+                     seed=42 if seed is None else seed)
     print(f"Wrote {path}")
     return 0
 
