@@ -132,6 +132,27 @@ def test_bad_chat_requests_get_openai_shaped_4xx(base_url, body, status, param):
     assert answer["error"]["param"] == param
 
 
+@pytest.mark.parametrize("route, extra, message", [
+    ("/v1/chat/completions", {"max_token": 3}, "Unrecognized request argument supplied: max_token. Did you mean "
+                                               "'max_tokens'?"),
+    ("/v1/chat/completions", {"foo": 1}, "Unrecognized request argument supplied: foo."),
+    ("/v1/chat/completions", {"logit_bias": {"19556": -100}}, "logit_bias is not supported by this server."),
+    ("/v1/completions", {"max_token": 2}, "Unrecognized request argument supplied: max_token."),
+])
+def test_a_field_the_server_would_ignore_is_refused_by_name(base_url, route, extra, message):
+    # OpenAI answers 400 for an argument it does not know; dropping it would answer a request not made.
+    base = {"model": "tiny", "messages": HELLO} if "chat" in route else {"model": "tiny", "prompt": "Hi"}
+    status, answer = raw(base_url, route, json.dumps({**base, **extra}).encode())
+    assert status == 400 and message in answer["error"]["message"], answer
+    assert answer["error"]["param"] == next(iter(extra))
+
+
+def test_fields_that_do_not_change_the_answer_are_accepted(client):
+    reply = client.chat.completions.create(model="tiny", messages=HELLO, max_tokens=2, user="alice",
+                                           metadata={"run": "1"}, store=False)
+    assert reply.choices[0].message.content is not None
+
+
 def test_bad_json_unknown_routes_and_methods(base_url, client):
     assert raw(base_url, "/v1/chat/completions", b"{not json")[0] == 400
     status, body = raw(base_url, "/v1/nothing-here")

@@ -1,8 +1,10 @@
 """The OpenAI request bodies Gym accepts, as pydantic models, and the error shape it answers with.
 
-Unknown fields are ignored (clients send extras such as `user`), but features Gym does not have
-(logprobs, penalties other than 0, the legacy `functions`) are refused with a 400 naming the parameter rather
-than silently dropped: a client that asked for them would otherwise get an answer it did not ask for.
+Fields that do not change an answer (`user`, `metadata`, `store`, ...) are accepted. Features Gym does not have
+(logprobs, logit_bias, penalties other than 0, the legacy `functions`) are refused with a 400 naming the parameter
+rather than silently dropped: a client that asked for them would otherwise get an answer it did not ask for. Any
+other field is refused as OpenAI refuses it ("Unrecognized request argument supplied"), with the closest field a
+request has: a misspelt `max_token` would otherwise leave the length at its default without a word.
 
 Tools (`tools`, `tool_choice`, `parallel_tool_calls`) and structured outputs (`response_format`) are passed to
 the ChatModel as OpenAI wrote them (gym.infer.tool_choice reads them and names the field it cannot use); the
@@ -57,8 +59,16 @@ class ApiError(Exception):
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
 
+# OpenAI request fields that leave the answer as it is: bookkeeping, caching, routing.
+NO_EFFECT_FIELDS = ("user", "metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key")
+# OpenAI's (and vLLM's) fields that would change the answer, which this server does not implement.
+UNSUPPORTED_FIELDS = ("logit_bias", "prediction", "audio", "modalities", "web_search_options", "reasoning_effort",
+                      "verbosity", "min_p", "min_tokens", "ignore_eos", "stop_token_ids", "use_beam_search",
+                      "length_penalty", "guided_json", "guided_regex", "guided_choice", "guided_grammar")
+
+
 class _Request(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="allow")  # kept to be named below, not dropped
 
     model: str
     max_tokens: int | None = Field(default=None, ge=1)
@@ -85,6 +95,16 @@ class _Request(BaseModel):
         return [s for s in stops if s]
 
     def refuse_unsupported(self) -> None:
+        from gym.core.names import did_you_mean
+
+        for name in self.model_extra or {}:
+            if name in NO_EFFECT_FIELDS:
+                continue
+            if name in UNSUPPORTED_FIELDS:
+                raise ApiError(400, f"{name} is not supported by this server.", param=name)
+            known = [*type(self).model_fields, *NO_EFFECT_FIELDS]
+            raise ApiError(400, f"Unrecognized request argument supplied: {name}.{did_you_mean(name, known)}",
+                           param=name)
         for name in ("presence_penalty", "frequency_penalty"):
             if getattr(self, name):
                 raise ApiError(400, f"{name} is not supported by this server; use repetition_penalty instead.",
