@@ -101,6 +101,11 @@ def test_a_preference_file_for_a_dpo_job_and_the_wrong_file_for_it(served):
     wrong = alice.fine_tuning.jobs.create(model="tiny", training_file=prefs)  # supervised on preference rows
     assert wrong.status == "failed" and wrong.error.code == "invalid_training_file"
     assert "chat rows" in wrong.error.message
+    # Too few rows fails the job at once, as OpenAI's does, rather than after it waited its turn in the queue.
+    small = alice.fine_tuning.jobs.create(model="tiny", training_file=upload(alice, [chat_row(QUESTIONS[0])]))
+    assert small.status == "failed" and small.error.code == "invalid_training_file"
+    assert small.error.param == "training_file" and "has 1 example(s); a fine-tuning job needs at least 10" in \
+        small.error.message
 
 
 def test_hostile_requests_are_refused(served):
@@ -197,6 +202,22 @@ def test_workers_respect_the_running_quota_and_dead_workers_jobs_are_requeued(db
     assert service.jobs.get(alice, claimed.spec.job_id)["status"] == "running"
     service.jobs.finish(claimed.spec.job_id, "host:other", "succeeded")  # not this worker's: ignored
     assert service.jobs.get(alice, claimed.spec.job_id)["status"] == "running"
+
+
+def test_the_checkpoints_listed_are_the_last_three_kept(db_url):
+    """A checkpoint per epoch, the last three kept on disk (save_total_limit) and listed, as OpenAI lists them."""
+    from gym.service.keys import Principal
+
+    store, url = db_url
+    service = open_service(store, url, job_limits=JobLimits(max_queued=5, max_running=1))
+    alice = Principal("alice", False)
+    upload_ = service.files.upload(alice, "t.jsonl", "fine-tune")
+    upload_.write(jsonl([chat_row(q) for q in QUESTIONS]))
+    job = service.jobs.create(alice, model="m", training_file=upload_.finish().id)["id"]
+    for step in range(1, 11):  # ten epochs of one step each
+        service.jobs.add_event(job, "info", f"Checkpoint created at step {step}",
+                               {"step": step, "checkpoint": f"checkpoint-{step}"})
+    assert [c["step_number"] for c in service.jobs.checkpoints(alice, job)] == [10, 9, 8]
 
 
 def test_a_pool_start_removes_the_folders_that_ended_jobs_left(db_url):

@@ -231,6 +231,22 @@ def test_a_cancelled_job_leaves_no_variant(tmp_path, tiny_model_dir):
     assert VariantStore(tmp_path / "store").users() == []
 
 
+def test_a_job_cancelled_after_training_publishes_nothing(tmp_path, tiny_model_dir):
+    # Training is the shorter part of a small job: compression (BitDelta's distillation), the gain and publishing
+    # follow it. A cancel that arrives once training has saved its run must still leave no variant.
+    from gym.train.outputs import is_finished_output
+
+    file = write_jsonl(tmp_path / "train.jsonl", [chat_row(q) for q in QUESTIONS])
+    events = Events()
+    run = tmp_path / "work" / "run"
+    result = run_job(tiny_spec(tiny_model_dir, file), tmp_path / "store", tmp_path / "work", events,
+                     lambda: is_finished_output(run))
+    assert result.status is JobStatus.CANCELLED and result.fine_tuned_model is None
+    assert "The job has successfully completed" not in events.messages()
+    assert events.messages()[-1] == "Fine-tuning job cancelled"
+    assert VariantStore(tmp_path / "store").users() == []
+
+
 WORKER = """
 import json, sys, time
 from gym.service.jobs import JobSpec, openai_event, run_job

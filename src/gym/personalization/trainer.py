@@ -22,13 +22,13 @@ import logging
 import random
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from gym.core.errors import ConfigError
+from gym.core.errors import ConfigError, GymError
 from gym.delta.bitdelta import BitDeltaConfig, BitDeltaQuantizer
 from gym.delta.deltaquant import DeltaQuantConfig, DeltaQuantizer
 from gym.delta.safety import gate_delta
@@ -124,6 +124,10 @@ def _work_folder(work_dir: str | Path | None, variant_folder: Path) -> Iterator[
         shutil.rmtree(scratch, ignore_errors=True)
 
 
+class CreationStopped(GymError):
+    """`should_stop` said yes between two of create_variant's steps: nothing was stored."""
+
+
 class PersonalizedTrainer:
     """Per-user variants of one base model. `config`: BitDelta's options (its `calibration` defaults to the
     user's own rows), or DeltaQuant's for a variant of 2 to 8 bits a weight; `store`: the variant folder (default
@@ -141,7 +145,8 @@ class PersonalizedTrainer:
     # -- creating ------------------------------------------------------------------------------------
     def create_variant(self, user_id: str, data: Any = None, preferences: Any = None, *, replace_existing: bool = False,
                        work_dir: str | Path | None = None, held_out: list[dict[str, Any]] | None = None,
-                       safety_gate: SafetyGate | None = None, **overrides: Any) -> VariantRecord:
+                       safety_gate: SafetyGate | None = None, should_stop: Callable[[], bool] | None = None,
+                       **overrides: Any) -> VariantRecord:
         """Fine-tune, compress and store `user_id`'s variant. `data`: SFT rows (a list of alpaca-style dicts
         or conversations, a dataset name, or a file); `preferences`: chosen/rejected pairs (trained with
         dpo). `overrides`: any training key (max_steps=30, finetuning_type="full", ...). `work_dir`: where the
@@ -149,8 +154,15 @@ class PersonalizedTrainer:
         variant's temporary folder; `held_out`: SFT rows to measure the gain kept on, instead of a fifth of `data`'s.
         `safety_gate`: the compressed variant and the base answer the gate's safety set; a variant whose harmful
         compliance rose past the gate is refused (SafetyGateRefused, with the numbers) and nothing is stored; a
-        variant that passes keeps the decision in its manifest (`safety_gate`)."""
+        variant that passes keeps the decision in its manifest (`safety_gate`). `should_stop`: asked after
+        training, after compressing, after the gate and last before the variant is stored; yes raises CreationStopped
+        and stores nothing (a cancelled fine-tuning job: training is minutes of it, distillation and the gate more)."""
         check_user_id(user_id)
+
+        def stop_here(step: str) -> None:
+            if should_stop is not None and should_stop():
+                raise CreationStopped(f"stopped {step}; nothing was stored")
+
         if safety_gate is not None:
             safety_gate.check()  # the set and the judge, before minutes of training
         if (data is None) == (preferences is None):
@@ -165,18 +177,22 @@ class PersonalizedTrainer:
                         overwrite_output_dir=True)
             keys.setdefault("report_to", "none")
             run_dir = self._train(keys)
+            stop_here("after training")
             base, tuned, tokenizer, base_path = self._models(run_dir)
             quantizer, method = self._quantizer(calibration)
             result = quantizer.compress(base, tuned, tokenizer=tokenizer, base_name=self.base_model, progress=False)
+            stop_here("after compressing")
             safety = None
             if safety_gate is not None:  # the variant as it will be served (compressed) against its base
                 decision = gate_delta(safety_gate, self.base_model, result.entries, result.header,
                                       source=f"{user_id}'s variant", template=keys.get("template"))
                 decision.raise_if_refused()  # nothing is stored: the store removes the temporary folder
                 safety = decision.to_dict()
+                stop_here("after the safety gate")
             delta_path = result.save(folder / DELTA_FILE)
             gain, losses = (None, {}) if held is None else self._gain(base_path, tuned, delta_path, held, tokenizer,
                                                                       keys)
+            stop_here("before storing the variant")
             record = VariantRecord(
                 user=user_id, base=dict(result.header.get("base", {})), method=method,
                 bytes=delta_path.stat().st_size, created=now(), seconds=round(time.perf_counter() - started, 1),

@@ -183,6 +183,12 @@ def _job_options(text: str | None) -> dict[str, Any]:
     known = {"training", "delta_method", "delta_options", "safety_gate"}
     if not isinstance(options, dict) or set(options) - known:
         raise ConfigError(f"--job_options: a JSON object with {', '.join(sorted(known))} only.")
+    from gym.service.jobs import check_job_options
+
+    try:
+        check_job_options(options)
+    except ConfigError as exc:
+        raise ConfigError(f"--job_options: {exc}") from None
     return options
 
 

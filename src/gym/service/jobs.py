@@ -38,6 +38,7 @@ from gym.service.db import JobStatus  # OpenAI's states, one definition; run_job
 JOB_PREFIX = "ftjob-"
 MAX_SUFFIX = 64  # OpenAI's limit on a fine-tuned model's suffix
 MIN_ROWS = 10  # OpenAI refuses a training file with fewer examples
+KEPT_CHECKPOINTS = 3  # a checkpoint per epoch, the last three kept, as OpenAI keeps them
 HELD_OUT_MIN_ROWS = 10  # gym.personalization.trainer's rule: below this, no rows are held out for the gain kept
 RUN_FOLDER = "run"  # the training run inside work_dir (checkpoint-N/, trainer_log.jsonl, the final adapter)
 _JOB_ID = re.compile(r"ftjob-[A-Za-z0-9]{1,40}")
@@ -174,6 +175,24 @@ class JobSpec:
         values["method"] = self.method.value
         values["hyperparameters"] = dict(vars(self.hyperparameters))
         return values
+
+
+def check_job_options(options: dict[str, Any]) -> None:
+    """The operator's options for every job (`gym api --job_options`), held to the rules a job's spec is, once when
+    the server starts: a key a job owns, a misspelt training key or an unknown delta method would otherwise fail
+    each job only when a worker claims it."""
+    from gym.config.parser import check_keys
+
+    training = options.get("training") or {}
+    if not isinstance(training, dict):
+        raise ConfigError(f"training must be an object of Gym training keys, got {type(training).__name__}.")
+    JobSpec(job_id="ftjob-check", user_id="check", model="base", training_file="rows.jsonl", training=training,
+            delta_method=options.get("delta_method", "bitdelta"),
+            delta_options=dict(options.get("delta_options") or {}), safety_gate=options.get("safety_gate"))
+    try:
+        check_keys(training)
+    except ConfigError as exc:
+        raise ConfigError(f"training: {exc}") from None
 
 
 def _method(value: Method | str) -> Method:
@@ -320,7 +339,7 @@ def training_keys(spec: JobSpec, rows: int) -> dict[str, Any]:
         "num_train_epochs": resolved["n_epochs"], "per_device_train_batch_size": resolved["batch_size"],
         "learning_rate": resolved["learning_rate_multiplier"] * BASE_LEARNING_RATE[spec.method.value],
         "seed": spec.seed, "logging_steps": 1, "save_strategy": "epoch",
-        "save_total_limit": 3, "disable_tqdm": True, "report_to": "none",
+        "save_total_limit": KEPT_CHECKPOINTS, "disable_tqdm": True, "report_to": "none",
         "include_num_input_tokens_seen": "non_padding",  # OpenAI's trained_tokens; kept in checkpoints too
     }
     if "beta" in resolved:
@@ -483,7 +502,7 @@ def run_job(spec: JobSpec, store_dir: str | Path, work_dir: str | Path, on_event
 
 def _train_and_publish(spec: JobSpec, store: Any, work: Path, emit: EventSink, cancelled: Callable[[], bool],
                        result: JobResult) -> None:
-    from gym.personalization.trainer import PersonalizedTrainer
+    from gym.personalization.trainer import CreationStopped, PersonalizedTrainer
     from gym.train.checkpoints import last_checkpoint
     from gym.train.harness import extra_callbacks
     from gym.train.outputs import is_finished_output, read_log
@@ -524,11 +543,15 @@ def _train_and_publish(spec: JobSpec, store: Any, work: Path, emit: EventSink, c
                                   store=store.root)
     gate = _safety_gate(spec.safety_gate)
     with extra_callbacks(_job_callback(emit, cancelled, progress)):
-        if spec.method is Method.DPO:
-            record = trainer.create_variant(spec.variant, preferences=rows, work_dir=work, safety_gate=gate, **keys)
-        else:
-            record = trainer.create_variant(spec.variant, data=rows, work_dir=work, held_out=held_out,
-                                            safety_gate=gate, **keys)
+        try:
+            if spec.method is Method.DPO:
+                record = trainer.create_variant(spec.variant, preferences=rows, work_dir=work, safety_gate=gate,
+                                                should_stop=cancelled, **keys)
+            else:
+                record = trainer.create_variant(spec.variant, data=rows, work_dir=work, held_out=held_out,
+                                                safety_gate=gate, should_stop=cancelled, **keys)
+        except CreationStopped as stopped:  # cancelled after training: during compression, the gate or the gain
+            raise JobCancelled(str(stopped)) from None
     steps = [int(e["step"]) for e in read_log(run_dir) if "loss" in e and "step" in e]
     result.trained_steps = max(steps, default=progress.get("step", 0))
     # the count seen by the end (restored from the checkpoint on a resume); absent where the trainer could not
@@ -550,4 +573,5 @@ def _train_and_publish(spec: JobSpec, store: Any, work: Path, emit: EventSink, c
 
 
 __all__ = ["FineTunedModel", "Hyperparameters", "JobCancelled", "JobResult", "JobSpec", "JobStatus", "Method",
-           "new_job_id", "openai_event", "parse_fine_tuned_model", "read_training_file", "run_job", "training_keys"]
+           "check_job_options", "new_job_id", "openai_event", "parse_fine_tuned_model", "read_training_file",
+           "run_job", "training_keys"]

@@ -29,7 +29,16 @@ from sqlalchemy import func, select, update
 from gym.core.errors import ConfigError, GymError
 from gym.service.db import Database, Job, JobEvent, JobStatus, StoredFile, now
 from gym.service.files import FileNotFound, FileStore
-from gym.service.jobs import JOB_PREFIX, Hyperparameters, JobSpec, Method, openai_event, parse_fine_tuned_model
+from gym.service.jobs import (
+    JOB_PREFIX,
+    KEPT_CHECKPOINTS,
+    MIN_ROWS,
+    Hyperparameters,
+    JobSpec,
+    Method,
+    openai_event,
+    parse_fine_tuned_model,
+)
 from gym.service.keys import Principal
 from gym.service.limits import JobLimits
 
@@ -109,15 +118,18 @@ class JobQueue:
             session.add(job)
             session.add(JobEvent(job_id=job_id, message="Validating training file", created_at=now()))
             wrong = next((p for p, f in found.items() if f.kind != _KIND[spec.method]), None)
-            if wrong is None:
+            problem = (f"{wrong} {names[wrong]} holds {found[wrong].kind} rows; a {spec.method.value} job needs "
+                       f"{_KIND[spec.method]} rows.") if wrong is not None else None
+            if problem is None and found["training_file"].rows < MIN_ROWS:  # the count was taken on upload
+                wrong, problem = "training_file", (f"training_file {training_file} has {found['training_file'].rows} "
+                                                   f"example(s); a fine-tuning job needs at least {MIN_ROWS}.")
+            if problem is None:
                 job.status = JobStatus.QUEUED.value
                 session.add(JobEvent(job_id=job_id, message="Files validated, job queued", created_at=now()))
-            else:  # the file uploaded fine, just not for this method: the job fails as OpenAI's does
+            else:  # the file uploaded fine, just not for a job: the job fails at once, as OpenAI's does
                 job.status, job.finished_at = JobStatus.FAILED.value, now()
-                job.error = {"code": "invalid_training_file", "param": wrong,
-                             "message": f"{wrong} {names[wrong]} holds {found[wrong].kind} rows; a {spec.method.value} "
-                                        f"job needs {_KIND[spec.method]} rows."}
-                session.add(JobEvent(job_id=job_id, level="error", message=job.error["message"], created_at=now()))
+                job.error = {"code": "invalid_training_file", "param": wrong, "message": problem}
+                session.add(JobEvent(job_id=job_id, level="error", message=problem, created_at=now()))
             session.flush()
             return job_object(job)
 
@@ -158,7 +170,8 @@ class JobQueue:
 
     def checkpoints(self, who: Principal, job_id: str) -> list[dict[str, Any]]:
         """OpenAI's checkpoint objects, newest first: one per "Checkpoint created" event, with the metrics of its
-        step. Their `fine_tuned_model_checkpoint` names are informative: checkpoints are not served as models."""
+        step, the last KEPT_CHECKPOINTS of them as OpenAI keeps the last three epochs' (and a job keeps on disk,
+        save_total_limit). Their `fine_tuned_model_checkpoint` names are informative: checkpoints are not served."""
         events = self.events(who, job_id)
         with self.db.session() as session:
             job = self._row(session, who, job_id)
@@ -179,7 +192,8 @@ class JobQueue:
                            "fine_tuned_model_checkpoint": f"{base}:ckpt-step-{step}",
                            "step_number": step, "fine_tuning_job_id": job_id,
                            "metrics": {"step": step, **({"train_loss": metrics["train_loss"]} if metrics else {})}}
-        return list(found.values())
+        newest_first = sorted(found.values(), key=lambda c: -int(c["step_number"]))
+        return newest_first[:KEPT_CHECKPOINTS]
 
     def owner_of_model(self, name: str) -> tuple[bool, str | None]:
         """Whether `name` is the fine-tuned model of a job that succeeded, and its owner (the job's user)."""

@@ -62,7 +62,7 @@ def run_one(queue: JobQueue, claimed: Claimed, me: str) -> str:
     try:
         result = run_job(spec, queue.store, claimed.work_dir,
                          on_event=lambda level, message, data: queue.add_event(spec.job_id, level, message, data),
-                         cancel=cancel)
+                         cancel=lambda: cancel.is_set() or _cancel_requested(queue, spec.job_id, me, cancel))
         status = result.status.value
         queue.finish(spec.job_id, me, status, fine_tuned_model=result.fine_tuned_model, error=result.error,
                      result={"hyperparameters": result.hyperparameters, "trained_steps": result.trained_steps,
@@ -76,6 +76,17 @@ def run_one(queue: JobQueue, claimed: Claimed, me: str) -> str:
         thread.join()
     shutil.rmtree(claimed.work_dir, ignore_errors=True)  # ended: nothing in it will be resumed
     return status
+
+
+def _cancel_requested(queue: JobQueue, job_id: str, me: str, cancel: threading.Event) -> bool:
+    """The database's answer now, not the heartbeat's of up to 5 s ago: asked at each step's end and before the
+    variant is stored, where a cancel that arrived since the last beat would otherwise publish the model."""
+    try:
+        if queue.beat(job_id, me):
+            cancel.set()
+    except DatabaseUnavailable:
+        pass  # the heartbeat thread says so; the last answer stands
+    return cancel.is_set()
 
 
 def serve_jobs(queue: JobQueue, base_path: str | None, options: dict[str, Any], *,
