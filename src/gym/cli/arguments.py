@@ -20,6 +20,13 @@ def option_strings(parser: argparse.ArgumentParser) -> list[str]:
     return [flag for action in parser._actions for flag in action.option_strings]
 
 
+def closest_flag(name: str, flags: Sequence[str]) -> str | None:
+    """The flag `name` most likely misspells, compared without the dashes every flag shares."""
+    by_word = {flag.lstrip("-"): flag for flag in flags}
+    match = closest(name.lstrip("-"), list(by_word))
+    return by_word[match] if match else None
+
+
 def _chosen_subparser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
     """The sub-command's parser `args` went through (the parser itself where it has none)."""
     for action in parser._actions:
@@ -27,6 +34,17 @@ def _chosen_subparser(parser: argparse.ArgumentParser, args: argparse.Namespace)
             chosen = action.choices.get(getattr(args, action.dest, None) or "")
             if isinstance(chosen, argparse.ArgumentParser):
                 return _chosen_subparser(chosen, args)
+    return parser
+
+
+def _parser_for(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.ArgumentParser:
+    """The sub-command's parser the words of `argv` choose (before argparse has parsed them)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for i, word in enumerate(argv):
+                chosen = action.choices.get(word)
+                if isinstance(chosen, argparse.ArgumentParser):
+                    return _parser_for(chosen, argv[i + 1:])
     return parser
 
 
@@ -38,13 +56,31 @@ class CommandParser(argparse.ArgumentParser):
             self.refuse_extra(parsed, extra)
         return parsed
 
+    def parse_known_args(  # type: ignore[override]
+            self, args: Sequence[str] | None = None, namespace: Any = None) -> Any:
+        try:
+            return super().parse_known_args(args, namespace)
+        except ConfigError as exc:
+            # argparse says a required flag is missing before it looks at the ones it does not know, so
+            # `--usr alice` read "one of --user --admin is required": the misspelling is the news.
+            if args is None or "required" not in str(exc):
+                raise
+            command = _parser_for(self, args)
+            flags = option_strings(command)
+            for arg in args:
+                name = arg.split("=", 1)[0]
+                if name.startswith("--") and name not in flags and (match := closest_flag(name, flags)):
+                    raise ConfigError(f"{command.prog}: unrecognized argument {name}. Did you mean {match}? "
+                                      f"(`{command.prog} -h` lists what it takes.)") from None
+            raise
+
     def refuse_extra(self, parsed: argparse.Namespace, extra: list[str]) -> NoReturn:
         """An argument the (sub-)command does not take: named, with the closest of that command's flags."""
         command = _chosen_subparser(self, parsed)
         flags = option_strings(command)
         hint = ""
         for arg in extra:
-            match = closest(arg.split("=", 1)[0], flags) if arg.startswith("-") else None
+            match = closest_flag(arg.split("=", 1)[0], flags) if arg.startswith("-") else None
             if match:
                 hint = f" Did you mean {match}?"
                 break

@@ -39,8 +39,9 @@ def _open(store: str, url: str | None, *, create: bool) -> Database:
     if create:
         try:
             root.mkdir(parents=True, exist_ok=True)
-        except FileExistsError:
-            raise ConfigError(f"{root} is a file, not a store folder.") from None
+        except (FileExistsError, NotADirectoryError):  # the store, or a folder above it, is a file
+            blocker = next((p for p in (root, *root.parents) if p.exists() and not p.is_dir()), root)
+            raise ConfigError(f"{blocker} is a file, so {root} cannot be a store folder.") from None
     elif not root.is_dir():
         raise ConfigError(f"{store}: no such store (a folder made by `gym variants` or `gym keys create`).")
     return open_database(root, url)

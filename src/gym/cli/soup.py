@@ -59,8 +59,9 @@ def _parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("rewards", help="what each contributor earned")
     r.add_argument("path")
-    r.add_argument("--round", type=int, help="default: the last aggregated round")
-    r.add_argument("--cumulative", action="store_true", help="sum over every round")
+    which = r.add_mutually_exclusive_group()  # one round's rewards, or every round's summed
+    which.add_argument("--round", type=int, help="default: the last aggregated round")
+    which.add_argument("--cumulative", action="store_true", help="sum over every round")
     r.add_argument("--json", action="store_true")
     return parser
 
@@ -70,11 +71,16 @@ def config_from(config_file: str | None, options: list[str], flags: dict[str, An
     fields the flags set."""
     values: dict[str, Any] = {}
     if config_file:
+        from gym.config.files import load_config_file
+
         path = Path(config_file)
         if not path.is_file():
             raise ConfigError(f"Soup config file not found: {path}")
-        loaded = yaml.safe_load(path.read_text())
-        if not isinstance(loaded, dict):
+        try:  # a file that is no text, or no valid YAML, is one line naming where, as a training config's is
+            loaded = load_config_file(path)
+        except ConfigError as exc:
+            raise ConfigError(f"Soup config: {exc}") from None
+        if not loaded:
             raise ConfigError(f"{path} must hold a mapping of DeltaSoupConfig fields, e.g. `method: median`.")
         values.update(loaded)
     for option in options:

@@ -93,11 +93,24 @@ def _base(store: VariantStore, given: str | None) -> str:
     return given or (mine or {}).get("name") or "smollm2-135m"
 
 
+def _existing_store(store: str) -> None:
+    """A store to read must be a folder: a missing one listed nothing, and exit 0, as if it were empty."""
+    root = Path(store).expanduser()
+    if root.is_dir():
+        return
+    blocker = next((p for p in (root, *root.parents) if p.exists() and not p.is_dir()), None)
+    if blocker is not None:
+        raise ConfigError(f"{blocker} is a file, so {store} is no variant store.")
+    raise ConfigError(f"{store}: no such variant store (a folder made by `gym variants create` or `add`).")
+
+
 def main(argv: list[str]) -> int:
     parser = _parser()
     args, extra = parser.parse_known_args(argv)
     if extra and args.verb != "create":
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if args.verb in ("list", "delete"):
+        _existing_store(args.store)
     store = VariantStore(args.store)
     if args.verb == "list":
         for record in store.list():

@@ -211,7 +211,7 @@ class VariantStore:
         with self._writing(user_id):
             if self.exists(user_id) and not replace:
                 raise VariantError(f"User {user_id!r} already has a variant in {self.root}; delete it first "
-                                   "(or pass replace=True).")
+                                   "(or replace it: --replace, or replace=True from Python).")
             temporary = temp_path(self.path(user_id))
             temporary.mkdir()
             try:
@@ -264,7 +264,8 @@ class VariantStore:
         """Put an existing variant in the store: a Gym delta file (`gym delta compress`: BitDelta or
         DeltaQuant) or a LoRA adapter folder, read whole, checked against the store's base, and copied."""
         if (delta is None) == (adapter is None):
-            raise ConfigError("Give the variant as a delta file (delta=) or a LoRA adapter folder (adapter=): one.")
+            raise ConfigError("Give the variant as a delta file (--delta, delta=) or a LoRA adapter folder (--adapter, "
+                              "adapter=): one.")
         given = delta if delta is not None else adapter
         assert given is not None
         source = Path(given).expanduser()

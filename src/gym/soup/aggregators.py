@@ -207,15 +207,15 @@ def trim_count(n: int, num_byzantine: int | None = None, trim_percent: float = 0
         raise ConfigError(f"trim_percent={trim_percent} must be in [0, 0.5): the share trimmed at each end.")
     if k < 0 or n - 2 * k < 1:
         raise ConfigError(f"Trimming {k} at each end of {n} contributions leaves nothing to average; "
-                          "lower num_byzantine/trim_percent or collect more contributions.")
+                          "lower byzantine_threshold or trim_percent, or collect more contributions.")
     return k
 
 
 def _krum_f(n: int, num_byzantine: int | None) -> int:
     f = default_byzantine(n) if num_byzantine is None else int(num_byzantine)
     if f < 0 or n < 2 * f + 3:
-        raise ConfigError(f"Krum needs n >= 2f + 3 contributions: got n={n} with num_byzantine f={f}. "
-                          "Collect more contributions, lower num_byzantine, or choose geometric_median.")
+        raise ConfigError(f"Krum needs n >= 2f + 3 contributions: got n={n} with f={f} assumed malicious. "
+                          "Collect more contributions, lower byzantine_threshold, or choose geometric_median.")
     return f
 
 

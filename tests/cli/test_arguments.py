@@ -1,0 +1,44 @@
+"""The sub-command verbs' arguments (gym.cli.arguments and its users): every refusal is one line and exit 2, naming
+the misspelt flag, the file in the way or the clash."""
+
+from __future__ import annotations
+
+import pytest
+
+from gym.cli import main
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["keys", "create", "{tmp}/ks", "--usr", "alice"], "gym keys create: unrecognized argument --usr. Did you mean "
+                                                       "--user?"),
+    (["soup", "init", "{tmp}/s", "--bse", "smollm2-135m"], "gym soup init: unrecognized argument --bse. Did you mean "
+                                                           "--base?"),
+    (["soup", "contribute", "{tmp}/s", "x", "--usr", "alice"], "unrecognized argument --usr. Did you mean --user?"),
+    (["soup", "rewards", "{tmp}/s", "--round", "1", "--cumulative"], "argument --cumulative: not allowed with "
+                                                                     "argument --round"),
+    (["keys", "create", "{tmp}/ks", "--user", "alice", "--bogus"], "unrecognized arguments: --bogus. (`"),
+])
+def test_a_misspelt_flag_is_named_even_where_a_required_one_is_then_missing(argv, message, tmp_path, capsys):
+    # argparse said "one of --user --admin is required" first; the misspelling is what the user has to fix.
+    assert main([a.format(tmp=tmp_path) for a in argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_a_store_under_a_file_is_named_by_keys_and_variants(tmp_path, capsys):
+    blocker = tmp_path / "alice.jsonl"
+    blocker.write_text("{}\n")
+    assert main(["keys", "create", str(blocker / "store"), "--user", "x"]) == 2
+    assert f"{blocker} is a file, so {blocker / 'store'} cannot be a store folder." in capsys.readouterr().err
+    assert main(["variants", "list", str(blocker / "store")]) == 2
+    assert f"{blocker} is a file, so {blocker / 'store'} is no variant store." in capsys.readouterr().err
+    assert main(["variants", "list", str(tmp_path / "nosuch")]) == 2  # it listed nothing, exit 0
+    assert "no such variant store" in capsys.readouterr().err
+
+
+def test_a_soup_config_that_is_no_text_is_one_line(tmp_path, capsys):
+    config = tmp_path / "soup.sqlite"
+    config.write_bytes(b"SQLite format 3\x00\xf8\xff")
+    assert main(["soup", "init", str(tmp_path / "s"), "--base", "smollm2-135m", "--config", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert f"Soup config: {config} is not a text file" in err and err.count("\n") == 1
