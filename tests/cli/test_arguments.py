@@ -42,3 +42,18 @@ def test_a_soup_config_that_is_no_text_is_one_line(tmp_path, capsys):
     assert main(["soup", "init", str(tmp_path / "s"), "--base", "smollm2-135m", "--config", str(config)]) == 2
     err = capsys.readouterr().err
     assert f"Soup config: {config} is not a text file" in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("flag, content, message", [
+    ("--data", '{"instruction": "a", "output": "b"}\n' * 3 + '{"instruction": "x", "output": \n',
+     "rows.jsonl, line 4: not valid JSON (column 32)"),
+    ("--preferences", '{"instruction": "hi", "chosen": "a"}\n',
+     "rows.jsonl, line 1: field 'rejected' is missing (the row's keys: 'instruction', 'chosen')"),
+])
+def test_variants_create_names_the_users_file_and_row_before_training(flag, content, message, tmp_path, capsys):
+    # It named line 1 of a bad JSONL, and a bad preference row in the trainer's temporary copy.
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(content)
+    assert main(["variants", "create", str(tmp_path / "store"), "--user", "zz", flag, str(rows)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and ".tmp-" not in err and err.count("\n") == 1

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Any
 
@@ -59,25 +58,23 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _rows(reference: str | None) -> Any:
-    """A .json/.jsonl file's rows (so held-out rows can be kept apart); anything else is a dataset name."""
+def _rows(reference: str | None, kind: str = "supervised") -> Any:
+    """A .json/.jsonl file's rows (so held-out rows can be kept apart), each checked now as training will read it,
+    so an error names this file and its row, not the copy the trainer makes; anything else is a dataset name."""
     if reference is None:
         return None
     path = Path(reference)
     if path.suffix not in (".json", ".jsonl"):
         return reference
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise DataError(f"{path}: cannot read it ({exc.strerror}).") from None
-    try:
-        rows = [json.loads(line) for line in text.splitlines() if line.strip()] if path.suffix == ".jsonl" else \
-            json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise DataError(f"{path}: not valid JSON at line {exc.lineno}: {exc.msg}.") from None
-    if not isinstance(rows, list):
-        raise DataError(f"{path}: expected a list of rows, got a {type(rows).__name__}.")
-    return rows
+    if not path.is_file():
+        raise DataError(f"{path}: no such file.")
+    from gym.data.loader import load_examples
+    from gym.data.readers import read_rows
+    from gym.data.registry import get_dataset_attrs
+
+    (attr,) = get_dataset_attrs(str(path), path.parent)
+    load_examples(attr, kind, media=True)
+    return [row for _, row in read_rows(path)]
 
 
 def _keys(extra: list[str]) -> dict[str, Any]:
@@ -146,7 +143,8 @@ def main(argv: list[str]) -> int:
         config = BitDeltaConfig(distill_steps=args.distill_steps,
                                 calibration="user-rows" if args.distill_steps else None)
         trainer = PersonalizedTrainer(_base(store, args.base), config, store=store.root)
-        record = trainer.create_variant(args.user, data=_rows(args.data), preferences=_rows(args.preferences),
+        record = trainer.create_variant(args.user, data=_rows(args.data),
+                                        preferences=_rows(args.preferences, "pairwise"),
                                         replace_existing=args.replace, safety_gate=gate, **keys)
         kept = "" if record.gain_kept is None else f"; gain kept on held-out rows: {record.gain_kept:.0%}"
         print(f"Variant {record.user}: {record.bytes / 1e6:.1f} MB in {record.seconds:.0f} s{kept}.")

@@ -192,7 +192,7 @@ def _attr_from_file(name: str, path: Path) -> DatasetAttr:
     if "system" in row and "messages" not in row:  # an OpenAI row's system prompt is its first message
         columns["system"] = "system"
     # The columns the alignment kinds read, under their usual names (TRL and LLaMA-Factory spellings).
-    if "chosen" in row and "rejected" in row:
+    if "chosen" in row or "rejected" in row:  # one without the other is a pair with a field missing: said per row
         info["ranking"] = True
         columns.update(chosen="chosen", rejected="rejected")
     for tag_column in ("kto_tag", "label"):
