@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import pytest
 import torch
 
 from gym.data.formats import Example
@@ -106,3 +107,18 @@ def test_a_training_config_whose_run_is_missing_says_the_base_answers(tmp_path, 
     caplog.clear()
     resolved = resolve_inference_config({"output_dir": str(trained_run)})
     assert resolved["adapter_name_or_path"] == str(trained_run) and "holds no finished run" not in caplog.text
+
+
+@pytest.mark.parametrize("stage, what", [("rm", "reward model"), ("cls", "classifier")])
+def test_a_scoring_run_is_refused_as_a_chat_model_saying_what_it_is_for(stage, what, tmp_path):
+    # Loaded as a chat model, a reward model "answered" from a head it was never trained to write with.
+    import json
+
+    from gym.core.errors import ConfigError
+
+    run = tmp_path / stage
+    run.mkdir()
+    (run / "gym_manifest.json").write_text(json.dumps({"what": "lora-adapter", "stage": stage}))
+    (run / "adapter_config.json").write_text(json.dumps({"task_type": "SEQ_CLS"}))
+    with pytest.raises(ConfigError, match=rf"{run} is a {what} \(stage {stage}\).*it does not chat"):
+        ChatModel({"adapter_name_or_path": str(run)})

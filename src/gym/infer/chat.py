@@ -33,7 +33,7 @@ from gym.data.multimodal import MediaInputs
 from gym.data.templates import get_chat_format
 from gym.data.tools import ToolError, ToolFormat, parse_tools
 from gym.infer import grammar
-from gym.infer.config import resolve_inference_config
+from gym.infer.config import refuse_scoring_model, resolve_inference_config
 from gym.infer.engines import build_engine, fast_unsupported, multimodal_backend, require_llamacpp, require_vllm
 from gym.infer.fast.bank import VariantSource
 from gym.infer.fast.direct import DirectModel, load_direct
@@ -124,6 +124,7 @@ class ChatModel:
         """`variants`: per-user variants of the model a request may ask for (`variant=` in the generation
         settings), served in the same batches (the fast engine; gym.infer.fast.deltas)."""
         resolved = resolve_inference_config(config)
+        refuse_scoring_model(resolved)
         self.model_args, self.data_args, _, generating = get_infer_args(
             {k: v for k, v in resolved.items() if k != "output_dir"})
         self.adapters = split_names(self.model_args.adapter_name_or_path)

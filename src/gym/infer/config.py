@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 
 from gym.config.files import Config, ConfigSource, as_config_dict
+from gym.core.errors import ConfigError
 from gym.core.files import CONFIG_FILE, MANIFEST_FILE
 from gym.core.names import split_names
 
@@ -71,3 +72,21 @@ def resolve_inference_config(config: ConfigSource) -> Config:
         if first_adapter and "model_name_or_path" not in config:
             config["model_name_or_path"] = saved_config.get("model_name_or_path")
     return config
+
+
+# Stages whose models score text instead of writing it: a value head or class scores on top of the model.
+SCORING_STAGES = {"rm": "a reward model (stage rm): it scores answers (PPO's reward_model reads it)",
+                  "cls": "a classifier (stage cls): it labels text (serve it as a guard: gym api --guard)"}
+
+
+def refuse_scoring_model(config: Config) -> None:
+    """A reward model or classifier loaded as a chat model writes text from a head it was not trained with: refused,
+    saying what it is for. `config`: resolve_inference_config's."""
+    for source in (*split_names(config.get("adapter_name_or_path")), str(config.get("model_name_or_path") or "")):
+        manifest = Path(source) / MANIFEST_FILE if source else None
+        if manifest is None or not manifest.is_file():
+            continue
+        stage = (yaml.safe_load(manifest.read_text()) or {}).get("stage")
+        if stage in SCORING_STAGES:
+            raise ConfigError(f"{source} is {SCORING_STAGES[stage]}; it does not chat. Chat with an sft, dpo or "
+                              "other generating run.")
