@@ -92,7 +92,14 @@ def test_another_users_file_is_a_404_everywhere_and_unlisted(served):
 
 @pytest.mark.parametrize("rows, message", [
     ([CHAT[0], {"messages": [{"role": "user", "content": "Hi"}, {"role": "bot", "content": "x"}]}],
-     "line 2: messages[1].role has unknown role 'bot'"),
+     "line 2: messages[1].role has unknown role 'bot'; expected one of 'user', 'assistant', 'tool', 'function_call' "
+     "(and 'system', as the first message only)"),
+    ([{"messages": [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]}],
+     "line 1: messages[1].role is 'user' but turns must alternate; expected 'assistant' or 'function_call' here"),
+    ([{"messages": [{"role": "assistant", "content": "a"}]}],
+     "line 1: messages[0].role is 'assistant' but turns must alternate; expected 'user' or 'tool' here"),
+    ([{"messages": [{"role": "user", "contnt": "hi"}, {"role": "assistant", "content": "x"}]}],
+     "line 1: messages[0] has no 'content' key (its keys: 'role', 'contnt'). Is 'contnt' meant to be 'content'?"),
     ([{"messages": [{"role": "user", "content": 3}]}], "line 1: messages[0].content must be a string"),
     ([CHAT[1], {"messages": [{"role": "user", "content": "Hi"}]}], "line 2: messages has no assistant message"),
     ([{"prompt": "Hi", "completion": "x"}], "line 1: messages: missing"),

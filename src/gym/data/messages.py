@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gym.core.errors import DataError
+from gym.core.names import closest
 from gym.data.tools import ToolCall, ToolError, parse_call, parse_calls
 
 USER, ASSISTANT, OBSERVATION, FUNCTION = "user", "assistant", "observation", "function"
@@ -109,6 +110,11 @@ def read_conversation(raw: Any, tags: Tags, column: str,
             raise MessageProblem(where, "must be an object with role and content.")
         role = tags.roles.get(message.get(tags.role, ""))
         content_field = f"{where}.{tags.content}"
+        if tags.content not in message and role is not None and not (role == ASSISTANT and message.get("tool_calls")):
+            keys = ", ".join(repr(k) for k in message)
+            misspelt = next((str(k) for k in message if k != tags.role and closest(str(k), [tags.content])), None)
+            hint = f" Is {misspelt!r} meant to be {tags.content!r}?" if misspelt else ""
+            raise MessageProblem(where, f"has no {tags.content!r} key (its keys: {keys}).{hint}")
         if role == SYSTEM and i == 0:
             system = _text(message.get(tags.content), content_field)
             continue
@@ -117,6 +123,9 @@ def read_conversation(raw: Any, tags: Tags, column: str,
                                  "system prompt is its first message, and is given once.")
         if role is None:
             expected = ", ".join(repr(r) for r, ours in tags.roles.items() if ours != SYSTEM)
+            firsts = [r for r, ours in tags.roles.items() if ours == SYSTEM]
+            if firsts:
+                expected += f" (and {firsts[0]!r}, as the first message only)"
             if tags.role not in message:
                 keys = ", ".join(repr(k) for k in message) or "none"
                 raise MessageProblem(where, f"has no {tags.role!r} key (its keys: {keys}); say which keys hold "
@@ -152,7 +161,9 @@ def read_conversation(raw: Any, tags: Tags, column: str,
             messages.append({"role": role, "content": _text(message.get(tags.content), content_field)})
         expect_prompt = len(messages) % 2 == 1  # the turn just added
         if expect_prompt != (messages[-1]["role"] in (USER, OBSERVATION)):
-            want = "user/observation" if expect_prompt else "assistant/function_call"
+            # named as the data names them ('user' or 'tool' in OpenAI's rows, 'human' or 'observation' in ShareGPT's)
+            wanted = (USER, OBSERVATION) if expect_prompt else (ASSISTANT, FUNCTION)
+            want = " or ".join(repr(r) for r, ours in tags.roles.items() if ours in wanted)
             raise MessageProblem(f"{where}.{tags.role}", f"is {message.get(tags.role)!r} but turns must alternate; "
                                  f"expected {want} here.")
     return system, messages
