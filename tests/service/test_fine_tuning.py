@@ -125,10 +125,16 @@ def test_hostile_requests_are_refused(served):
 
     with pytest.raises(openai.NotFoundError, match="'gpt-4o-mini' cannot be fine-tuned here"):
         alice.fine_tuning.jobs.create(model="gpt-4o-mini", training_file=file)
-    with pytest.raises(openai.BadRequestError, match="n_epochs must be positive"):
+    with pytest.raises(openai.BadRequestError, match="n_epochs must be positive") as caught:
         alice.fine_tuning.jobs.create(model="tiny", training_file=file, hyperparameters={"n_epochs": -1})
-    with pytest.raises(openai.BadRequestError, match="suffix"):
+    assert caught.value.body["param"] == "hyperparameters.n_epochs"  # the 400 names the field
+    with pytest.raises(openai.BadRequestError, match="suffix") as caught:
         alice.fine_tuning.jobs.create(model="tiny", training_file=file, suffix="../x")
+    assert caught.value.body["param"] == "suffix"
+    assert "beta" not in job.method.supervised.hyperparameters.model_dump(exclude_none=True)  # dpo's alone
+    with pytest.raises(openai.BadRequestError, match="after: 'ftevent-99999' is not in this list") as caught:
+        alice.fine_tuning.jobs.list_events(job.id, after="ftevent-99999")  # a stale cursor: it looped from the top
+    assert caught.value.body["param"] == "after"
     with pytest.raises(openai.BadRequestError, match="metadata: at most 16 pairs"):
         alice.fine_tuning.jobs.create(model="tiny", training_file=file, metadata={str(i): "x" for i in range(17)})
     with pytest.raises(openai.BadRequestError, match="metadata.note: the value"):

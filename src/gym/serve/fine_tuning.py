@@ -66,7 +66,7 @@ def fine_tuning_routes(jobs: JobQueue, model_name: str) -> APIRouter:
         except QuotaExceeded as exc:
             raise ApiError(429, str(exc), type="rate_limit_error", code="too_many_jobs") from None
         except ConfigError as exc:
-            raise ApiError(400, str(exc), code="invalid_request") from None
+            raise ApiError(400, str(exc), param=_param_named(str(exc)), code="invalid_request") from None
 
     @router.get("/v1/fine_tuning/jobs")
     async def list_jobs(who: Caller, after: str | None = None, limit: int = 20) -> dict[str, Any]:
@@ -94,10 +94,24 @@ def fine_tuning_routes(jobs: JobQueue, model_name: str) -> APIRouter:
     return router
 
 
+# The request's fields, as a refusal's first word names them (`hyperparameters.n_epochs must be ...`).
+_FIELDS = ("hyperparameters", "method", "suffix", "seed", "metadata", "model", "training_file", "validation_file")
+
+
+def _param_named(message: str) -> str | None:
+    """The field a job's refusal is about (`hyperparameters.beta`, `suffix`), for the error's `param`."""
+    first = message.split(" ", 1)[0].rstrip(":")
+    return first if first.split(".", 1)[0] in _FIELDS else None
+
+
 def _page(items: list[dict[str, Any]], after: str | None, limit: int) -> dict[str, Any]:
-    """OpenAI's cursor page: the items after the one whose id is `after` (an unknown id: from the start)."""
+    """OpenAI's cursor page: the items after the one whose id is `after`. An id not in the list is a 400: starting
+    over from the newest would send a client paging with a stale cursor round in a loop."""
     if not 1 <= limit <= MAX_LIMIT:
         raise ApiError(400, f"limit: between 1 and {MAX_LIMIT}.", param="limit")
+    if after is not None and after not in [str(item["id"]) for item in items]:
+        raise ApiError(400, f"after: {after!r} is not in this list; page with an id a previous page gave.",
+                       param="after")
     ids = [item["id"] for item in items]
     start = ids.index(after) + 1 if after in ids else 0
     page = items[start:start + limit]

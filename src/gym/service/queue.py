@@ -360,7 +360,10 @@ def _method(method: dict[str, Any] | None, legacy: dict[str, Any] | None) -> tup
 
 def _method_object(spec: JobSpec) -> dict[str, Any]:
     kind = spec.method.value
-    return {"type": kind, kind: {"hyperparameters": dict(vars(spec.hyperparameters))}}
+    hyperparameters = dict(vars(spec.hyperparameters))
+    if spec.method is not Method.DPO:
+        hyperparameters.pop("beta", None)  # a dpo hyperparameter: OpenAI's supervised method has none
+    return {"type": kind, kind: {"hyperparameters": hyperparameters}}
 
 
 MAX_METADATA_PAIRS, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512  # OpenAI's limits
