@@ -130,6 +130,8 @@ def test_bad_specs_are_one_clear_error(tmp_path):
     assert auto["num_train_epochs"] == 7 and auto["per_device_train_batch_size"] == 2  # ~100 examples seen
     dpo = training_keys(JobSpec(**base, method="dpo", hyperparameters={"beta": 0.3}), rows=16)
     assert dpo["pref_beta"] == 0.3
+    whole = training_keys(JobSpec(**base, hyperparameters={"batch_size": 100_000}), rows=12)
+    assert whole["per_device_train_batch_size"] == 12  # the whole file, reported as trained, not as asked
 
 
 def test_training_files_are_checked_with_file_and_line(tmp_path):

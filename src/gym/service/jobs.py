@@ -321,7 +321,9 @@ def read_training_file(path: str | Path, method: Method | str, minimum: int = MI
 def resolved_hyperparameters(spec: JobSpec, rows: int) -> dict[str, Any]:
     """Each "auto" replaced by its value for a file of `rows` examples (OpenAI reports them resolved)."""
     hyper = spec.hyperparameters
-    batch = hyper.batch_size if hyper.batch_size != "auto" else max(1, min(8, rows // 8))
+    # A batch larger than the file is the whole file: reported as the size trained with (and the memory estimate
+    # that picks gradient checkpointing reads it too), not as asked.
+    batch = min(int(hyper.batch_size), rows) if hyper.batch_size != "auto" else max(1, min(8, rows // 8))
     epochs = hyper.n_epochs if hyper.n_epochs != "auto" else min(MAX_AUTO_EPOCHS,
                                                                   max(3, math.ceil(TARGET_EXAMPLES / rows)))
     multiplier = hyper.learning_rate_multiplier if hyper.learning_rate_multiplier != "auto" else 1.0
