@@ -135,6 +135,10 @@ def test_hostile_requests_are_refused(served):
     with pytest.raises(openai.BadRequestError, match="after: 'ftevent-99999' is not in this list") as caught:
         alice.fine_tuning.jobs.list_events(job.id, after="ftevent-99999")  # a stale cursor: it looped from the top
     assert caught.value.body["param"] == "after"
+    # Event ids count the job's own events: the database's row ids would show how busy other users' jobs are.
+    ids = [event.id for event in alice.fine_tuning.jobs.list_events(job.id).data]
+    suffix = job.id.removeprefix("ftjob-")
+    assert ids == [f"ftevent-{suffix}-{n}" for n in range(len(ids), 0, -1)]
     with pytest.raises(openai.BadRequestError, match="metadata: at most 16 pairs"):
         alice.fine_tuning.jobs.create(model="tiny", training_file=file, metadata={str(i): "x" for i in range(17)})
     with pytest.raises(openai.BadRequestError, match="metadata.note: the value"):

@@ -165,8 +165,9 @@ class JobQueue:
         """The job's events in OpenAI's shape, newest first (as OpenAI lists them)."""
         with self.db.session() as session:
             self._row(session, who, job_id)
-            rows = session.scalars(select(JobEvent).where(JobEvent.job_id == job_id).order_by(JobEvent.id.desc()))
-            return [event_object(row) for row in rows]
+            rows = list(session.scalars(select(JobEvent).where(JobEvent.job_id == job_id)
+                                        .order_by(JobEvent.id.desc())))
+            return [event_object(row, len(rows) - i) for i, row in enumerate(rows)]
 
     def checkpoints(self, who: Principal, job_id: str) -> list[dict[str, Any]]:
         """OpenAI's checkpoint objects, newest first: one per "Checkpoint created" event, with the metrics of its
@@ -412,7 +413,9 @@ def job_object(job: Job) -> dict[str, Any]:
             "user_provided_suffix": job.suffix}
 
 
-def event_object(row: JobEvent) -> dict[str, Any]:
+def event_object(row: JobEvent, number: int) -> dict[str, Any]:
+    """`number`: the event's place in its own job (1 for the first). The id counts that job's events only: the
+    database's row id counts every user's, and would tell one user how busy the others' jobs are."""
     event = openai_event(row.level, row.message, row.data, created_at=row.created_at)
-    event["id"] = f"ftevent-{row.id}"
+    event["id"] = f"ftevent-{row.job_id.removeprefix(JOB_PREFIX)}-{number}"
     return event
