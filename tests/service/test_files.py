@@ -264,3 +264,11 @@ def test_the_key_is_checked_before_the_body_is_read(served):
     response = httpx.post(f"{url}/v1/files", files={"file": ("t.jsonl", jsonl(CHAT))}, data={"purpose": "fine-tune"},
                           headers={"Authorization": "Bearer sk-gym-wrong"})
     assert response.status_code == 401
+
+
+def test_a_wrong_purpose_names_the_purpose_field(served):
+    _, _, clients, service = served
+    before = stored(service)
+    with pytest.raises(openai.BadRequestError, match="purpose 'fine_tune'") as caught:
+        clients["alice"].files.create(file=("a.jsonl", jsonl(CHAT)), purpose="fine_tune")  # type: ignore[arg-type]
+    assert caught.value.body["param"] == "purpose" and stored(service) == before

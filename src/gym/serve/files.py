@@ -85,7 +85,8 @@ def _refuse(exc: GymError, whole: bool = False) -> JSONResponse:
     """The 4xx of a refused upload. Unless the whole body was read, the connection is closed after it: otherwise the
     server would go on reading (and dropping) the rest of a 1 GB body to keep the connection for another request."""
     status, code = (413, "file_too_large") if isinstance(exc, FileTooLarge) else (400, "invalid_file")
-    error = ApiError(status, str(exc), param="file", code=code)
+    param = "purpose" if str(exc).startswith("purpose ") else "file"  # the form field the refusal is about
+    error = ApiError(status, str(exc), param=param, code=code)
     return JSONResponse(error.body(), status_code=status, headers={} if whole else {"Connection": "close"})
 
 
