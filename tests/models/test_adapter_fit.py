@@ -21,3 +21,27 @@ def test_an_adapter_for_another_base_is_one_line_from_every_door(verb, narrow_ad
     assert_one_line_error(gym_here(*args), f"The adapter {narrow_adapter} does not fit the base {tiny_model_dir} "
                           "(size mismatch for", "It was trained on")
     assert not (tmp_path / "out.json").exists()
+
+
+@pytest.mark.parametrize("verb", [["export", "--export_dir", "{tmp}/out"], ["eval", "--task", "ppl:tiny_text"]])
+def test_an_adapter_missing_weights_for_modules_of_the_base_is_refused_not_left_at_zero(verb, tiny_model_dir, data_dir,
+                                                                                       tmp_path, tokenizer):
+    # Trained on a 1-layer model of the same width: on the 2-layer base, peft makes layer 1's LoRA modules, finds no
+    # weights for them, warns and leaves them at zero; export then wrote the base unchanged with exit 0.
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    short = LlamaForCausalLM(LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
+                                         num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2))
+    adapter = tmp_path / "one-layer-adapter"
+    get_peft_model(short, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj"], init_lora_weights=False)
+                   ).save_pretrained(adapter)
+    args = [verb[0], "--model_name_or_path", str(tiny_model_dir), "--adapter_name_or_path", str(adapter),
+            "--dataset_dir", str(data_dir), *(a.format(tmp=tmp_path) for a in verb[1:])]
+    if verb[0] == "eval":
+        args += ["-o", str(tmp_path / "out.json")]
+    assert_one_line_error(gym_here(*args), f"The adapter {adapter} does not fit the base {tiny_model_dir} "
+                          "(Missing weights for base_model.model.model.layers.1.self_attn.q_proj.lora_A")
+    assert not (tmp_path / "out").exists() and not (tmp_path / "out.json").exists()

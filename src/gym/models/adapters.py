@@ -40,16 +40,38 @@ def trained_base(adapter: str | Path) -> str | None:
     return None
 
 
+class MissingAdapterWeights(ValueError):
+    """peft made a module the adapter's config targets, but the adapter's file holds no weights for it."""
+
+
+def load_peft_adapter(model: Any, folder: str | Path, **options: Any) -> Any:
+    """PeftModel.from_pretrained, where an adapter without weights for a module it targets is an error. peft only
+    warns there and leaves those modules at their initial weights (a LoRA's B at zero: no change), so an adapter
+    trained on another architecture with the same module names "loaded" and did nothing."""
+    import warnings
+
+    from peft import PeftModel
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        attached = PeftModel.from_pretrained(model, str(folder), **options)
+    for warning in caught:
+        text = str(warning.message)
+        if "Found missing adapter keys" in text:
+            first = re.search(r"\['([^']+)'", text)
+            raise MissingAdapterWeights(f"Missing weights for {first.group(1) if first else 'some modules'}")
+        warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+    return attached
+
+
 def attach_adapter(model: Any, folder: str | Path, base_ref: str | None, *, merge: bool = True,
                    flag: str = "model_name_or_path") -> Any:
     """`model` with the LoRA adapter at `folder` merged in (or beside it, `merge=False`, for a quantized base). An
     adapter trained on another base (other shapes, other modules) is a ConfigError naming the first tensor that
     differs and, where known, the base to use (`flag`: how the command names the base), not peft's traceback:
     every door that loads an adapter (chat, api, eval, infer, export, delta) says the same line."""
-    from peft import PeftModel
-
     try:
-        attached = PeftModel.from_pretrained(model, str(folder))
+        attached = load_peft_adapter(model, folder)
         return attached.merge_and_unload() if merge else attached
     except (ValueError, RuntimeError, KeyError) as exc:
         text = str(exc)
@@ -131,7 +153,7 @@ def lora_config(args: FinetuningArguments, tied_embeddings: bool = False, task_t
 def setup_adapter(model: Any, args: FinetuningArguments, adapters: list[str] | None = None) -> Any:
     """Add a trainable peft adapter (LoRA, OFT or BOFT). Given existing adapters, all but the last are merged
     into the model and training continues on the last one."""
-    from peft import LoraConfig, PeftConfig, PeftModel, get_peft_model
+    from peft import LoraConfig, PeftConfig, get_peft_model
 
     adapters = adapters or []
     if unsloth.is_unsloth(model) and not adapters:
@@ -139,14 +161,19 @@ def setup_adapter(model: Any, args: FinetuningArguments, adapters: list[str] | N
     if is_quantized(model):
         model = prepare_for_adapters(model)
     for path in adapters[:-1]:
-        model = PeftModel.from_pretrained(model, path).merge_and_unload()
+        model = attach_adapter(model, path, getattr(model, "name_or_path", None), flag="model_name_or_path")
     if adapters:
         config = PeftConfig.from_pretrained(adapters[-1])
         if isinstance(config, LoraConfig):
             # The saved config may name an initialisation (PiSSA's, on a quantized base); the weights are the
             # adapter's own, so loading must not initialise them again.
             config.init_lora_weights = True
-        return PeftModel.from_pretrained(model, adapters[-1], is_trainable=True, config=config)
+        try:
+            return load_peft_adapter(model, adapters[-1], is_trainable=True, config=config)
+        except MissingAdapterWeights as exc:
+            trained_on = trained_base(adapters[-1])
+            hint = f" It was trained on {trained_on}: pass model_name_or_path {trained_on}." if trained_on else ""
+            raise ConfigError(f"The adapter {adapters[-1]} does not fit the base ({exc}).{hint}") from None
     task = "SEQ_CLS" if is_sequence_classifier(model) else "CAUSAL_LM"
     if args.finetuning_type == "lora":
         config = lora_config(args, bool(getattr(model.config, "tie_word_embeddings", False)), task)
