@@ -146,6 +146,24 @@ def test_distillation_trains_only_the_scales_and_lowers_the_logit_mse(make_finet
                for n, e in after.entries.items())
 
 
+def test_distillation_that_raises_the_mse_keeps_the_scales_it_started_from(make_finetune, models, tiny_model_dir,
+                                                                           data_dir, tokenizer):
+    # A step far too large overshoots: the scales it leaves would serve a variant farther from the fine-tune.
+    generator = torch.Generator().manual_seed(5)
+    finetune = make_finetune(lambda name, p: p.add_(torch.randn(p.shape, generator=generator) * 1e-2)
+                             if p.ndim == 2 and ".layers." in name else None)
+    start = BitDeltaQuantizer(BitDeltaConfig(distill_steps=0)).compress(models(tiny_model_dir), models(finetune))
+    overshot = BitDeltaQuantizer(BitDeltaConfig(distill_steps=3, distill_lr=10.0, distill_seq_len=32,
+                                                distill_batch_size=2, calibration="tiny_alpaca",
+                                                calibration_dir=str(data_dir))
+                                 ).compress(models(tiny_model_dir), models(finetune), tokenizer=tokenizer,
+                                            progress=False)
+    distilled = overshot.header["distillation"]
+    assert distilled["kept_initial"] and distilled["mse_after"] == distilled["mse_before"]
+    for name, entry in overshot.entries.items():
+        assert torch.equal(entry.tensors["scale"], start.entries[name].tensors["scale"])
+
+
 def test_lora_adapter_is_merged_before_the_delta_is_taken(tiny_model_dir, models, tmp_path):
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM

@@ -126,9 +126,6 @@ def compress(args: argparse.Namespace) -> int:
     size, fp16 = path.stat().st_size, 2 * result.header["base"]["parameters"]
     print(f"Wrote {path}: {human_bytes(size)}, {fp16 / size:.1f}x smaller than the fine-tune in fp16 "
           f"({human_bytes(fp16)}), {len(result.entries)} changed parameters, {result.seconds:.0f} s.")
-    if "distillation" in result.header:
-        d = result.header["distillation"]
-        print(f"Scale distillation: logit MSE {d['mse_before']:.4f} -> {d['mse_after']:.4f} in {d['steps']} steps.")
     if args.eval_task:
         from gym.eval.after_training import delta_quality_gate
 

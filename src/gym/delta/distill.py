@@ -40,8 +40,9 @@ DISTINCT_BATCHES = 64  # calibration batches at most; steps cycle over them (the
 class DistillResult:
     steps: int
     mse_before: float  # logit MSE on the calibration batches before training the scales
-    mse_after: float
+    mse_after: float  # of the scales kept: the trained ones, or the first ones where training made it worse
     seconds: float
+    kept_initial: bool = False  # training raised the MSE (too few steps, a high lr): the closed-form scales stayed
 
 
 def calibration_batches(tokenizer: Any, dataset: str, dataset_dir: str, seq_len: int, batch_size: int,
@@ -120,6 +121,10 @@ def distill_scales(base: Any, finetuned: Any, entries: dict[str, Encoded | torch
         optimizer.step()
         bar.set_postfix({"mse": f"{loss.item():.4f}"}, refresh=False)
     after = mean_mse()
+    if after > before:  # distillation is meant to bring the variant closer to the fine-tune, never farther
+        logger.warning("Scale distillation raised the logit MSE (%.4f -> %.4f in %d steps); the scales it started "
+                       "from are kept. More calibration rows or steps, or a lower lr, may help.", before, after, steps)
+        return DistillResult(steps, before, before, time.perf_counter() - started, kept_initial=True)
     for name, scale in scales.items():
         binary[name].tensors["scale"] = scale.detach().to(binary[name].tensors["scale"].dtype)
     logger.info("Scale distillation: logit MSE %.4f -> %.4f in %d steps.", before, after, steps)
