@@ -123,3 +123,21 @@ def test_training_config_compresses_the_result(train_config, tmp_path):
     quantized = run_exp(train_config(delta_compression="int4", max_steps=1, overwrite_output_dir=True))
     entries, header = load_delta(quantized.metrics["delta_file"])
     assert header["method"] == "int4" and all(torch.is_tensor(e) or e.method.value == "int4" for e in entries.values())
+
+
+def test_inspect_a_folder_min_kept_as_a_percentage_and_a_closed_pipe_are_one_line_or_quiet(tmp_path, capsys):
+    assert main(["delta", "inspect", str(tmp_path)]) == 2
+    assert f"{tmp_path} is a folder; a delta is one file" in capsys.readouterr().err
+    assert main(["delta", "compress", "--base", "b", "--finetuned", "f", "--eval-task", "ppl:x", "--min-kept", "95",
+                 "-o", str(tmp_path / "d.safetensors")]) == 2  # refused before minutes of work, not after
+    assert "between 0 and 1 (0.95 for 95%), got 95" in capsys.readouterr().err
+
+
+def test_a_reader_that_stops_early_ends_the_command_quietly(tmp_path):
+    # `gym ... | head -1`: the rest of the output has nowhere to go; that is no error, and no traceback.
+    import subprocess
+    import sys
+
+    done = subprocess.run(f"{sys.executable} -m gym.cli --help | head -c 10", shell=True, capture_output=True,
+                          text=True, timeout=120)
+    assert done.stdout == "usage: gym" and "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr

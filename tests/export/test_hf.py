@@ -132,3 +132,11 @@ def test_dora_export_equals_the_served_model(train_config, tmp_path):
     assert torch.allclose(_logits(AutoModelForCausalLM.from_pretrained(out), prompt), _logits(served.model, prompt),
                           atol=1e-5)
     served.close()
+
+
+def test_format_and_type_are_read_whatever_their_case():
+    # Gym writes `...-Q4_0.gguf`; `--type Q4_0` and `--format GGUF` were refused.
+    from gym.export.config import ExportArguments
+
+    args = ExportArguments(export_dir="x", export_format="GGUF", export_type="Q4_0")
+    assert (args.export_format, args.export_type) == ("gguf", "q4_0")

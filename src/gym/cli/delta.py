@@ -102,6 +102,9 @@ def compress(args: argparse.Namespace) -> int:
     quantizer = quantizer_for(args)  # option errors before any model is loaded
     if args.min_kept is not None and not args.eval_task:
         raise ConfigError("--min-kept needs --eval-task: the task whose score the compressed model must keep.")
+    if args.min_kept is not None and not 0 < args.min_kept <= 1:  # checked before minutes of compressing and scoring
+        raise ConfigError(f"--min-kept is the share of the fine-tune's gain to keep, between 0 and 1 (0.95 for 95%), "
+                          f"got {args.min_kept:g}.")
     if args.eval_task:
         from gym.eval.config import parse_task
 

@@ -92,6 +92,9 @@ def save_delta(path: str | os.PathLike[str], entries: dict[str, Encoded | torch.
 def read_header(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The JSON header alone (no tensor is read), checked for format and version."""
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"{path} is a folder; a delta is one file that `gym delta compress --base ... --finetuned "
+                          f"{path} -o FILE.safetensors` writes.")
     if not path.is_file():
         raise ConfigError(f"Delta file not found: {path}")
     try:

@@ -39,6 +39,11 @@ class ExportArguments:
     """STORE:USER, a personalized variant (`gym variants`): the export is its base + 1-bit delta, as it is served."""
 
     def __post_init__(self) -> None:
+        # Case is not part of a name here: Gym writes `...-Q4_0.gguf`, and users type what they read.
+        if isinstance(self.export_format, str):
+            self.export_format = self.export_format.lower()
+        if isinstance(self.export_type, str):
+            self.export_type = self.export_type.lower()
         if self.export_format not in FORMATS:
             raise ConfigError(f"Unknown export format {self.export_format!r}."
                               f"{did_you_mean(self.export_format, FORMATS)} Available: {', '.join(FORMATS)}.")
