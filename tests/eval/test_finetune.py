@@ -45,6 +45,7 @@ def test_answer_key_fine_tune_beats_chance_and_base(train_config, data_dir, tmp_
     assert trained["results"]["mc_demo"]["items"] == 20 and trained["results"]["mc_demo"]["prompt"] == "chat"
     assert tuned_acc >= 0.7 > 0.25 + 0.2 and tuned_acc > base_acc + 0.3, (tuned_acc, base_acc)
     assert result.metrics["eval_mc_demo_acc"] == tuned_acc and result.metrics["eval_base_mc_demo_acc"] == base_acc
+    assert f"Scores: eval_mc_demo_acc {tuned_acc:.4g}, eval_base_mc_demo_acc {base_acc:.4g}," in result.summary()
     assert trained["model"]["fingerprint"] != base["model"]["fingerprint"]
     assert trained["results"]["ppl:key"]["metrics"]["loss"] < base["results"]["ppl:key"]["metrics"]["loss"]
     # The base was scored once: a second run on the same base reads its report from the cache.

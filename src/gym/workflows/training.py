@@ -33,7 +33,8 @@ def run_exp(config: ConfigSource | TrainArgs[Any] = None) -> RunResult:
 
                 result.metrics["delta_file"] = str(compress_output(args, result.output_dir))
             if args.finetuning.eval_tasks:
-                result.metrics.update(_evaluate(args, result.output_dir))
+                result.scores = _evaluate(args, result.output_dir)
+                result.metrics.update(result.scores)
     return result
 
 
