@@ -47,6 +47,8 @@ def test_lora_export_equals_the_served_model_and_carries_its_format(trained_run,
     assert set(served.chat_format.stop_token_ids()) == set(generation.eos_token_id)
     manifest = json.loads((out / MANIFEST_FILE).read_text())
     assert manifest["format"] == "hf" and manifest["chat_template"] == "llama3"
+    assert manifest["adapters"] == [str(trained_run)]  # the run's adapter, merged: it listed none when given as a run
+    assert manifest["base_model"] == json.loads((trained_run / MANIFEST_FILE).read_text())["base_model"]
     served.close()
 
 

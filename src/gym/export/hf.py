@@ -19,7 +19,7 @@ part becomes the placeholder the family's processor expands, as Gym's own rows' 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +66,8 @@ class Merged:
     decoding: dict[str, Any]  # the decoding settings training saved
     model_path: str  # the base, resolved to a folder
     processor: Any = None  # a vision-language model's processor (None for a text model)
+    base_name: str = ""  # the base as the run or the user named it (a short name, a hub id, a folder)
+    adapters: list[str] = field(default_factory=list)  # what was merged: a run's adapter too, found from its folder
 
 
 def load_merged(config: dict[str, Any], delta: str | None = None, bitdelta: bool = False) -> Merged:
@@ -100,7 +102,9 @@ def load_merged(config: dict[str, Any], delta: str | None = None, bitdelta: bool
     chat = get_chat_format(tokenizer, data_args.template, data_args.default_system, data_args.enable_thinking,
                            tool_format=data_args.tool_format)
     decoding = generating.resolve(generation_defaults(model_path))
-    return Merged(model.eval(), tokenizer, chat, decoding, model_path, processor)
+    return Merged(model.eval(), tokenizer, chat, decoding, model_path, processor,
+                  base_name=str(model_args.model_name_or_path or model_path),
+                  adapters=split_names(model_args.adapter_name_or_path))
 
 
 def _as_bitdelta(model: Any, model_path: str, model_args: Any) -> Any:
@@ -130,9 +134,8 @@ def export_hf(args: ExportArguments, config: dict[str, Any]) -> Path:
     generation.eos_token_id = chat.stop_token_ids()
     if generation.pad_token_id is None and tokenizer.pad_token_id is not None:
         generation.pad_token_id = tokenizer.pad_token_id
-    manifest = {"made_by": "gym export", "format": "hf", "base_model": str(config.get("model_name_or_path") or
-                                                                            merged.model_path),
-                "adapters": split_names(config.get("adapter_name_or_path")), "delta": args.delta,
+    manifest = {"made_by": "gym export", "format": "hf", "base_model": merged.base_name,
+                "adapters": merged.adapters, "delta": args.delta,
                 "chat_template": chat.name, "dtype": str(model.dtype).removeprefix("torch."),
                 "type": args.export_type, "processor": type(processor).__name__ if processor is not None else None}
     # A vision-language model's processor saves its tokenizer with it, plus the image processor's settings.
