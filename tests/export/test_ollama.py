@@ -6,6 +6,7 @@ for every named template."""
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -121,6 +122,23 @@ def test_ollama_export_writes_the_gguf_and_its_modelfile(trained_run, tmp_path, 
     chat = ChatFormat(tokenizer, TEMPLATES["llama3"], "Answer briefly.")
     question = [{"role": "user", "content": "What is 2+2?"}]
     assert render_go(template, "Answer briefly.", question) == chat.render_prompt(question)
+    manifest = json.loads((out / "gym_manifest.json").read_text())
+    assert sorted(manifest["files"]) == ["Modelfile", gguf_file.name]
+    # An --overwrite at another type replaces the folder: no GGUF of the first type is left behind.
+    assert main(["export", "--output_dir", str(trained_run), "--format", "ollama", "--quantization", "f16",
+                 "--export_dir", str(out), "--overwrite"]) == 0
+    assert [p.name for p in out.glob("*.gguf")] == [gguf_file.name.replace("Q8_0", "F16")]
+
+
+def test_ollama_export_never_writes_into_a_folder_gym_did_not_write(trained_run, tmp_path, capsys):
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("precious")
+    for extra in ([], ["--overwrite"]):
+        assert main(["export", "--output_dir", str(trained_run), "--format", "ollama", "--export_dir", str(mine),
+                     *extra]) == 2
+        assert str(mine) in capsys.readouterr().err
+    assert sorted(p.name for p in mine.iterdir()) == ["notes.txt"]
 
 
 def test_the_tokenizers_own_template_is_matched_to_a_named_one(tiny_model_dir, tmp_path):
