@@ -3,6 +3,8 @@ from every door that loads one (issue #39's leftover: chat, eval and infer ended
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from tests.gym_cli import assert_one_line_error, gym_here
 
@@ -45,3 +47,24 @@ def test_an_adapter_missing_weights_for_modules_of_the_base_is_refused_not_left_
     assert_one_line_error(gym_here(*args), f"The adapter {adapter} does not fit the base {tiny_model_dir} "
                           "(Missing weights for base_model.model.model.layers.1.self_attn.q_proj.lora_A")
     assert not (tmp_path / "out").exists() and not (tmp_path / "out.json").exists()
+
+
+def test_what_is_not_an_adapter_is_named_as_what_it_is(tmp_path, tiny_model_dir):
+    # Each was "The adapter X does not fit the base ... (Can't find 'adapter_config.json')", however X was wrong.
+    from gym.core.errors import ConfigError, ModelError
+    from gym.models.adapters import attach_adapter
+    from gym.models.loader import resolve_model_path
+
+    delta = tmp_path / "d.safetensors"
+    delta.write_bytes(b"x")
+    (tmp_path / "empty").mkdir()
+    cases = [(tiny_model_dir, "is a model folder, not an adapter (it has no adapter_config.json): pass it as "
+                              f"model_name_or_path {tiny_model_dir}"),
+             (tmp_path / "nope", "Adapter folder not found"),
+             (delta, "is a file (a delta file: apply it with --delta)"),
+             (tmp_path / "empty", "holds no adapter_config.json")]
+    for folder, message in cases:
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            attach_adapter(None, folder, "base")
+    with pytest.raises(ModelError, match=r"is a file \(a delta file: apply it to its base with --delta\)"):
+        resolve_model_path(str(delta))

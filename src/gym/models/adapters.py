@@ -64,12 +64,30 @@ def load_peft_adapter(model: Any, folder: str | Path, **options: Any) -> Any:
     return attached
 
 
+def _check_adapter_folder(folder: str | Path, flag: str) -> None:
+    """What is at `folder`, when it is no adapter: peft would say "can't find adapter_config.json", which the
+    caller then reported as an adapter that does not fit the base."""
+    path = Path(folder).expanduser()
+    if path.is_file():
+        kind = " (a delta file: apply it with --delta)" if path.suffix == ".safetensors" else ""
+        raise ConfigError(f"{folder} is a file{kind}; an adapter is a folder holding adapter_config.json.")
+    if path.is_dir() and not (path / "adapter_config.json").is_file():
+        if (path / "config.json").is_file():
+            raise ConfigError(f"{folder} is a model folder, not an adapter (it has no adapter_config.json): pass it "
+                              f"as {flag} {folder}.")
+        raise ConfigError(f"{folder} holds no adapter_config.json: not a LoRA adapter folder.")
+    local = str(folder).startswith((".", "/", "~")) or str(folder).count("/") != 1 or path.parent.is_dir()
+    if not path.exists() and local:  # `saves/nope` beside an existing saves/: a folder, not a hub adapter's id
+        raise ConfigError(f"Adapter folder not found: {folder}")
+
+
 def attach_adapter(model: Any, folder: str | Path, base_ref: str | None, *, merge: bool = True,
                    flag: str = "model_name_or_path") -> Any:
     """`model` with the LoRA adapter at `folder` merged in (or beside it, `merge=False`, for a quantized base). An
     adapter trained on another base (other shapes, other modules) is a ConfigError naming the first tensor that
     differs and, where known, the base to use (`flag`: how the command names the base), not peft's traceback:
     every door that loads an adapter (chat, api, eval, infer, export, delta) says the same line."""
+    _check_adapter_folder(folder, flag)
     try:
         attached = load_peft_adapter(model, folder)
         return attached.merge_and_unload() if merge else attached

@@ -179,6 +179,9 @@ def resolve_model_path(ref: str | None) -> str:
         if not (path / "config.json").is_file() and not (path / "adapter_config.json").is_file():
             raise ModelError(f"{path} is a folder but holds no config.json: not a Hugging Face model folder.")
         return str(path)
+    if path.is_file():  # a file named where a model goes: a delta, an adapter's weights, a config
+        kind = " (a delta file: apply it to its base with --delta)" if path.suffix == ".safetensors" else ""
+        raise ModelError(f"{path} is a file{kind}; a model is a folder holding config.json and its weights.")
     if ref.startswith((".", "/", "~")) or ref.count("/") > 1:
         raise ModelError(f"Model folder not found: {path}")
     return _check_hub_available(ref)
