@@ -142,3 +142,12 @@ def test_format_and_type_are_read_whatever_their_case():
 
     args = ExportArguments(export_dir="x", export_format="GGUF", export_type="Q4_0")
     assert (args.export_format, args.export_type) == ("gguf", "q4_0")
+
+
+def test_a_training_config_without_its_run_is_refused_not_exported_as_the_base(tmp_path, capsys):
+    # It wrote the base's weights under the run's config with exit 0, a log line the only sign.
+    config = tmp_path / "untrained.yaml"
+    config.write_text(f"model_name_or_path: smollm2-135m\noutput_dir: {tmp_path / 'never-trained'}\n")
+    assert main(["export", str(config), "--export_dir", str(tmp_path / "out")]) == 2
+    assert "holds no finished run: train it first" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()

@@ -33,7 +33,7 @@ ADAPTER_TYPES = ("f32", "f16", "bf16", "q8_0")
 
 
 def _adapter_folder(config: dict[str, Any]) -> tuple[Path, str]:
-    resolved = resolve_inference_config(config)
+    resolved = resolve_inference_config(config, untrained="refuse")
     adapters = split_names(resolved.get("adapter_name_or_path"))
     if len(adapters) != 1:
         raise ConfigError("gguf-lora exports one LoRA adapter: give adapter_name_or_path (or the output_dir of a "

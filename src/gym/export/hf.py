@@ -73,7 +73,7 @@ class Merged:
 def load_merged(config: dict[str, Any], delta: str | None = None, bitdelta: bool = False) -> Merged:
     """The model with every adapter merged in, and what prompts it. `bitdelta`: the merged model replaced by base +
     its BitDelta (what a personalized variant of this fine-tune serves)."""
-    resolved = resolve_inference_config(config)
+    resolved = resolve_inference_config(config, untrained="refuse")
     # A run's saved config holds every key, the quantization ones at their defaults: only quantization_bit says
     # the base was quantized while it trained (QLoRA).
     trained_bits = resolved.get("quantization_bit")

@@ -37,8 +37,10 @@ def _finished_output(config: dict[str, Any]) -> Path | None:
     return None
 
 
-def resolve_inference_config(config: ConfigSource) -> Config:
-    """A user config -> the complete inference config: which model, adapters, template and decoding."""
+def resolve_inference_config(config: ConfigSource, *, untrained: str = "warn") -> Config:
+    """A user config -> the complete inference config: which model, adapters, template and decoding. `untrained`:
+    what a training config whose run is not there gets: "warn" (chat, eval: the base answers, and it is said) or
+    "refuse" (export: a copy of the base under the run's name is never what was meant)."""
     config = as_config_dict(config)
     for key in ("model_name_or_path", "model"):
         ref = config.get(key)
@@ -57,6 +59,9 @@ def resolve_inference_config(config: ConfigSource) -> Config:
     elif config.get("output_dir") and not config.get("adapter_name_or_path"):
         # A training config whose run is not there (not trained yet, or another output_dir): what answers is the
         # base, and a score or a chat would otherwise pass for the fine-tune's.
+        if untrained == "refuse":
+            raise ConfigError(f"output_dir {config['output_dir']} holds no finished run: train it first (gym train "
+                              "CONFIG), or export the base itself with --model_name_or_path.")
         logger.warning("output_dir %s holds no finished run (train it first: gym train CONFIG); using the base "
                        "model %s as it is.", config["output_dir"],
                        config.get("model_name_or_path") or config.get("model") or "smollm2-135m")
