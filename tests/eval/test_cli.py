@@ -59,7 +59,8 @@ def test_compare_without_samples_uses_the_standard_errors(tmp_path):
 @pytest.mark.parametrize("argv, message", [
     (["--task", "mc_dem"], "Unknown eval task 'mc_dem'. Did you mean 'mc_demo'"),
     (["--task", "mc:no_such_data"], "no_such_data"),
-    (["--task", "mc_demo", "--eval_template", "chatty"], "eval_template must be one of auto, chat, plain"),
+    (["--task", "mc_demo", "--eval_template", "chatty"], "eval_template must be one of auto, chat, plain, got "
+                                                          "'chatty'. Did you mean 'chat'?"),
     (["--task", "mc_demo", "--variant", "nouser"], "variant: write STORE:USER"),
     ([], "No tasks to run"),
     (["--task", "mmlu"], "Dataset 'mmlu' (hub dataset cais/mmlu) lives on the Hugging Face Hub"),  # offline

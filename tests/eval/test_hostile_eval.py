@@ -77,6 +77,7 @@ def _with(**result) -> dict:
 BROKEN = {
     "an_int": (b"7", "it has no 'results'"),
     "a_list": (b"[1, 2]", "it has no 'results'"),
+    "results_a_list": (b'{"results": [1]}', "results: expected an object of {task: result}, got list"),
     "a_binary_file": (b"\x89PNG\r\n\x1a\n\x00\xff\xfe", "not JSON text"),
     "stderr_a_string": (json.dumps(_with(metrics={"acc": 0.5, "acc_stderr": "0.1"})).encode(),
                         "results.t.metrics.acc_stderr: a standard error is a number or null, got '0.1'"),

@@ -96,7 +96,8 @@ class EvalArguments:
 
     def __post_init__(self) -> None:
         if self.eval_template not in TEMPLATES:
-            raise ConfigError(f"eval_template must be one of {', '.join(TEMPLATES)}, got {self.eval_template!r}.")
+            raise ConfigError(f"eval_template must be one of {', '.join(TEMPLATES)}, got {self.eval_template!r}."
+                              f"{did_you_mean(str(self.eval_template), TEMPLATES)}")
         for key in ("eval_batch_size", "num_samples", "max_new_tokens", "cutoff_len"):
             if getattr(self, key) is not None and getattr(self, key) < 1:
                 raise ConfigError(f"{key} must be at least 1, got {getattr(self, key)}.")

@@ -57,8 +57,11 @@ def read_report(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise ConfigError(f"{path} is not a gym eval result file: not JSON (line {exc.lineno}).") from None
     except ValueError:  # not UTF-8 (a binary file), or a number of more digits than Python reads
         raise ConfigError(f"{path} is not a gym eval result file: not JSON text.") from None
-    if not isinstance(report, dict) or not isinstance(report.get("results"), dict):
+    if not isinstance(report, dict) or "results" not in report:
         raise ConfigError(f"{path} is not a gym eval result file: it has no 'results'.")
+    if not isinstance(report["results"], dict):
+        raise ConfigError(f"{path}, results: expected an object of {{task: result}}, got "
+                          f"{type(report['results']).__name__}.")
     for task, result in report["results"].items():
         _check_result(f"{path}, results.{task}", result)
     return report
