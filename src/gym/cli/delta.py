@@ -153,7 +153,8 @@ def inspect_delta(args: argparse.Namespace) -> int:
     entries = stats["entries"]
     print(f"{args.delta}: {header['method']} delta (format v{header['version']}), {human_bytes(size)} on disk, "
           f"{fp16 / size:.1f}x smaller than the whole model in fp16 ({human_bytes(fp16)})")
-    print(f"base: {base.get('name')} (fingerprint {str(base.get('fingerprint'))[:16]}...)")
+    print(f"base: {base.get('name') or 'unnamed (made without base_name=)'} "
+          f"(fingerprint {str(base.get('fingerprint'))[:16]}...)")
     print(f"changed parameters: {len(entries)}; DeltaSoup: "
           f"{'eligible' if header.get('deltasoup', {}).get('eligible') else 'not eligible'}")
     if "distillation" in header:

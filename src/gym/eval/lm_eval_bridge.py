@@ -88,7 +88,8 @@ def run_lm_eval(model: EvalModel, names: list[str], *, n_shot: int | None, limit
     for task, values in output["results"].items():
         metrics = {}
         for key, value in values.items():
-            if key == "alias" or not isinstance(value, (int, float)):
+            # "sample_len" is lm-eval's count of a task's items (reported as `items`), not a score
+            if key in ("alias", "sample_len") or not isinstance(value, (int, float)):
                 continue
             metric, _, _ = key.partition(",")  # lm-eval names metrics "acc,none" (metric, filter)
             metrics[metric] = float(value)
