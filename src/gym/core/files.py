@@ -26,7 +26,8 @@ import re
 import shutil
 import socket
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -241,6 +242,25 @@ def install_folder(tmp: PathLike, out: PathLike, overwrite: bool, how: str = "--
         raise
     shutil.rmtree(old, ignore_errors=True)
     return out
+
+
+@contextmanager
+def building_folder(out: PathLike, overwrite: bool, how: str = "--overwrite") -> Iterator[Path]:
+    """An empty temporary folder beside `out` to build a finished output in. A clean exit installs it as `out`
+    (install_folder: an existing `out` is replaced only as refuse_overwrite allows); an error removes it, and `out`
+    is as it was."""
+    out = Path(out)
+    refuse_overwrite(out, overwrite, how, folder=True)
+    make_folder(out.parent)
+    remove_stale_temps(out.parent)
+    tmp = temp_path(out)
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        tmp.mkdir()
+        yield tmp
+        install_folder(tmp, out, overwrite, how)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def check_free_space(path: PathLike, needed_bytes: int, margin: float = 1.1) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -12,13 +11,11 @@ import torch
 
 from gym.core.errors import ConfigError
 from gym.core.files import (
+    building_folder,
     check_free_space,
-    install_folder,
     make_folder,
     refuse_output_over_input,
     refuse_overwrite,
-    remove_stale_temps,
-    temp_path,
     write_manifest,
 )
 from gym.delta.compress import reconstruct
@@ -80,15 +77,9 @@ def save_model_folder(model: Any, tokenizer: str | Any, out: str | os.PathLike[s
     out = Path(out)
     refuse_overwrite(out, overwrite, folder=True)
     make_folder(out.parent)
-    remove_stale_temps(out.parent)
     check_free_space(out, sum(p.numel() * p.element_size() for p in model.parameters()))
-    tmp = temp_path(out)
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
+    with building_folder(out, overwrite) as tmp:
         model.save_pretrained(tmp, **({"max_shard_size": max_shard_size} if max_shard_size is not None else {}))
         (load_tokenizer(tokenizer) if isinstance(tokenizer, str) else tokenizer).save_pretrained(tmp)
         write_manifest(tmp, {"what": "model", **manifest, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
-        install_folder(tmp, out, overwrite)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return out

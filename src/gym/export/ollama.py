@@ -12,21 +12,13 @@ A BOS the prefix would write is left to llama.cpp, which adds it per the GGUF's 
 
 from __future__ import annotations
 
-import shutil
 import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from gym.core.errors import ConfigError
-from gym.core.files import (
-    install_folder,
-    make_folder,
-    refuse_overwrite,
-    remove_stale_temps,
-    temp_path,
-    write_manifest,
-)
+from gym.core.files import building_folder, refuse_overwrite, write_manifest
 from gym.data.templates import EMPTY_THOUGHT, Template, _fill, named_equivalent
 from gym.export.config import ExportArguments
 from gym.export.gguf import write_model_gguf
@@ -104,17 +96,10 @@ def export_ollama(args: ExportArguments, config: dict[str, Any]) -> Path:
     folder = Path(args.export_dir)
     if folder.suffix == ".gguf":
         raise ConfigError("--format ollama writes a folder (the GGUF and its Modelfile): give export_dir a folder.")
-    refuse_overwrite(folder, args.export_overwrite, folder=True)
-    make_folder(folder.parent)
-    remove_stale_temps(folder.parent)
-    tmp = temp_path(folder)
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
+    refuse_overwrite(folder, args.export_overwrite, folder=True)  # before the model loads
+    with building_folder(folder, args.export_overwrite) as tmp:
         path, chat, decoding = write_model_gguf(replace(args, export_dir=str(tmp), export_overwrite=False), config)
         (tmp / MODELFILE).write_text(modelfile(path.name, chat, decoding), encoding="utf-8")
         write_manifest(tmp, {"what": "ollama", "made_by": "gym export", "format": "ollama", "gguf": path.name,
                              "type": args.export_type, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
-        install_folder(tmp, folder, args.export_overwrite)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return folder / MODELFILE

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import importlib.util
 import logging
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -23,15 +22,7 @@ import torch
 from transformers.cache_utils import DynamicCache
 
 from gym.core.errors import ConfigError, GymError
-from gym.core.files import (
-    check_free_space,
-    install_folder,
-    make_folder,
-    refuse_overwrite,
-    remove_stale_temps,
-    temp_path,
-    write_manifest,
-)
+from gym.core.files import building_folder, check_free_space, make_folder, refuse_overwrite, write_manifest
 from gym.data.chat_jinja import jinja_chat_template
 from gym.export.config import ExportArguments
 from gym.export.hf import load_merged
@@ -119,15 +110,11 @@ def export_onnx(args: ExportArguments, config: dict[str, Any]) -> Path:
     model.config.use_cache = True
     decoder = CachedDecoder(model.float().eval())
     make_folder(out.parent)
-    remove_stale_temps(out.parent)
     check_free_space(out, sum(p.numel() * 4 for p in model.parameters()))
     if chat.template is not None:
         tokenizer.chat_template = jinja_chat_template(chat.template, tokenizer.eos_token or "", chat.default_system,
                                                       chat.enable_thinking, chat.tool_format)
-    tmp = temp_path(out)
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
-        tmp.mkdir(parents=True)
+    with building_folder(out, args.export_overwrite) as tmp:
         _export_graph(decoder, tmp / "model.onnx")
         difference = check_with_onnxruntime(decoder, tmp / "model.onnx")
         if difference is not None and difference > 1e-4:
@@ -138,9 +125,6 @@ def export_onnx(args: ExportArguments, config: dict[str, Any]) -> Path:
         tokenizer.save_pretrained(tmp)
         write_manifest(tmp, {"what": "onnx", "made_by": "gym export", "inputs": INPUTS, "outputs": OUTPUTS,
                              "checked_max_relative_logit_diff": difference}, indent=1)
-        install_folder(tmp, out, args.export_overwrite)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     logger.info("ONNX export checked with onnxruntime: largest logit difference %s of the largest logit.",
                 "not run" if difference is None else f"{difference:.2e}")
     return out
