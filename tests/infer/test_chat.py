@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -122,3 +124,29 @@ def test_a_scoring_run_is_refused_as_a_chat_model_saying_what_it_is_for(stage, w
     (run / "adapter_config.json").write_text(json.dumps({"task_type": "SEQ_CLS"}))
     with pytest.raises(ConfigError, match=rf"{run} is a {what} \(stage {stage}\).*it does not chat"):
         ChatModel({"adapter_name_or_path": str(run)})
+
+
+@pytest.mark.parametrize("messages, settings, message", [
+    ([{"role": "user", "content": "hi"}], {"temperature": "hot"}, "temperature must be a number at least 0, got 'hot'"),
+    ([{"role": "user", "content": "hi"}], {"max_new_tokens": -1}, "max_new_tokens must be a whole number at least 1"),
+    ([{"role": "user", "content": "hi"}], {"top_p": 2.0}, "top_p must be a number above 0 and at most 1, got 2.0"),
+    ([{"role": "user", "content": "hi"}], {"temprature": 0.5}, "Did you mean 'temperature'?"),
+    ([{"role": "user", "content": "hi"}], {"stop": 5}, "stop must be a string or a list of strings, got 5"),
+    ([{"role": "user", "content": "hi"}], {"seed": "x"}, "seed must be a whole number, got 'x'"),
+    ({"role": "user", "content": "hi"}, {}, "not one message object"),
+    ([{"role": "user"}], {}, "messages[0] has no content"),
+    ([{"role": "usr", "content": "hi"}], {}, "messages[0].role: 'usr' is not a role. Did you mean 'user'?"),
+    ([{"role": "user", "content": 5}], {}, "messages[0].content must be a string, got int 5"),
+    ([], {}, "give a non-empty list"),
+])
+def test_bad_messages_and_settings_are_one_error_and_the_engine_goes_on(messages, settings, message, tiny_model_dir):
+    # A string temperature used to reach the engine's thread and stop it: that call hung, and every later one failed.
+    from gym.core.errors import ConfigError
+
+    model = ChatModel({"model_name_or_path": str(tiny_model_dir), "do_sample": False, "max_new_tokens": 3})
+    try:
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            model.chat(messages, **settings)
+        assert model.chat("Hello") == model.chat([{"role": "user", "content": "Hello"}])  # a string: one user turn
+    finally:
+        model.close()

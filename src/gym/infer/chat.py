@@ -27,7 +27,7 @@ import torch
 from gym.config.files import ConfigSource
 from gym.config.parser import get_infer_args
 from gym.core.errors import ConfigError, GymError, ModelError
-from gym.core.names import split_names
+from gym.core.names import did_you_mean, split_names
 from gym.data.media import PLACEHOLDERS, MediaError, fit_pixels, load_image
 from gym.data.multimodal import MediaInputs
 from gym.data.templates import get_chat_format
@@ -114,6 +114,10 @@ class ReplyStream:
             shown = calls.feed(item)
             if shown:
                 yield shown
+
+
+# The roles a conversation given to the chat methods may hold (gym.data.messages' own, as training reads them).
+CHAT_ROLES = ("user", "assistant", "system", "observation", "function")
 
 
 class ChatModel:
@@ -386,12 +390,39 @@ class ChatModel:
         assert stream.reply is not None
         return stream.reply
 
+    @staticmethod
+    def checked(messages: Any) -> list[Message]:
+        """`messages` as the chat methods take them: a list of {"role", "content"} objects, or a string for one
+        user message. Anything else is a ConfigError naming the message and the field, here and not as a library's
+        AttributeError from deep in the template (or, for a misspelt role, an answer to a conversation not sent)."""
+        if isinstance(messages, str):
+            return [{"role": "user", "content": messages}]
+        if isinstance(messages, dict):
+            raise ConfigError("messages: give a list of messages ([{\"role\": \"user\", \"content\": ...}]), "
+                              "not one message object.")
+        if not isinstance(messages, list) or not messages:
+            raise ConfigError(f"messages: give a non-empty list of {{role, content}} messages, got {messages!r:.60}.")
+        for i, message in enumerate(messages):
+            if not isinstance(message, dict):
+                raise ConfigError(f"messages[{i}]: expected an object with role and content, got {message!r:.60}.")
+            role = message.get("role")
+            if role not in CHAT_ROLES:
+                raise ConfigError(f"messages[{i}].role: {role!r} is not a role.{did_you_mean(str(role), CHAT_ROLES)} "
+                                  f"The roles: {', '.join(CHAT_ROLES)}.")
+            content = message.get("content")
+            if content is None and not message.get("tool_calls"):
+                raise ConfigError(f"messages[{i}] has no content.")
+            if content is not None and not isinstance(content, str):
+                raise ConfigError(f"messages[{i}].content must be a string, got {type(content).__name__} "
+                                  f"{content!r:.60}.")
+        return messages
+
     def stream_reply(self, messages: list[Message], system: str | None = None, *, tools: Any = None,
                      tool_choice: Any = None, parallel_tool_calls: bool = True, response_format: Any = None,
                      stop: str | list[str] | None = None, seed: int | None = None, images: Sequence[Image] = (),
                      **overrides: Any) -> ReplyStream:
         """The answer's content piece by piece, then its calls (`.reply` once iterated; see ReplyStream)."""
-        turn = self.prepare(messages, system, tools=tools, tool_choice=tool_choice,
+        turn = self.prepare(self.checked(messages), system, tools=tools, tool_choice=tool_choice,
                             parallel_tool_calls=parallel_tool_calls, response_format=response_format, images=images)
         params = self.sampling_params(stop=stop, seed=seed, constraint=turn.constraint, **overrides)
         return ReplyStream(self._events(turn.prompt, params, turn.media), turn)
@@ -414,9 +445,14 @@ class ChatModel:
         """The engine's per-request settings: the resolved decoding settings with `overrides` (temperature,
         top_p, top_k, max_new_tokens, do_sample, repetition_penalty) on top."""
         values = {**self.decoding, **{k: v for k, v in overrides.items() if v is not None}}
-        unknown = set(values) - {f.name for f in fields(SamplingParams)}
+        known = [f.name for f in fields(SamplingParams)]
+        unknown = sorted(set(values) - set(known))
         if unknown:
-            raise TypeError(f"unknown generation setting(s): {', '.join(sorted(unknown))}")
+            raise ConfigError(f"Unknown generation setting '{unknown[0]}'.{did_you_mean(unknown[0], known)} The "
+                              "settings: max_new_tokens, temperature, top_p, top_k, repetition_penalty, do_sample, "
+                              "stop, seed.")
+        if stop is not None and not isinstance(stop, (str, list, tuple)):
+            raise ConfigError(f"stop must be a string or a list of strings, got {stop!r}.")
         stops = [stop] if isinstance(stop, str) else [s for s in stop or [] if s]
         return SamplingParams(**values, stop=stops, seed=seed)
 
@@ -426,7 +462,7 @@ class ChatModel:
         """The answer, piece by piece. `stop`: strings that end the answer (not included, as in OpenAI's API);
         `seed`: sample reproducibly; `images`: for a vision-language model (see the module's docstring)."""
         params = self.sampling_params(stop=stop, seed=seed, **overrides)
-        prompt, media = self.encode(messages, system, images=images)
+        prompt, media = self.encode(self.checked(messages), system, images=images)
         for piece in self._events(prompt, params, media):
             if isinstance(piece, str):
                 yield piece

@@ -49,6 +49,30 @@ class SamplingParams:
     """What the answer must match (gym.infer.grammar: a JSON schema, any JSON object, a lark grammar); None: any
     text."""
 
+    def __post_init__(self) -> None:
+        # Checked here, in the caller's thread: a string temperature reaching the engine's thread stopped the engine
+        # for every request, and the caller waited for an answer that never came.
+        def number(name: str, low: float, high: float | None = None, *, whole: bool = False,
+                   above: bool = False) -> None:
+            value = getattr(self, name)
+            kinds: tuple[type, ...] = (int,) if whole else (int, float)
+            wrong = isinstance(value, bool) or not isinstance(value, kinds)
+            if wrong or value < low or (above and value == low) or (high is not None and value > high):
+                limit = f"{'above' if above else 'at least'} {low:g}" + (f" and at most {high:g}" if high else "")
+                raise ConfigError(f"{name} must be a{' whole' if whole else ''} number {limit}, got {value!r}.")
+
+        number("max_new_tokens", 1, whole=True)
+        number("temperature", 0)
+        number("top_p", 0, 1, above=True)
+        number("top_k", 0, whole=True)
+        number("repetition_penalty", 0, above=True)
+        if not isinstance(self.do_sample, bool):
+            raise ConfigError(f"do_sample must be true or false, got {self.do_sample!r}.")
+        if not isinstance(self.stop, list) or not all(isinstance(s, str) for s in self.stop):
+            raise ConfigError(f"stop must be a string or a list of strings, got {self.stop!r}.")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
+            raise ConfigError(f"seed must be a whole number, got {self.seed!r}.")
+
     @property
     def greedy(self) -> bool:
         return not self.do_sample or self.temperature <= 0
