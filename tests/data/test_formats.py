@@ -272,3 +272,9 @@ def test_role_problems_say_what_is_wrong(tmp_path, messages, message):
     _entry(tmp_path, {"formatting": "sharegpt", "columns": {"messages": "messages"}}, [{"messages": messages}])
     with pytest.raises(DataError, match=message):
         _examples(tmp_path, "d")
+
+
+def test_a_demo_set_asked_for_away_from_the_repository_says_where_the_demo_sets_are(tmp_path):
+    with pytest.raises(DataError, match=r"No dataset_info.json in '.*nowhere' \(the demo sets are in the repository's "
+                                        r"data/ folder"):
+        get_dataset_attrs("alpaca_en_demo", tmp_path / "nowhere")

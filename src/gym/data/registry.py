@@ -165,7 +165,9 @@ def get_dataset_attrs(names: str | list[str] | None, dataset_dir: str | Path,
             close = difflib.get_close_matches(name, list(info), n=1)
             hint = f" Did you mean '{close[0]}'?" if close else ""
             known = f" Known in {dataset_dir / 'dataset_info.json'}: {', '.join(sorted(info))}." if info else (
-                f" No dataset_info.json in '{dataset_dir}'.")
+                f" No dataset_info.json in '{dataset_dir}'" + (" (the demo sets are in the repository's data/ folder: "
+                "run from the repository root, or set dataset_dir to that folder)." if not dataset_dir.exists()
+                                                               else "."))
             raise DataError(f"Dataset '{name}' not found: not in dataset_info.json, not a file.{hint}{known}")
     for attr in attrs:
         attr.media_dir = str(media_dir if media_dir is not None else dataset_dir)

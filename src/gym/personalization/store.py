@@ -211,7 +211,8 @@ class VariantStore:
         with self._writing(user_id):
             if self.exists(user_id) and not replace:
                 raise VariantError(f"User {user_id!r} already has a variant in {self.root}; delete it first "
-                                   "(or replace it: --replace, or replace=True from Python).")
+                                   "(or replace it: --replace, or replace_existing=True in create_variant, "
+                                   "replace=True in add).")
             temporary = temp_path(self.path(user_id))
             temporary.mkdir()
             try:
