@@ -150,3 +150,15 @@ def test_bad_messages_and_settings_are_one_error_and_the_engine_goes_on(messages
         assert model.chat("Hello") == model.chat([{"role": "user", "content": "Hello"}])  # a string: one user turn
     finally:
         model.close()
+
+
+def test_a_run_folder_and_keyword_arguments_name_the_model_as_gym_chat_does(trained_run):
+    # ChatModel("saves/run") said "Config file not found" of a folder that exists; keyword arguments were a TypeError.
+    by_folder = ChatModel(str(trained_run), do_sample=False, max_new_tokens=6)
+    by_keys = ChatModel(adapter_name_or_path=str(trained_run), do_sample=False, max_new_tokens=6)
+    try:
+        assert by_folder.adapters == by_keys.adapters == [str(trained_run)]
+        assert by_folder.chat("What is 2+2?") == by_keys.chat("What is 2+2?")
+    finally:
+        by_folder.close()
+        by_keys.close()

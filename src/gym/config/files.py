@@ -23,6 +23,9 @@ ConfigSource = Config | str | os.PathLike[str] | None
 def load_config_file(path: str | os.PathLike[str]) -> Config:
     """Read a YAML or JSON config into a flat dict."""
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"{path} is a folder; a config is a YAML or JSON file (a model or a run folder is named "
+                          "with model_name_or_path= or adapter_name_or_path=).")
     if not path.is_file():
         raise ConfigError(f"Config file not found: {path}")
     kind = "JSON" if path.suffix == ".json" else "YAML"
@@ -68,6 +71,9 @@ def as_config_dict(config: ConfigSource) -> Config:
         return {}
     if isinstance(config, dict):
         return dict(config)
+    if not isinstance(config, (str, os.PathLike)):  # a bare TypeError from pathlib, deep in the call, said less
+        raise ConfigError(f"A config is a dict of keys or the path of a YAML/JSON file, got {type(config).__name__} "
+                          f"{config!r:.60}.")
     return load_config_file(config)
 
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from gym.config.files import ConfigSource
+from gym.config.files import ConfigSource, as_config_dict, model_folder_keys
 from gym.config.parser import get_infer_args
 from gym.core.errors import ConfigError, GymError, ModelError
 from gym.core.names import did_you_mean, split_names
@@ -124,10 +124,14 @@ class ChatModel:
     """Python entry point: `ChatModel(config).chat(messages)` / `.stream_chat(messages)`."""
 
     def __init__(self, config: ConfigSource = None, *, max_batch_size: int = 16, max_waiting: int = 256,
-                 variants: VariantSource | None = None) -> None:
-        """`variants`: per-user variants of the model a request may ask for (`variant=` in the generation
+                 variants: VariantSource | None = None, **keys: Any) -> None:
+        """`config`: a dict, a YAML/JSON file, or a folder (a finished run, an adapter, a model: as `gym chat
+        FOLDER` takes it); `keys`: config keys as keyword arguments (model_name_or_path="smollm2-135m"), over the
+        config's. `variants`: per-user variants of the model a request may ask for (`variant=` in the generation
         settings), served in the same batches (the fast engine; gym.infer.fast.deltas)."""
-        resolved = resolve_inference_config(config)
+        if isinstance(config, (str, os.PathLike)) and Path(config).is_dir():
+            config = model_folder_keys(Path(config))
+        resolved = resolve_inference_config({**as_config_dict(config), **keys})
         refuse_scoring_model(resolved)
         self.model_args, self.data_args, _, generating = get_infer_args(
             {k: v for k, v in resolved.items() if k != "output_dir"})
