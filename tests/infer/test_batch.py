@@ -118,3 +118,18 @@ def test_gym_chat_with_a_seed_answers_the_same_twice(tiny_model_dir, capsys):
         return capsys.readouterr().out
 
     assert answer(3) == answer(3) != answer(4)
+
+
+@pytest.mark.parametrize("content", ['{"a": 1}\n{"b": 2}\nplain notes\n', "user data", None])
+def test_an_output_that_is_not_an_earlier_runs_is_refused_untouched(content, config, data_dir, tmp_path):
+    # Resuming dropped every line that was not a row: a user's file named by -o was emptied, with exit 0.
+    from gym.core.errors import DataError
+
+    out = tmp_path / "notes.jsonl"
+    if content is None:
+        out.mkdir()
+    else:
+        out.write_text(content)
+    with pytest.raises(DataError, match="is a folder" if content is None else "is not a gym infer row"):
+        run_infer(config, "tiny_alpaca", out, str(data_dir), max_samples=2, progress=False)
+    assert out.is_dir() if content is None else out.read_text() == content

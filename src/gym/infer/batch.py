@@ -59,16 +59,29 @@ def load_rows(dataset: str, dataset_dir: str, max_samples: int | None) -> list[d
 
 
 def _done_indices(path: Path) -> set[int]:
-    """Indices already answered; a last line cut off mid-write is removed from the file."""
+    """Indices already answered; the last line, cut off mid-write by an interrupted run, is removed from the file.
+    A file that is not an earlier run's output (any other line that is not one of its rows) is refused untouched:
+    resuming would have deleted every line of it."""
     if not path.is_file():
         return set()
-    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    except UnicodeDecodeError:
+        raise DataError(f"-o {path} exists and is not a gym infer output (not text); choose another file.") from None
     done, kept = set(), []
-    for line in lines:
+    for number, line in enumerate(lines, start=1):
         try:
-            done.add(int(json.loads(line)["index"]))
+            row = json.loads(line)
+            done.add(int(row["index"]))
+            if "prediction" not in row:
+                raise KeyError("prediction")
             kept.append(line if line.endswith("\n") else line + "\n")
         except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+            # only the last line, unended, and begun as this command begins its rows, is one cut off mid-write
+            if number != len(lines) or line.endswith("\n") or not line.startswith('{"index": '):
+                raise DataError(f"-o {path} exists and line {number} is not a gym infer row ({{index, prediction, "
+                                "...}}): it is not an earlier run's output to resume. Choose another file, or move "
+                                "this one away.") from None
             logger.warning("Dropping an incomplete line from %s (an interrupted run).", path)
     if len(kept) != len(lines) or (lines and not lines[-1].endswith("\n")):
         tmp = temp_path(path)
@@ -90,6 +103,9 @@ def run_infer(config: Config, dataset: str, output: str | os.PathLike[str], data
         raise DataError(f"--batch_size must be at least 1, got {batch_size}.")
     rows = load_rows(dataset, dataset_dir, max_samples)  # data errors before the model loads
     output = Path(output)
+    if output.is_dir():
+        raise DataError(f"-o {output} is a folder; gym infer writes one JSONL file: name a file.")
+    _done_indices(output)  # a file that is not this command's output is refused before the model loads
     output.parent.mkdir(parents=True, exist_ok=True)
     with OutputLock(output, what="gym infer", file=True):  # two runs appending to one file would mix lines
         remove_stale_temps(output.parent)
