@@ -190,3 +190,25 @@ def test_a_runs_weights_are_readable_as_the_umask_says(trained_run):
     os.umask(mask)
     weights = list(trained_run.glob("*.safetensors"))
     assert weights and all(w.stat().st_mode & 0o666 & ~mask == 0o666 & ~mask for w in weights)
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_a_folder_of_the_users_own_files_is_never_trained_into(train_config, tmp_path, overwrite):
+    # The run's model card replaced the user's README.md, with exit 0, overwrite_output_dir or not.
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / "README.md").write_text("my precious notes")
+    (folder / "data.txt").write_text("keep")
+    with pytest.raises(OutputError, match=r"holds README.md and 1 more, which no Gym run wrote"):
+        run_exp(train_config(output_dir=str(folder), overwrite_output_dir=overwrite))
+    assert (folder / "README.md").read_text() == "my precious notes"
+    assert sorted(p.name for p in folder.iterdir()) == ["README.md", "data.txt"]
+
+
+def test_what_a_run_cut_short_left_is_resumed_not_refused(train_config, tmp_path):
+    folder = tmp_path / "cut"
+    (folder / "checkpoint-1").mkdir(parents=True)
+    (folder / "trainer_log.jsonl").write_text("")
+    from gym.train.outputs import _not_a_run
+
+    assert _not_a_run(folder) == []

@@ -12,6 +12,7 @@ import dataclasses
 import enum
 import json
 import os
+import re
 import shutil
 import time
 from collections.abc import Callable
@@ -83,6 +84,25 @@ def check_output_dir(args: TrainArgs[Any], resuming: bool) -> None:
     if is_finished_output(out) and not resuming and not args.finetuning.overwrite_output_dir:
         raise ConfigError(f"{out} already holds a finished model. Set overwrite_output_dir: true to replace it, "
                           "or choose another output_dir.")
+    strangers = _not_a_run(out)
+    if strangers:  # overwrite_output_dir or not: the user's own files are never written over
+        more = f" and {len(strangers) - 1} more" if len(strangers) > 1 else ""
+        raise OutputError(f"output_dir {out} holds {strangers[0]}{more}, which no Gym run wrote, and training would "
+                          "write over what shares a name (README.md, config files). Choose another output_dir, or "
+                          "move those files away.")
+
+
+# What a run that has not finished leaves in its output_dir (a finished one has its manifest): checkpoints, the
+# log and its plot, TensorBoard's events, PiSSA's starting adapter, the folder's lock and temporary files.
+_RUN_ENTRIES = re.compile(r"checkpoint-\d+|trainer_log\.jsonl|training_loss\.png|runs|pissa_init|\..*")
+
+
+def _not_a_run(out: Path) -> list[str]:
+    """The entries of an existing output_dir no Gym run writes there; none for a finished run's folder (its
+    manifest says Gym wrote it) or a run's folder cut short."""
+    if not out.is_dir() or (out / MANIFEST_FILE).is_file():
+        return []
+    return sorted(entry.name for entry in out.iterdir() if not _RUN_ENTRIES.fullmatch(entry.name))
 
 
 def resolved_config(args: TrainArgs[Any], model_path: str) -> dict[str, Any]:
