@@ -212,3 +212,20 @@ def test_what_a_run_cut_short_left_is_resumed_not_refused(train_config, tmp_path
     from gym.train.outputs import _not_a_run
 
     assert _not_a_run(folder) == []
+
+
+def test_a_lock_appears_whole_and_a_folder_in_its_place_is_one_line(tmp_path, monkeypatch):
+    # Created empty and then written, a lock read in between looked stale and was taken from a live run.
+    seen: list[str] = []
+    real_link = os.link
+
+    def watching_link(source, target):
+        real_link(source, target)
+        seen.append(Path(target).read_text())  # what another process would read the moment the lock exists
+
+    monkeypatch.setattr(os, "link", watching_link)
+    with OutputLock(tmp_path / "run", what="gym train"):
+        assert json.loads(seen[0])["pid"] == os.getpid()
+    (tmp_path / "other" / LOCK_FILE).mkdir(parents=True)
+    with pytest.raises(OutputError, match=r"is a folder, where Gym keeps its lock file; remove it"):
+        OutputLock(tmp_path / "other").acquire()

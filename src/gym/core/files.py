@@ -25,6 +25,7 @@ import os
 import re
 import shutil
 import socket
+import threading
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -308,9 +309,11 @@ class OutputLock:
         make_folder(self.folder)
         mine = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                 "what": self.what}
+        if self.path.is_dir():
+            raise OutputError(f"{self.path} is a folder, where Gym keeps its lock file; remove it.")
         for _ in range(3):
             try:
-                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+                self._create(mine)
             except FileExistsError:
                 owner = self._owner()
                 if owner is not None and self._alive(owner):
@@ -320,11 +323,28 @@ class OutputLock:
                         f"finish, or choose another output. If that process is gone, delete {self.path}.") from None
                 self.path.unlink(missing_ok=True)  # stale: its owner is dead
                 continue
-            with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                json.dump(mine, handle)
             self.held = True
             return
         raise OutputError(f"Could not take {self.path}: other runs keep replacing it.")
+
+    def _create(self, mine: dict[str, object]) -> None:
+        """The lock file, appearing whole: written under a private name, then hard-linked to the lock's name, which
+        fails if the lock exists. Created empty and then written, a lock read in between looked stale (no owner to
+        ask) and was taken from a live run. Where hard links are not allowed, exclusive creation, as before."""
+        private = self.path.with_name(f"{self.path.name}.{os.getpid()}.{threading.get_ident()}")
+        private.write_text(json.dumps(mine), encoding="utf-8")
+        try:
+            os.link(private, self.path)
+            return
+        except FileExistsError:
+            raise
+        except OSError:  # no hard links on this file system
+            pass
+        finally:
+            private.unlink(missing_ok=True)
+        fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            json.dump(mine, handle)
 
     @staticmethod
     def _alive(owner: dict[str, object]) -> bool:
