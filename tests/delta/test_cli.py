@@ -131,7 +131,7 @@ def test_inspect_a_folder_min_kept_as_a_percentage_and_a_closed_pipe_are_one_lin
     assert f"{tmp_path} is a folder; a delta is one file" in capsys.readouterr().err
     assert main(["delta", "compress", "--base", "b", "--finetuned", "f", "--eval-task", "ppl:x", "--min-kept", "95",
                  "-o", str(tmp_path / "d.safetensors")]) == 2  # refused before minutes of work, not after
-    assert "between 0 and 1 (0.95 for 95%), got 95" in capsys.readouterr().err
+    assert "score to keep (0.95 for 95%), above 0 and at most 2; got 95" in capsys.readouterr().err
 
 
 def test_a_reader_that_stops_early_ends_the_command_quietly(tmp_path):

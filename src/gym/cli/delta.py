@@ -19,6 +19,7 @@ from gym.delta.weights import load_model
 from gym.models.loader import load_tokenizer, resolve_model_path
 
 COMPRESSION_METHODS = ("bitdelta", "int8", "int4", "int2", "ternary", "binary")
+MAX_MIN_KEPT = 2.0  # --min-kept's largest share: a compressed model may score above its fine-tune, not twice it
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -102,9 +103,11 @@ def compress(args: argparse.Namespace) -> int:
     quantizer = quantizer_for(args)  # option errors before any model is loaded
     if args.min_kept is not None and not args.eval_task:
         raise ConfigError("--min-kept needs --eval-task: the task whose score the compressed model must keep.")
-    if args.min_kept is not None and not 0 < args.min_kept <= 1:  # checked before minutes of compressing and scoring
-        raise ConfigError(f"--min-kept is the share of the fine-tune's gain to keep, between 0 and 1 (0.95 for 95%), "
-                          f"got {args.min_kept:g}.")
+    # A share of the fine-tune's score: 0.95 for 95%. It can pass 1 (a compressed model may score better), but
+    # `95` is a percentage typed as one, found only after minutes of compressing and scoring.
+    if args.min_kept is not None and not 0 < args.min_kept <= MAX_MIN_KEPT:
+        raise ConfigError(f"--min-kept is the share of the fine-tune's score to keep (0.95 for 95%), above 0 and at "
+                          f"most {MAX_MIN_KEPT:g}; got {args.min_kept:g}.")
     if args.eval_task:
         from gym.eval.config import parse_task
 
