@@ -16,7 +16,7 @@ import pytest
 import yaml
 from tests.gym_cli import gym_process
 
-from gym.core.errors import OutputError
+from gym.core.errors import ConfigError, OutputError
 from gym.core.files import LOCK_FILE, OutputLock
 from gym.workflows.training import run_exp
 
@@ -110,6 +110,28 @@ def test_a_full_disk_while_checkpointing_leaves_no_partial_checkpoint(train_conf
     monkeypatch.setattr(transformers.Trainer, "_save_checkpoint", real_save)
     resumed = run_exp({**config, "resume_from_checkpoint": True})  # space is back: it resumes from step 1
     assert resumed.global_step == 3
+
+
+def test_a_full_disk_while_saving_the_tokenizer_is_one_line_and_no_partial_checkpoint(train_config, monkeypatch):
+    # tokenizers raises its own Exception ("No space left on device (os error 28)"), not an OSError: it was a
+    # traceback, and the half-written checkpoint stayed.
+    import transformers
+
+    real_save = transformers.Trainer._save_checkpoint
+
+    def tokenizer_save_fails_at_step_two(self, model, trial):
+        if self.state.global_step < 2:
+            return real_save(self, model, trial)
+        partial = Path(self.args.output_dir) / f"checkpoint-{self.state.global_step}"
+        partial.mkdir(parents=True)
+        (partial / "adapter_model.safetensors").write_bytes(b"\0" * 1000)
+        raise Exception("No space left on device (os error 28)")
+
+    monkeypatch.setattr(transformers.Trainer, "_save_checkpoint", tokenizer_save_fails_at_step_two)
+    config = train_config(save_strategy="steps", save_steps=1)
+    with pytest.raises(OutputError, match=r"No space left on the device of .* free after removing the partial"):
+        run_exp(config)
+    assert sorted(p.name for p in Path(config["output_dir"]).glob("checkpoint-*")) == ["checkpoint-1"]
 
 
 def test_what_a_killed_run_left_is_removed_by_the_next(train_config):
@@ -229,3 +251,84 @@ def test_a_lock_appears_whole_and_a_folder_in_its_place_is_one_line(tmp_path, mo
     (tmp_path / "other" / LOCK_FILE).mkdir(parents=True)
     with pytest.raises(OutputError, match=r"is a folder, where Gym keeps its lock file; remove it"):
         OutputLock(tmp_path / "other").acquire()
+
+
+def _tensors(path: Path) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(str(path))
+
+
+def test_a_kill_while_installing_the_result_resumes_to_the_same_model_without_an_extra_step(train_config,
+                                                                                             monkeypatch):
+    # The result's files were renamed in one by one, the manifest whenever the folder listing put it: a kill between
+    # renames left a folder marked finished without its config, or one refused as "files no Gym run wrote". And
+    # resuming the checkpoint at max_steps trained a fourth step of three.
+    import gym.train.outputs as outputs
+
+    config = train_config(save_strategy="steps", save_steps=1)
+    out = Path(config["output_dir"])
+    real_replace, installed = os.replace, []
+
+    def killed_at_the_third_file(source, target):
+        if Path(target).parent == out and not Path(source).name.startswith(".gym-final"):
+            installed.append(Path(target).name)
+            if len(installed) == 3:
+                raise KeyboardInterrupt
+        return real_replace(source, target)
+
+    monkeypatch.setattr(outputs.os, "replace", killed_at_the_third_file)
+    with pytest.raises(KeyboardInterrupt):
+        run_exp(config)
+    monkeypatch.setattr(outputs.os, "replace", real_replace)
+    assert not (out / "gym_manifest.json").exists() and "gym_manifest.json" not in installed
+    with pytest.raises(ConfigError, match="checkpoint-3 of a run cut short. Set resume_from_checkpoint: true"):
+        run_exp(config)  # a fresh run would mix its checkpoints with these
+
+    resumed = run_exp({**config, "resume_from_checkpoint": True})
+    assert resumed.global_step == 3
+    assert [e["step"] for e in outputs.read_log(out) if "loss" in e] == [1, 2, 3]
+    final = _tensors(out / "adapter_model.safetensors")
+    last = _tensors(out / "checkpoint-3" / "adapter_model.safetensors")
+    assert final.keys() == last.keys() and all(final[k].equal(last[k]) for k in final)
+    manifest = json.loads((out / "gym_manifest.json").read_text())
+    assert {"gym_config.yaml", "adapter_model.safetensors"} <= set(manifest["files"])
+    assert not (out / outputs.FINAL_JOURNAL).exists()
+    mask = os.umask(0)
+    os.umask(mask)
+    saved = out / "checkpoint-1" / "adapter_model.safetensors"  # safetensors writes 0600
+    assert saved.stat().st_mode & 0o666 & ~mask == 0o666 & ~mask
+
+
+def test_overwrite_output_dir_starts_again_leaving_nothing_of_the_earlier_run(train_config):
+    # The earlier run's checkpoints stayed, so a later resume continued it; its model's files stayed beside the new.
+    from gym.train.checkpoints import last_checkpoint
+
+    first = train_config(finetuning_type="full", max_steps=4, save_strategy="steps", save_steps=1)
+    out = Path(run_exp(first).output_dir)
+    assert (out / "model.safetensors").is_file() and last_checkpoint(out).name == "checkpoint-4"
+    again = {**first, "finetuning_type": "lora", "max_steps": 2, "overwrite_output_dir": True}
+    assert run_exp(again).global_step == 2
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-1", "checkpoint-2"]
+    assert not (out / "model.safetensors").exists() and (out / "adapter_model.safetensors").is_file()
+    resumed = run_exp({**again, "overwrite_output_dir": False, "resume_from_checkpoint": True})
+    assert resumed.metrics["already_complete"] and resumed.global_step == 2
+
+
+def test_an_overwritten_run_cut_short_is_not_read_as_the_earlier_finished_one(train_config):
+    from gym.train.outputs import _not_a_run, completed_run, start_over
+
+    out = Path(run_exp(train_config()).output_dir)
+    (out / "checkpoint-3").mkdir()
+    assert start_over(out) == ["checkpoint-3", "gym_manifest.json"]
+    # Killed before its own result: not "already complete" with the earlier model, and its files are Gym's.
+    from gym.config.parser import get_train_args
+
+    assert completed_run(get_train_args(train_config(resume_from_checkpoint=True)), resuming=True) is None
+    assert _not_a_run(out) == []
+
+
+def test_training_into_the_model_it_starts_from_is_refused(train_config, tiny_model_dir):
+    with pytest.raises(OutputError, match=r"is the input .*overwrite_output_dir or not"):
+        run_exp(train_config(output_dir=str(tiny_model_dir), overwrite_output_dir=True))
+    assert (tiny_model_dir / "config.json").is_file()

@@ -157,7 +157,7 @@ def refuse_overwrite(path: PathLike, overwrite: bool, how: str = "--overwrite", 
                               "path.")
 
 
-def refuse_output_over_input(output: PathLike, inputs: Iterable[PathLike | None]) -> None:
+def refuse_output_over_input(output: PathLike, inputs: Iterable[PathLike | None], how: str = "--overwrite") -> None:
     """An OutputError when `output` is one of `inputs`, or a folder that holds one: writing it would replace what
     the job reads (and `--overwrite` would delete it). Inputs that are not on this disk (hub ids, model names)
     cannot be hit and are skipped. An output inside an input folder replaces only itself, and is allowed."""
@@ -172,7 +172,7 @@ def refuse_output_over_input(output: PathLike, inputs: Iterable[PathLike | None]
         if source == target or target in source.parents:
             where = "is" if source == target else "holds"
             raise OutputError(f"The output {output} {where} the input {given}: writing it would replace what this "
-                              "command reads, --overwrite or not. Choose an output outside the inputs.")
+                              f"command reads, {how} or not. Choose an output outside the inputs.")
 
 
 def write_manifest(folder: PathLike, manifest: dict[str, Any], indent: int = 2) -> None:

@@ -15,6 +15,8 @@ import json
 import os
 import re
 import shutil
+import struct
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +30,7 @@ from gym.core.files import readable_as_umask, temp_path
 WEIGHTS_FILE = "trainable.safetensors"
 LOOP_STATE_FILE = "loop_state.pt"
 STATE_FILE = "trainer_state.json"
-_CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
+CHECKPOINT_NAME = re.compile(r"^checkpoint-(\d+)$")
 
 
 def last_checkpoint(output_dir: str | Path) -> Path | None:
@@ -36,16 +38,8 @@ def last_checkpoint(output_dir: str | Path) -> Path | None:
     root = Path(output_dir)
     if not root.is_dir():
         return None
-    steps = sorted(
-        (int(m.group(1)), p) for p in root.iterdir() if (m := _CHECKPOINT.match(p.name)) and p.is_dir()
-    )
-    for _, path in reversed(steps):
-        try:
-            json.loads((path / STATE_FILE).read_text(encoding="utf-8"))
-            return path
-        except (OSError, json.JSONDecodeError):
-            continue  # interrupted while saving: fall back to the previous one
-    return None
+    complete = _complete_checkpoints(root)  # one interrupted while saving is passed over for the one before
+    return complete[-1] if complete else None
 
 
 def remove_incomplete_checkpoints(output_dir: str | Path) -> list[Path]:
@@ -56,7 +50,7 @@ def remove_incomplete_checkpoints(output_dir: str | Path) -> list[Path]:
     if not root.is_dir():
         return removed
     for path in root.iterdir():
-        if _CHECKPOINT.match(path.name) and path.is_dir():
+        if CHECKPOINT_NAME.match(path.name) and path.is_dir():
             try:
                 json.loads((path / STATE_FILE).read_text(encoding="utf-8"))
             except (OSError, json.JSONDecodeError):
@@ -80,10 +74,63 @@ def resolve_resume(args: TrainArgs[Any]) -> str | None:
         if found is None:
             raise ConfigError(f"resume_from_checkpoint: true, but {args.output_dir} has no complete "
                               "checkpoint yet. Remove the key to start from scratch.")
+        check_checkpoint_files(found)
         return str(found)
     if not isinstance(value, str) or not (Path(value) / STATE_FILE).is_file():
         raise ConfigError(f"resume_from_checkpoint: {value} is not a complete checkpoint folder.")
+    check_checkpoint_files(Path(value))
     return str(value)
+
+
+def check_checkpoint_files(folder: Path) -> None:
+    """A checkpoint's files are whole, judged from their ends and headers (no tensor is read): torch's files are zip
+    archives, whose directory is written last, and a safetensors file is as long as its header says. A damaged one
+    (a copy cut short, a disk error) was a torch traceback once the model had loaded."""
+    for path in sorted(folder.iterdir()):
+        if not path.is_file():
+            continue
+        problem = (None if path.suffix not in (".pt", ".pth", ".bin") or zipfile.is_zipfile(path)
+                   else "not a whole torch file") if path.suffix != ".safetensors" else _safetensors_problem(path)
+        if problem is not None:
+            earlier = [p for p in _complete_checkpoints(folder.parent) if _step(p) < _step(folder)]
+            instead = (f"resume from the one before (resume_from_checkpoint: {earlier[-1]}), or "
+                       if earlier else "")
+            raise ConfigError(f"{path} is damaged or incomplete ({problem}), so {folder.name} cannot be resumed: "
+                              f"{instead}remove resume_from_checkpoint to start again.")
+
+
+def _safetensors_problem(path: Path) -> str | None:
+    size = path.stat().st_size
+    try:
+        with path.open("rb") as handle:
+            (length,) = struct.unpack("<Q", handle.read(8))
+            if length > size:
+                return f"its header claims {length} bytes of a {size}-byte file"
+            header = json.loads(handle.read(length))
+        end = max((int(entry["data_offsets"][1]) for key, entry in header.items() if key != "__metadata__"),
+                  default=0)
+    except (struct.error, ValueError, KeyError, TypeError, IndexError, AttributeError):
+        return "its header does not read"
+    if 8 + length + end > size:
+        return f"{size} bytes of the {8 + length + end} its header lists"
+    return None
+
+
+def _step(folder: Path) -> int:
+    found = CHECKPOINT_NAME.match(folder.name)
+    return int(found.group(1)) if found else -1
+
+
+def _complete_checkpoints(output_dir: Path) -> list[Path]:
+    """Complete checkpoints (their trainer_state.json reads), oldest first."""
+    found = []
+    for path in sorted((p for p in output_dir.iterdir() if CHECKPOINT_NAME.match(p.name) and p.is_dir()), key=_step):
+        try:
+            json.loads((path / STATE_FILE).read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError):
+            continue
+        found.append(path)
+    return found
 
 
 def save_every(save_strategy: Any, save_steps: float, max_steps: int) -> int | None:
@@ -118,7 +165,7 @@ def save_checkpoint(output_dir: str | Path, step: int, modules: dict[str, torch.
     readable_as_umask(tmp)
     os.replace(tmp, folder)
     if total_limit:
-        steps = sorted(int(m[1]) for p in Path(output_dir).iterdir() if (m := _CHECKPOINT.match(p.name)))
+        steps = sorted(int(m[1]) for p in Path(output_dir).iterdir() if (m := CHECKPOINT_NAME.match(p.name)))
         for old in steps[:-total_limit]:
             shutil.rmtree(Path(output_dir) / f"checkpoint-{old}", ignore_errors=True)
     return folder

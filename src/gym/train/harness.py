@@ -22,7 +22,7 @@ from transformers import PrinterCallback, ProgressCallback, TrainerCallback
 
 from gym.config.args import TrainArgs
 from gym.core import heap
-from gym.core.files import LOG_FILE
+from gym.core.files import LOG_FILE, readable_as_umask
 from gym.core.hardware import peak_memory_bytes
 from gym.core.results import RunResult
 from gym.train import outputs, ranks, sharding, tracking
@@ -124,6 +124,12 @@ class HarnessCallback(TrainerCallback):
         shown = {k: float(logs[k]) for k in SHOWN if isinstance(logs.get(k), (int, float))}
         if shown:
             self.progress.show(state.global_step, shown)
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        # safetensors writes 0600: a checkpoint shared with another account (a resume by a service user) read in part
+        checkpoint = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        if state.is_world_process_zero and checkpoint.is_dir():
+            readable_as_umask(checkpoint)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.progress is not None:

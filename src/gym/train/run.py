@@ -12,7 +12,6 @@ memory a step frees stays in the process for the next step (gym.core.allocator).
 from __future__ import annotations
 
 import contextlib
-import errno
 import importlib
 import logging
 import shutil
@@ -25,16 +24,16 @@ from gym.config.files import ConfigSource
 from gym.config.parser import get_train_args
 from gym.config.stages.registry import get_stage
 from gym.core.allocator import freed_memory_kept
-from gym.core.errors import OutputError
+from gym.core.errors import OutputError, is_out_of_space
 from gym.core.files import OutputLock, human_bytes, remove_stale_temps
 from gym.core.results import RunResult
 from gym.train.checkpoints import remove_incomplete_checkpoints, resume_requested
-from gym.train.outputs import check_output_dir, completed_run
+from gym.train.outputs import check_output_dir, completed_run, start_over
 from gym.train.ranks import is_main_process
 
 logger = logging.getLogger(__name__)
 
-_NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+_NEARLY_FULL = 64 * 2**20
 
 
 def run_training(config: ConfigSource | TrainArgs[Any] = None) -> RunResult:
@@ -48,6 +47,11 @@ def run_training(config: ConfigSource | TrainArgs[Any] = None) -> RunResult:
     with OutputLock(args.output_dir, what="gym train") if main else contextlib.nullcontext():
         if main:
             _clean_after_dead_runs(args.output_dir)
+            if args.finetuning.overwrite_output_dir and not resuming:
+                removed = start_over(args.output_dir)
+                if removed:
+                    logger.info("overwrite_output_dir: starting again in %s (removed %s)", args.output_dir,
+                                ", ".join(removed))
         done = completed_run(args, resuming)
         if done is not None:
             logger.info("%s already holds the finished run; nothing to resume.", args.output_dir)
@@ -63,10 +67,16 @@ def out_of_space_reported(output_dir: str) -> Iterator[None]:
     """Running out of disk while writing into output_dir: remove the partial write, then one line saying so."""
     try:
         yield
-    except OSError as exc:
-        if exc.errno not in _NO_SPACE:
+    except Exception as exc:
+        if not (is_out_of_space(exc) or _torch_write_failed_on_a_full_disk(exc, output_dir)):
             raise
         raise _out_of_space(output_dir, exc) from None
+
+
+def _torch_write_failed_on_a_full_disk(exc: Exception, output_dir: str) -> bool:
+    """torch.save's writer reports a full disk as "file write failed", without the system's error; told apart from
+    other write failures by the space left once it failed."""
+    return "file write failed" in str(exc) and shutil.disk_usage(output_dir).free < _NEARLY_FULL
 
 
 def _clean_after_dead_runs(output_dir: str) -> None:
@@ -76,7 +86,7 @@ def _clean_after_dead_runs(output_dir: str) -> None:
                        ", ".join(p.name for p in removed))
 
 
-def _out_of_space(output_dir: str, exc: OSError) -> OutputError:
+def _out_of_space(output_dir: str, exc: Exception) -> OutputError:
     """Free what the failed write took (the half-written checkpoint or final folder), then say where."""
     for path in [*remove_incomplete_checkpoints(output_dir), *Path(output_dir).glob(".*.tmp-*")]:
         if path.is_dir():
@@ -84,6 +94,7 @@ def _out_of_space(output_dir: str, exc: OSError) -> OutputError:
         else:
             path.unlink(missing_ok=True)
     free = shutil.disk_usage(output_dir).free
-    return OutputError(f"No space left on the device of {output_dir} (writing {exc.filename or 'the output'}); "
+    writing = getattr(exc, "filename", None) or "the output"
+    return OutputError(f"No space left on the device of {output_dir} (writing {writing}); "
                        f"{human_bytes(free)} free after removing the partial write. Free some space, then resume "
                        "with resume_from_checkpoint: true.")

@@ -67,6 +67,20 @@ class StopCallback(TrainerCallback):
             control.should_training_stop = True
 
 
+class NothingLeftToTrain(Exception):
+    """Raised from on_train_begin when the resumed checkpoint is already at the run's last step."""
+
+
+class EndReachedCallback(TrainerCallback):
+    """Resuming a checkpoint saved at the run's last step (a run killed while saving its result): the Trainer would
+    still start its epoch loop and train one step past max_steps before its end-of-step check. Here the checkpoint
+    is loaded (weights, and under FSDP or DeepSpeed their shards) and nothing trains; the caller saves the result."""
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if 0 < state.max_steps <= state.global_step:
+            raise NothingLeftToTrain
+
+
 def stopped(output_dir: str, step: int, max_steps: int) -> RunStopped:
     checkpoint = Path(output_dir) / f"checkpoint-{step}"
     return RunStopped(f"stopped at step {step} of {max_steps} on request; the checkpoint is {checkpoint}. "

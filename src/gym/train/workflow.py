@@ -252,11 +252,17 @@ def _train_and_evaluate(trainer: Any, setup: Setup, args: TrainArgs[Any]) -> tup
     started = time.perf_counter()
     with stopping.stop_on_interrupt() as stop:
         trainer.add_callback(stopping.StopCallback(stop))
-        result = trainer.train(resume_from_checkpoint=setup.resume)
+        trainer.add_callback(stopping.EndReachedCallback())
+        try:
+            metrics = dict(trainer.train(resume_from_checkpoint=setup.resume).metrics)
+        except stopping.NothingLeftToTrain:
+            logger.info("%s is at the run's last step (%d): saving it as the result, nothing left to train.",
+                        Path(str(setup.resume)).name, trainer.state.global_step)
+            trainer.control = trainer.callback_handler.on_train_end(trainer.args, trainer.state, trainer.control)
+            metrics = {}
     if stop.requested and trainer.state.global_step < trainer.state.max_steps:
         raise stopping.stopped(args.output_dir, trainer.state.global_step, trainer.state.max_steps)
     seconds = time.perf_counter() - started
-    metrics = dict(result.metrics)
     if trainer.eval_dataset is not None:
         final_eval = [e for e in trainer.state.log_history
                       if e.get("step") == trainer.state.global_step and any(k.startswith("eval_") for k in e)]
