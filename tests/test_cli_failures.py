@@ -74,6 +74,24 @@ def test_a_full_disk_is_one_line_from_any_verb(monkeypatch, capsys, tmp_path):
         main(["delta", "apply", "--base", "b", "--delta", "d", "-o", str(tmp_path / "out"), "--debug"])
 
 
+def test_ctrl_c_during_an_import_is_an_interrupt_not_a_traceback(monkeypatch, capsys):
+    # Ctrl-C in the first second of a command cut transformers' lazy import of scipy short: an ImportError whose
+    # context is the KeyboardInterrupt, printed as a traceback.
+    import gym.cli as cli
+
+    def import_cut_short(rest: list[str]) -> int:
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt as interrupt:
+            raise ImportError("cannot import name 'linalg' from partially initialized module 'scipy'") from interrupt
+
+    monkeypatch.setitem(cli.COMMANDS, "version", import_cut_short)
+    assert main(["version"]) == 130
+    assert capsys.readouterr().err.strip() == "gym: interrupted"
+    with pytest.raises(ImportError):
+        main(["version", "--debug"])
+
+
 def test_a_bug_keeps_its_traceback(monkeypatch):
     import gym.cli.delta as delta_cli
 
@@ -87,6 +105,8 @@ def test_a_bug_keeps_its_traceback(monkeypatch):
     (OSError(errno.EROFS, "Read-only file system", "/ro/x"), OutputError, "Permission denied (/ro/x)"),
     (PermissionError(errno.EACCES, "Permission denied", "/root/x"), OutputError, "Permission denied (/root/x)"),
     (type("SafetensorError", (Exception,), {})("Error while deserializing header"), ModelError, "safetensors"),
+    # tokenizers' Rust error carries the system's words, not an errno
+    (Exception("No space left on device (os error 28)"), OutputError, "No space left on the device."),
 ])
 def test_known_failures_are_translated(exc, kind, fragment):
     error = as_gym_error(exc)

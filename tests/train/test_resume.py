@@ -70,3 +70,23 @@ def test_incomplete_checkpoint_is_skipped(tmp_path):
     (tmp_path / "checkpoint-15").mkdir()
     (tmp_path / "checkpoint-15" / "trainer_state.json").write_text('{"global_st')  # cut short
     assert last_checkpoint(tmp_path).name == "checkpoint-5"
+
+
+def test_a_damaged_checkpoint_file_is_named_before_the_model_loads(train_config):
+    # A truncated optimizer.pt or rng_state.pth was a torch traceback on resume, after the model had loaded.
+    import pytest
+
+    from gym.core.errors import ConfigError
+
+    config = train_config(save_strategy="steps", save_steps=1)
+    out = Path(run_exp(config).output_dir)
+    for name in ("optimizer.pt", "rng_state.pth", "adapter_model.safetensors"):
+        damaged = out / "checkpoint-2" / name
+        whole = damaged.read_bytes()
+        damaged.write_bytes(whole[: len(whole) // 2])
+        expected = (rf"{name} is damaged or incomplete .* checkpoint-2 cannot be resumed: resume from the one before "
+                    rf"\(resume_from_checkpoint: .*checkpoint-1\)")
+        with pytest.raises(ConfigError, match=expected):
+            run_exp({**config, "max_steps": 5, "resume_from_checkpoint": str(out / "checkpoint-2")})
+        damaged.write_bytes(whole)
+    assert run_exp({**config, "max_steps": 4, "resume_from_checkpoint": str(out / "checkpoint-2")}).global_step == 4

@@ -40,6 +40,35 @@ class RunStopped(GymError):
 
 _NO_SPACE = {28, 122}  # ENOSPC, EDQUOT
 _NO_ACCESS = {1, 13, 30}  # EPERM, EACCES, EROFS
+# How the system's out-of-space errors read when a library re-raises them as its own exception (tokenizers' Rust
+# error: "No space left on device (os error 28)").
+_NO_SPACE_WORDS = ("No space left on device", "os error 28", "Disk quota exceeded", "os error 122")
+
+
+def is_out_of_space(exc: BaseException | None) -> bool:
+    """Whether a write failed for want of space: an OSError saying so, or a library's exception carrying the
+    system's words, anywhere in the chain of causes."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno in _NO_SPACE:
+            return True
+        if any(words in str(exc) for words in _NO_SPACE_WORDS):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def caused_by_interrupt(exc: BaseException | None) -> bool:
+    """Whether Ctrl-C is what this exception reports: an import cut short by it surfaces as ImportError (scipy's,
+    under transformers' lazy modules), with the KeyboardInterrupt as its cause or context."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, KeyboardInterrupt):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 def as_gym_error(exc: BaseException) -> GymError | None:
@@ -47,12 +76,11 @@ def as_gym_error(exc: BaseException) -> GymError | None:
     anything else (a bug keeps its traceback). The doors (CLI, HTTP) call this at their boundary."""
     if isinstance(exc, GymError):
         return exc
-    if isinstance(exc, OSError) and exc.errno is not None:
-        where = f" ({exc.filename})" if exc.filename else ""
-        if exc.errno in _NO_SPACE:
-            return OutputError(f"No space left on the device{where}. Free some space or write elsewhere.")
-        if exc.errno in _NO_ACCESS:
-            return OutputError(f"Permission denied{where}: {exc.strerror}. Choose a writable location.")
+    where = f" ({exc.filename})" if isinstance(exc, OSError) and exc.filename else ""
+    if is_out_of_space(exc):
+        return OutputError(f"No space left on the device{where}. Free some space or write elsewhere.")
+    if isinstance(exc, OSError) and exc.errno in _NO_ACCESS:
+        return OutputError(f"Permission denied{where}: {exc.strerror}. Choose a writable location.")
     name = type(exc).__name__
     if name == "SafetensorError":  # safetensors' Rust error: a truncated file or a broken header
         return ModelError(f"A safetensors file could not be read ({exc}): it is truncated or not safetensors.")
