@@ -237,7 +237,7 @@ def test_unusable_tool_and_format_fields_are_400_naming_the_param(real, extra, p
 
 
 def test_gym_chat_shows_calls_and_sends_the_next_line_as_their_result(scripted, capsys, monkeypatch):
-    from gym.cli import _interactive
+    from gym.cli.chat import _interactive
 
     _, engine, model = scripted
     engine.text = CALL_TEXT
