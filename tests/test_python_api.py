@@ -44,6 +44,16 @@ def test_get_train_args_takes_an_argv_list_as_gym_train_does(tmp_path):
         get_train_args(["--cutoff_len", 64])
 
 
+def test_export_names_python_keywords_not_cli_flags(tmp_path):
+    trainer = Trainer(TrainingConfig(model="smollm2-135m", dataset="identity", output_dir=str(tmp_path / "run")))
+    with pytest.raises(ConfigError, match="Unknown config key 'quantizaton'. Did you mean 'quantization'?"):
+        trainer.export(tmp_path / "model.gguf", quantizaton="q4_0")
+    with pytest.raises(ConfigError, match="Did you mean 'format'?"):
+        trainer.export(tmp_path / "model", formt="gguf")
+    with pytest.raises(ConfigError) as caught:
+        trainer.export(tmp_path / "model", format="gguf-lora", export_type="bitdelta")
+    assert "--" not in str(caught.value)
+
 def test_apply_deltasoup_contributes_then_loads_the_aggregate_and_export_uses_it(train_config, make_finetune,
                                                                                 tiny_model_dir, tmp_path):
     import torch
