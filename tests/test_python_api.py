@@ -29,6 +29,31 @@ def test_get_train_args_is_the_llamafactory_entry_point():
     assert data.template == "qwen3" and finetuning.finetuning_type == "lora"
 
 
+
+def test_get_train_args_takes_an_argv_list_as_gym_train_does(tmp_path):
+    model, _, training, finetuning, _ = get_train_args(["--model_name_or_path", "x", "--stage", "dpo",
+                                                        "--learning_rate", "1e-4", "pref_beta=0.3"])
+    assert (model.model_name_or_path, finetuning.stage, training.learning_rate) == ("x", "dpo", 1e-4)
+    assert finetuning.stage_options.pref_beta == 0.3
+    (tmp_path / "run.yaml").write_text("stage: sft\ncutoff_len: 128\n")
+    _, data, _, finetuning, _ = get_train_args((str(tmp_path / "run.yaml"), "cutoff_len=64"))
+    assert finetuning.stage == "sft" and data.cutoff_len == 64  # the override wins, as on the command line
+    with pytest.raises(ConfigError, match="Did you mean 'learning_rate'"):
+        get_train_args(["--learnig_rate", "1e-4"])
+    with pytest.raises(ConfigError, match="holds strings"):
+        get_train_args(["--cutoff_len", 64])
+
+
+def test_export_names_python_keywords_not_cli_flags(tmp_path):
+    trainer = Trainer(TrainingConfig(model="smollm2-135m", dataset="identity", output_dir=str(tmp_path / "run")))
+    with pytest.raises(ConfigError, match="Unknown config key 'quantizaton'. Did you mean 'quantization'?"):
+        trainer.export(tmp_path / "model.gguf", quantizaton="q4_0")
+    with pytest.raises(ConfigError, match="Did you mean 'format'?"):
+        trainer.export(tmp_path / "model", formt="gguf")
+    with pytest.raises(ConfigError) as caught:
+        trainer.export(tmp_path / "model", format="gguf-lora", export_type="bitdelta")
+    assert "--" not in str(caught.value)
+
 def test_apply_deltasoup_contributes_then_loads_the_aggregate_and_export_uses_it(train_config, make_finetune,
                                                                                 tiny_model_dir, tmp_path):
     import torch

@@ -3,6 +3,9 @@ what is stored and how, distillation, and the options' meanings."""
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -189,6 +192,24 @@ def test_config_errors():
         BitDeltaConfig(group_size=0, distill_steps=0)
     assert BitDeltaConfig(enable_deltasoup=True, distill_steps=0).enable_deltasoup
 
+
+
+@pytest.mark.parametrize("field, value, says", [
+    ("distill_lr", 0.0, "> 0"), ("distill_lr", -1e-4, "> 0"), ("distill_lr", float("nan"), "> 0"),
+    ("distill_steps", -1, "at least 0"), ("distill_steps", 2.5, "whole number"), ("distill_seq_len", 0, "at least 1"),
+    ("distill_batch_size", 0, "at least 1"), ("group_size", 0, "at least 1"), ("safety_threshold", 0.0, "> 0"),
+    ("compress_embeddings", "no", "True or False"), ("calibration_dir", None, "a path"),
+    ("seed", 2**64, "2^64 - 1")])
+def test_impossible_values_are_refused_naming_the_field_and_range(field, value, says):
+    with pytest.raises(ConfigError, match=f"'{field}' must .*{re.escape(says)}"):
+        BitDeltaConfig(**{field: value})
+
+
+def test_legitimate_edge_values_are_kept():
+    config = BitDeltaConfig(distill_steps=0, safety_threshold=1.5, group_size=1, seed=-1,
+                            calibration=Path("rows.json"), calibration_dir=Path("data"))
+    assert config.safety_threshold == 1.5 and config.seed == -1
+    assert (config.calibration, config.calibration_dir) == ("rows.json", "data")  # JSON-able in the delta's header
 
 def test_enable_deltasoup_is_recorded(gaussian_finetune, models, tiny_model_dir, tmp_path):
     _, path = _compress(models, tiny_model_dir, gaussian_finetune, tmp_path, enable_deltasoup=True)

@@ -94,7 +94,7 @@ def test_errors_exit_2_with_one_message_and_write_nothing(gaussian_finetune, mak
     assert main(["delta", "compress", "--base", str(tiny_model_dir), "--finetuned", str(gaussian_finetune),
                  "--group-size", "0", "-o", str(delta)]) == 2
     err = capsys.readouterr().err
-    assert "group_size must be a positive" in err and "Traceback" not in err and not delta.exists()
+    assert "'group_size' must be a whole number of at least 1" in err and "Traceback" not in err and not delta.exists()
 
     assert main(["delta", "compress", "--base", str(tiny_model_dir), "--finetuned", str(gaussian_finetune),
                  "--distill-steps", "0", "-o", str(delta)]) == 0

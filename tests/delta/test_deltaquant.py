@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -122,3 +124,22 @@ def test_config_errors():
         DeltaQuantConfig(bit_budget=12)
     assert DeltaQuantConfig(calibration_samples=8).calibration is None  # chosen when compression starts
     assert DeltaQuantConfig(method=QuantMethod.INT4).method is QuantMethod.INT4
+
+
+@pytest.mark.parametrize("options, says", [
+    ({"group_size": 0}, "'group_size' must be a whole number of at least 1 or None"),
+    ({"clip_percentile": 40}, "'clip_percentile' must be in (50, 100] or None"),
+    ({"clip_percentile": 100.5}, "'clip_percentile' must be in (50, 100]"),
+    ({"seq_len": 0}, "'seq_len' must be a whole number of at least 1"),
+    ({"calibration_samples": -1}, "'calibration_samples' must be a whole number of at least 0"),
+    ({"bit_budget": "4"}, "between 1 and 8"), ({"per_channel": "no"}, "'per_channel' must be True or False"),
+    ({"method": True}, "Unknown DeltaQuant method True"), ({"layer_bits": ["int8"]}, "'layer_bits' maps name patterns"),
+])
+def test_impossible_values_are_refused_naming_the_field_and_range(options, says):
+    with pytest.raises(ConfigError, match=re.escape(says)):
+        DeltaQuantConfig(**options)
+
+
+def test_legitimate_edge_values_are_kept():
+    config = DeltaQuantConfig(method=4, clip_percentile=100, group_size=1, bit_budget=1, seq_len=1)
+    assert config.method is QuantMethod.INT4 and config.clip_percentile == 100

@@ -72,3 +72,14 @@ def test_create_needs_exactly_one_kind_of_data(tmp_path):
         trainer.create_variant("alice")
     with pytest.raises(ConfigError, match="user id"):
         trainer.create_variant("../x", data=ROWS)
+
+
+def test_a_misspelt_training_key_is_refused_at_construction_with_the_closest(tmp_path):
+    from gym.core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="Unknown config key 'learnig_rate'. Did you mean 'learning_rate'?"):
+        PersonalizedTrainer("smollm2-135m", store=tmp_path / "variants", learnig_rate=1e-4)
+    trainer = PersonalizedTrainer("smollm2-135m", store=tmp_path / "variants", learning_rate=1e-4)
+    with pytest.raises(ConfigError, match="Did you mean 'max_steps'?"):  # create_variant's own, before any work
+        trainer.create_variant("alice", data=ROWS, max_stpes=3)
+    assert not (tmp_path / "variants").exists()  # refused before the store made a folder for the variant

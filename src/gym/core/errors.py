@@ -21,6 +21,11 @@ class IncompleteConfig(ConfigError):
     TrainingConfig accepts one, to be completed when training starts; everywhere else it is a ConfigError."""
 
 
+class UnknownField(ConfigError, TypeError):
+    """A keyword a Python options class (BitDeltaConfig, ...) does not have, with the closest one. Also a TypeError,
+    what Python raises for an unexpected keyword, so code that catches that keeps working."""
+
+
 class DataError(GymError):
     """A dataset that is missing, malformed, or empty after filtering."""
 

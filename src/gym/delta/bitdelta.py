@@ -21,6 +21,14 @@ from typing import Any
 
 from gym.core.errors import ConfigError
 from gym.core.hardware import native_bf16
+from gym.core.options import (
+    check_bool,
+    check_number,
+    check_path,
+    check_seed,
+    check_whole,
+    strict_fields,
+)
 from gym.delta.calibration import choose_calibration, tokenizer_for
 from gym.delta.compress import CompressedDelta, dense_entry, finish
 from gym.delta.distill import DISTINCT_BATCHES, calibration_batches, distill_scales
@@ -28,6 +36,7 @@ from gym.delta.tensor_quant import Encoded, QuantMethod, quantize, relative_erro
 from gym.delta.weights import EMBEDDING, LINEAR, Delta, extract_deltas, parameters
 
 
+@strict_fields
 @dataclass
 class BitDeltaConfig:
     """BitDelta's options: the documented fields first; every field is used."""
@@ -65,16 +74,18 @@ class BitDeltaConfig:
         if self.bits != 1:
             raise ConfigError(f"BitDelta stores 1 bit per weight (bits=1), got bits={self.bits}; for 2, 4 or 8 bits "
                               "use DeltaQuantConfig(method=QuantMethod.INT2/INT4/INT8).")
-        if self.group_size is not None and self.group_size < 1:
-            raise ConfigError(f"group_size must be a positive number of weights or None, got {self.group_size}.")
-        if self.safety_threshold is not None and not self.safety_threshold > 0:
-            raise ConfigError(f"safety_threshold must be positive (a relative error, e.g. 0.8), got "
-                              f"{self.safety_threshold}.")
-        for name in ("distill_steps", "distill_seq_len", "distill_batch_size"):
-            if getattr(self, name) < (0 if name == "distill_steps" else 1):
-                raise ConfigError(f"{name} must be {'>= 0' if name == 'distill_steps' else 'positive'}, got "
-                                  f"{getattr(self, name)}.")
-
+        check_whole("group_size", self.group_size, 1, optional=True)
+        # a relative error: above 1 is legitimate too (it keeps only the matrices 1 bit would worsen)
+        check_number("safety_threshold", self.safety_threshold, 0, low_open=True, optional=True)
+        for name in ("enable_deltasoup", "compress_embeddings", "distill_embeddings"):
+            check_bool(name, getattr(self, name))
+        check_whole("distill_steps", self.distill_steps, 0)
+        check_number("distill_lr", self.distill_lr, 0, low_open=True)
+        check_whole("distill_seq_len", self.distill_seq_len, 1)
+        check_whole("distill_batch_size", self.distill_batch_size, 1)
+        self.calibration = check_path("calibration", self.calibration, optional=True)
+        self.calibration_dir = check_path("calibration_dir", self.calibration_dir)
+        check_seed("seed", self.seed)
 
 class BitDeltaQuantizer:
     """BitDeltaQuantizer(config).compress(base_model, finetuned_model) -> CompressedDelta."""

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from gym.core.errors import ConfigError
+from gym.core.options import check_bool, check_number, check_path, check_seed, check_whole, strict_fields
 from gym.delta.calibration import choose_calibration, tokenizer_for
 from gym.delta.compress import CompressedDelta, dense_entry, finish
 from gym.delta.distill import calibration_batches
@@ -33,6 +34,7 @@ CLIP_CANDIDATES = (None, 99.99, 99.9, 99.5, 99.0)
 BUDGET_LADDER = (QuantMethod.BINARY, QuantMethod.TERNARY, QuantMethod.INT4, QuantMethod.INT8)
 
 
+@strict_fields
 @dataclass
 class DeltaQuantConfig:
     """DeltaQuant's options; the documented fields (method, per_channel, calibration_samples) first."""
@@ -66,16 +68,28 @@ class DeltaQuantConfig:
 
     def __post_init__(self) -> None:
         self.method = _method(self.method)
+        if self.layer_bits is not None and not isinstance(self.layer_bits, dict):
+            raise ConfigError(f"'layer_bits' maps name patterns to methods, e.g. {{\"*.mlp.down_proj.*\": \"int8\"}}; "
+                              f"got {self.layer_bits!r}.")
         if self.layer_bits:
             self.layer_bits = {pattern: _method(m).value for pattern, m in self.layer_bits.items()}
         if self.layer_bits and self.bit_budget is not None:
             raise ConfigError("Give layer_bits or bit_budget, not both: one sets the precisions, the other "
                               "chooses them.")
-        if self.bit_budget is not None and not 1 <= self.bit_budget <= 8:
+        if self.bit_budget is not None and not (isinstance(self.bit_budget, (int, float)) and
+                                                not isinstance(self.bit_budget, bool) and 1 <= self.bit_budget <= 8):
             raise ConfigError(f"bit_budget is an average number of bits per weight between 1 and 8, "
-                              f"got {self.bit_budget}.")
-        if self.calibration_samples < 0:
-            raise ConfigError(f"calibration_samples must be >= 0, got {self.calibration_samples}.")
+                              f"got {self.bit_budget!r}.")
+        for name in ("per_channel", "symmetric", "compress_embeddings", "enable_deltasoup"):
+            check_bool(name, getattr(self, name))
+        check_whole("calibration_samples", self.calibration_samples, 0)
+        check_whole("group_size", self.group_size, 1, optional=True)
+        # what tensor_quant takes: at 50 or below the clip would cut most of the delta away
+        check_number("clip_percentile", self.clip_percentile, 50, 100, low_open=True, optional=True)
+        self.calibration = check_path("calibration", self.calibration, optional=True)
+        self.calibration_dir = check_path("calibration_dir", self.calibration_dir)
+        check_whole("seq_len", self.seq_len, 1)
+        check_seed("seed", self.seed)
 
     def granularity(self) -> str:
         return "group" if self.group_size else "channel" if self.per_channel else "tensor"
@@ -84,6 +98,8 @@ class DeltaQuantConfig:
 def _method(value: QuantMethod | str | int) -> QuantMethod:
     aliases = {8: "int8", 4: "int4", 2: "int2", 1: "binary"}
     try:
+        if isinstance(value, bool):  # True is 1 to Python, not a request for binary
+            raise ValueError(value)
         name = aliases.get(value, value) if isinstance(value, int) else str(getattr(value, "value", value)).lower()
         return QuantMethod(name)
     except ValueError:

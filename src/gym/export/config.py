@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -53,8 +54,8 @@ class ExportArguments:
             raise ConfigError(f"export_size (GB per shard) must be positive, got {self.export_size}.")
         if self.export_type == "bitdelta":
             if self.export_format == "gguf-lora" or self.delta:
-                raise ConfigError("export_type: bitdelta exports a fine-tune as its BitDelta variant; it "
-                                  "applies to --format hf or gguf, without --delta.")
+                raise ConfigError("export_type bitdelta exports a fine-tune as its BitDelta variant; it "
+                                  "applies to the hf and gguf formats, without a delta.")
         elif self.export_format in ("gguf", "ollama") and self.export_type is not None:
             from gym.export.gguf_file import TYPES
 
@@ -68,14 +69,20 @@ class ExportArguments:
             raise ConfigError("export_type applies to the GGUF formats; an hf export is saved at "
                               "export_dtype (float32, float16 or bfloat16), an onnx export in float32.")
         if self.variant is not None and (self.delta or ":" not in self.variant):
-            raise ConfigError("variant: write STORE:USER (a `gym variants` store and a user in it), without --delta.")
+            raise ConfigError("variant: write STORE:USER (a `gym variants` store and a user in it), without a delta.")
 
 
-def parse_export(config: dict[str, Any]) -> tuple[ExportArguments, dict[str, Any]]:
-    """(the export keys, the rest: the model keys of `gym chat`, checked when the model loads)."""
+# The export's own keys, as the Python door (Trainer.export's keywords) spells them; the CLI puts -- before each.
+EXPORT_KEYS = (*ExportArguments.__dataclass_fields__, *ALIASES)
+
+
+def parse_export(config: dict[str, Any], own_keys: Sequence[str] | None = None,
+                 ) -> tuple[ExportArguments, dict[str, Any]]:
+    """(the export keys, the rest: the model keys of `gym chat`, checked when the model loads). `own_keys`: the
+    export's own keys as the caller's door spells them in a "Did you mean" (default: the CLI's --flags)."""
     export, rest = split_keys(config, ExportArguments, ALIASES)
     # a misspelt export flag is named now, against the export's own keys too, not once the model has loaded
-    check_keys(rest, [f"--{name}" for name in (*ExportArguments.__dataclass_fields__, *ALIASES)])
+    check_keys(rest, own_keys if own_keys is not None else [f"--{name}" for name in EXPORT_KEYS])
     args = ExportArguments(**export)
     if not args.export_dir:
         args.export_dir = _default_export_dir(rest, args.export_format)

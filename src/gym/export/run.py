@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -12,9 +13,10 @@ from gym.export.config import ExportArguments, parse_export
 from gym.personalization.store import variant_source
 
 
-def run_export(config: dict[str, Any]) -> Path:
-    """Export what `config` names (the model keys of `gym chat`, plus export_dir, export_format, ...)."""
-    args, model_config = parse_export(config)
+def run_export(config: dict[str, Any], own_keys: Sequence[str] | None = None) -> Path:
+    """Export what `config` names (the model keys of `gym chat`, plus export_dir, export_format, ...). `own_keys`:
+    as parse_export's."""
+    args, model_config = parse_export(config, own_keys)
     if args.variant is not None:  # its base, with its delta applied or its LoRA adapter merged
         files = variant_source(args.variant)
         model_config["model_name_or_path"], args.delta = files.base, files.delta

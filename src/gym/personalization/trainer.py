@@ -28,6 +28,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from gym.config.parser import check_keys
 from gym.core.errors import ConfigError, GymError
 from gym.delta.bitdelta import BitDeltaConfig, BitDeltaQuantizer
 from gym.delta.deltaquant import DeltaQuantConfig, DeltaQuantizer
@@ -136,6 +137,7 @@ class PersonalizedTrainer:
 
     def __init__(self, base_model: str = "smollm2-135m", config: BitDeltaConfig | DeltaQuantConfig | None = None,
                  store: str | Path | None = None, **training: Any) -> None:
+        check_keys(training)  # a misspelt key named now, with the closest one, not when a variant is first created
         self.base_model = base_model
         self.config: BitDeltaConfig | DeltaQuantConfig = config or BitDeltaConfig(distill_steps=50,
                                                                                  calibration="user-rows")
@@ -158,6 +160,7 @@ class PersonalizedTrainer:
         training, after compressing, after the gate and last before the variant is stored; yes raises CreationStopped
         and stores nothing (a cancelled fine-tuning job: training is minutes of it, distillation and the gate more)."""
         check_user_id(user_id)
+        check_keys(overrides)  # before the store makes a folder for the variant
 
         def stop_here(step: str) -> None:
             if should_stop is not None and should_stop():

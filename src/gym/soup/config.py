@@ -11,7 +11,8 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from gym.core.errors import ConfigError
-from gym.core.names import closest, did_you_mean
+from gym.core.names import did_you_mean
+from gym.core.options import strict_fields, unknown_field
 from gym.soup.aggregators import AggregationMethod
 from gym.soup.screen import NORM_RATIO
 
@@ -19,6 +20,7 @@ from gym.soup.screen import NORM_RATIO
 KRUM_FAMILY = (AggregationMethod.KRUM, AggregationMethod.MULTI_KRUM, AggregationMethod.BYZANTINE_ROBUST)
 
 
+@strict_fields
 @dataclass
 class DeltaSoupConfig:
     """A soup's options. Defaults make a robust, non-private soup that rewards contributors."""
@@ -188,14 +190,10 @@ class DeltaSoupConfig:
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> DeltaSoupConfig:
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            match = closest(str(unknown[0]), known)
-            if match is not None:
-                raise ConfigError(f"Unknown DeltaSoupConfig field {unknown[0]!r}. Did you mean {match!r}?")
-            raise ConfigError(f"Unknown DeltaSoupConfig field(s): {', '.join(unknown)}; known: "
-                              f"{', '.join(sorted(known))}.")
+        known = [f.name for f in fields(cls)]
+        unknown = sorted(str(key) for key in values if key not in known)
+        if unknown:  # the constructor says the same, but only of string keys: YAML may hold others
+            raise unknown_field(cls.__name__, unknown, known)
         return cls(**values)
 
 

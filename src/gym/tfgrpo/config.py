@@ -18,8 +18,10 @@ from typing import Any
 from gym.config.coerce import coerce
 from gym.core.errors import ConfigError
 from gym.core.names import did_you_mean
+from gym.core.options import check_bool, check_number, check_whole, strict_fields
 
 
+@strict_fields
 @dataclass
 class GRPOConfig:
     """How Training-Free GRPO learns. Every field is also a key of `gym tfgrpo` YAML."""
@@ -78,24 +80,30 @@ class GRPOConfig:
         positive = ("group_size", "max_epochs", "batch_size", "eval_samples", "max_lessons", "max_words",
                     "max_tokens", "update_max_tokens", "max_concurrency")
         for name in positive:
-            if getattr(self, name) < 1:
-                raise ConfigError(f"'{name}' must be at least 1, got {getattr(self, name)}.")
+            check_whole(name, getattr(self, name), 1)
         if self.group_size < 2:
             raise ConfigError("'group_size' must be at least 2: lessons come from comparing rollouts of one query.")
         for name in ("temperature_train", "temperature_update", "temperature_eval"):
-            if not 0 <= getattr(self, name) <= 2:
-                raise ConfigError(f"'{name}' must be in [0, 2], got {getattr(self, name)}.")
-        if self.max_parse_retries < 0 or self.max_retries < 0:
-            raise ConfigError("'max_parse_retries' and 'max_retries' must be >= 0.")
-        # `not x >= 0` rather than `x < 0`: NaN compares false either way, and would reach time.sleep as a delay
-        if not (self.retry_delay >= 0 and math.isfinite(self.retry_delay)):
-            raise ConfigError(f"'retry_delay' must be a number >= 0, got {self.retry_delay:g}.")
-        if not (self.timeout > 0 and math.isfinite(self.timeout)):
-            raise ConfigError(f"'timeout' must be a number of seconds above 0, got {self.timeout:g}: it is the most a "
+            check_number(name, getattr(self, name), 0, 2)
+        check_whole("max_parse_retries", self.max_parse_retries, 0)
+        check_whole("max_retries", self.max_retries, 0)
+        check_number("retry_delay", self.retry_delay, 0)  # NaN is refused too: it would reach time.sleep
+        if not (isinstance(self.timeout, (int, float)) and self.timeout > 0 and math.isfinite(self.timeout)):
+            raise ConfigError(f"'timeout' must be a number of seconds above 0, got {self.timeout!r}: it is the most a "
                               "call to the endpoint may take, from the request to the last byte of the answer.")
+        for name in ("shuffle", "cache_calls"):
+            check_bool(name, getattr(self, name))
+        for name in ("system_prompt", "base_url", "api_key", "updater_model", "updater_base_url", "updater_api_key"):
+            if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
+                raise ConfigError(f"'{name}' must be a string or None, got {type(getattr(self, name)).__name__}.")
+        if self.prices is not None and not isinstance(self.prices, dict):
+            raise ConfigError("'prices' maps a role (rollout, updater, ...) to [dollars per 1M prompt tokens, per 1M "
+                              f"completion tokens], got {self.prices!r}.")
         for role, price in (self.prices or {}).items():
-            if not (isinstance(price, (list, tuple)) and len(price) == 2):
-                raise ConfigError(f"prices.{role}: give [dollars per 1M prompt tokens, per 1M completion tokens].")
+            if not (isinstance(price, (list, tuple)) and len(price) == 2 and all(
+                    isinstance(p, (int, float)) and not isinstance(p, bool) and 0 <= p < math.inf for p in price)):
+                raise ConfigError(f"prices.{role}: give [dollars per 1M prompt tokens, per 1M completion tokens], two "
+                                  f"numbers >= 0; got {price!r}.")
 
     def fingerprint(self) -> dict[str, Any]:
         """What decides the library a run learns (not how fast or through which connection it is learned)."""
