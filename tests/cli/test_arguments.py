@@ -28,10 +28,16 @@ def test_a_misspelt_flag_is_named_even_where_a_required_one_is_then_missing(argv
 def test_a_store_under_a_file_is_named_by_keys_and_variants(tmp_path, capsys):
     blocker = tmp_path / "alice.jsonl"
     blocker.write_text("{}\n")
+    under = f"Cannot write {blocker / 'store'}: its parent {blocker} is a file, not a folder. Choose another path."
     assert main(["keys", "create", str(blocker / "store"), "--user", "x"]) == 2
-    assert f"{blocker} is a file, so {blocker / 'store'} cannot be a store folder." in capsys.readouterr().err
+    assert under in capsys.readouterr().err
     assert main(["variants", "list", str(blocker / "store")]) == 2
-    assert f"{blocker} is a file, so {blocker / 'store'} is no variant store." in capsys.readouterr().err
+    assert under in capsys.readouterr().err
+    for argv in (["keys", "create", str(blocker), "--admin"], ["variants", "list", str(blocker)]):
+        assert main(argv) == 2  # the store itself a file
+        err = capsys.readouterr().err
+        assert f"{blocker} is a file, not a folder; choose another path." in err and err.count("\n") == 1
+    assert blocker.read_text() == "{}\n"
     assert main(["variants", "list", str(tmp_path / "nosuch")]) == 2  # it listed nothing, exit 0
     assert "no such variant store" in capsys.readouterr().err
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -151,6 +152,56 @@ def test_hostile_requests_are_refused(served):
     alice.fine_tuning.jobs.cancel(job.id)
 
 
+def test_a_malformed_request_is_openais_400_naming_the_field(served):
+    """OpenAI answers a body or query it cannot validate with 400 and its error object, not FastAPI's 422: an
+    unknown field (with the closest known one), a value of the wrong type, a seed or hyperparameter outside its
+    range. None of them stores a job."""
+    url, keys, clients, service, _ = served
+    alice = clients["alice"]
+    file = upload(alice, [chat_row(q) for q in QUESTIONS])
+    before = len(alice.fine_tuning.jobs.list(limit=100).data)
+
+    with pytest.raises(openai.BadRequestError) as caught:
+        alice.fine_tuning.jobs.create(model="tiny", training_file=file, extra_body={"hyperparamters": {"n_epochs": 2}})
+    assert caught.value.status_code == 400
+    assert caught.value.body == {"message": "Unrecognized request argument supplied: hyperparamters. Did you mean "
+                                            "'hyperparameters'?", "type": "invalid_request_error",
+                                 "param": "hyperparamters", "code": None}
+    refusals = [  # (a create call's arguments, the param named, the message)
+        (dict(seed=-1), "seed", "seed must be an integer from 0 to 2147483647, got -1."),
+        (dict(seed=2**31), "seed", "seed must be an integer from 0 to 2147483647"),
+        (dict(hyperparameters={"n_epochs": 51}), "hyperparameters.n_epochs", "at most 50, got 51"),
+        (dict(method={"type": "supervised", "supervised": {"hyperparameters": {"batch_size": 257}}}),
+         "hyperparameters.batch_size", "at most 256"),
+        (dict(method={"type": "dpo", "dpo": {"hyperparameters": {"beta": 2.5}}}), "hyperparameters.beta",
+         "at most 2, got 2.5"),
+        (dict(hyperparameters={"learning_rate_multiplier": 0}), "hyperparameters.learning_rate_multiplier",
+         "must be positive"),
+    ]
+    for arguments, param, message in refusals:
+        with pytest.raises(openai.BadRequestError, match=re.escape(message)) as caught:
+            alice.fine_tuning.jobs.create(model="tiny", training_file=file, **arguments)
+        assert caught.value.body["param"] == param and caught.value.body["type"] == "invalid_request_error", arguments
+
+    with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {keys['alice']}"}, timeout=60) as http:
+        for seed in (True, "7", 1.5, 2**70):
+            answer = http.post("/v1/fine_tuning/jobs", json={"model": "tiny", "training_file": file, "seed": seed})
+            assert answer.status_code == 400 and answer.json()["error"]["param"] == "seed", (seed, answer.text)
+        for path in ("/v1/fine_tuning/jobs?limit=abc", "/v1/files?limit=abc",
+                     "/v1/fine_tuning/jobs/ftjob-x/events?limit=1.5"):
+            answer = http.get(path)
+            assert answer.status_code == 400, (path, answer.text)
+            error = answer.json()["error"]
+            assert error["param"] == "limit" and error["type"] == "invalid_request_error"
+            assert error["message"].startswith("limit: Input should be a valid integer"), error
+    assert len(alice.fine_tuning.jobs.list(limit=100).data) == before  # nothing stored
+
+    for seed in (0, 2**31 - 1):  # OpenAI's bounds themselves are taken
+        job = alice.fine_tuning.jobs.create(model="tiny", training_file=file, seed=seed)
+        assert job.seed == seed
+        alice.fine_tuning.jobs.cancel(job.id)
+
+
 def test_a_revoked_key_gets_401(served, tmp_path):
     url, _, _, service, db = served
     on_db = ["--db", db] if db else []
@@ -212,6 +263,29 @@ def test_workers_respect_the_running_quota_and_dead_workers_jobs_are_requeued(db
     assert service.jobs.get(alice, claimed.spec.job_id)["status"] == "running"
     service.jobs.finish(claimed.spec.job_id, "host:other", "succeeded")  # not this worker's: ignored
     assert service.jobs.get(alice, claimed.spec.job_id)["status"] == "running"
+
+
+def test_a_job_queued_under_looser_rules_fails_instead_of_stopping_the_queue(db_url):
+    """A job queued before a rule tightened (a seed or n_epochs OpenAI's ranges refuse, stored by an older Gym) no
+    longer makes a spec: the claim fails that job with its reason and takes the next, where it would otherwise
+    raise on every claim with that job first in line."""
+    from gym.service.keys import Principal
+
+    store, url = db_url
+    service = open_service(store, url, job_limits=JobLimits(max_queued=5, max_running=1))
+    alice = Principal("alice", False)
+    upload_ = service.files.upload(alice, "t.jsonl", "fine-tune")
+    upload_.write(jsonl([chat_row(q) for q in QUESTIONS]))
+    file = upload_.finish().id
+    old, new = (service.jobs.create(alice, model="m", training_file=file)["id"] for _ in range(2))
+    with service.db.session(write=True) as session:
+        session.get(Job, old).method = {"type": "supervised", "supervised": {"hyperparameters": {"n_epochs": 500}}}
+    claimed = service.jobs.claim("host:1")
+    assert claimed is not None and claimed.spec.job_id == new
+    failed = service.jobs.get(alice, old)
+    assert failed["status"] == "failed" and failed["error"]["code"] == "invalid_request"
+    assert "n_epochs is at most 50" in failed["error"]["message"]
+    assert service.jobs.events(alice, old)[0]["message"].startswith("Fine-tuning job failed: hyperparameters.n_epochs")
 
 
 def test_the_checkpoints_listed_are_the_last_three_kept(db_url):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import re
 import signal
 import subprocess
 import sys
@@ -130,8 +131,39 @@ def test_bad_specs_are_one_clear_error(tmp_path):
     assert auto["num_train_epochs"] == 7 and auto["per_device_train_batch_size"] == 2  # ~100 examples seen
     dpo = training_keys(JobSpec(**base, method="dpo", hyperparameters={"beta": 0.3}), rows=16)
     assert dpo["pref_beta"] == 0.3
-    whole = training_keys(JobSpec(**base, hyperparameters={"batch_size": 100_000}), rows=12)
+    whole = training_keys(JobSpec(**base, hyperparameters={"batch_size": 256}), rows=12)
     assert whole["per_device_train_batch_size"] == 12  # the whole file, reported as trained, not as asked
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(seed=-1), "seed must be an integer from 0 to 2147483647, got -1"),
+    (dict(seed=2**31), "seed must be an integer from 0 to 2147483647"),
+    (dict(seed=2**63), "seed must be an integer"),
+    (dict(seed=True), "seed must be an integer"),
+    (dict(hyperparameters={"n_epochs": 51}), "hyperparameters.n_epochs is at most 50, got 51"),
+    (dict(hyperparameters={"n_epochs": 0}), "hyperparameters.n_epochs must be positive"),
+    (dict(hyperparameters={"n_epochs": 2.0}), "hyperparameters.n_epochs: give \"auto\" or an integer"),
+    (dict(hyperparameters={"batch_size": 257}), "hyperparameters.batch_size is at most 256"),
+    (dict(hyperparameters={"learning_rate_multiplier": 0}), "learning_rate_multiplier must be positive"),
+    (dict(hyperparameters={"learning_rate_multiplier": float("inf")}), "learning_rate_multiplier must be positive"),
+    (dict(method="dpo", hyperparameters={"beta": 2.5}), "hyperparameters.beta is at most 2, got 2.5"),
+    (dict(method="dpo", hyperparameters={"beta": 0}), "hyperparameters.beta must be positive"),
+])
+def test_values_outside_openais_ranges_are_refused(tmp_path, change, message):
+    """OpenAI's schema: seed 0 to 2**31 - 1, n_epochs 1-50, batch_size 1-256, learning_rate_multiplier > 0, beta in
+    (0, 2]. A seed past 32 bits would also fail the database's integer column, or numpy's seeding, later."""
+    base = dict(job_id="ftjob-1", user_id="alice", model="smollm2-135m", training_file="t.jsonl")
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        JobSpec(**{**base, **change})
+
+
+def test_openais_bounds_themselves_are_accepted():
+    base = dict(job_id="ftjob-1", user_id="alice", model="smollm2-135m", training_file="t.jsonl")
+    for seed in (0, 2**31 - 1):
+        assert JobSpec(**base, seed=seed).seed == seed
+    top = JobSpec(**base, hyperparameters={"n_epochs": 50, "batch_size": 256, "learning_rate_multiplier": 100})
+    assert top.hyperparameters.n_epochs == 50 and top.hyperparameters.batch_size == 256
+    assert JobSpec(**base, method="dpo", hyperparameters={"beta": 2}).hyperparameters.beta == 2
 
 
 def test_training_files_are_checked_with_file_and_line(tmp_path):

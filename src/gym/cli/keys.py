@@ -12,6 +12,7 @@ from pathlib import Path
 
 from gym.cli.arguments import CommandParser
 from gym.core.errors import ConfigError
+from gym.core.files import make_folder
 from gym.service.db import Database, open_database
 from gym.service.keys import create_key, list_keys, revoke_key
 
@@ -37,11 +38,7 @@ def _parser() -> argparse.ArgumentParser:
 def _open(store: str, url: str | None, *, create: bool) -> Database:
     root = Path(store).expanduser()
     if create:
-        try:
-            root.mkdir(parents=True, exist_ok=True)
-        except (FileExistsError, NotADirectoryError):  # the store, or a folder above it, is a file
-            blocker = next((p for p in (root, *root.parents) if p.exists() and not p.is_dir()), root)
-            raise ConfigError(f"{blocker} is a file, so {root} cannot be a store folder.") from None
+        make_folder(root)  # the store, or a folder above it, being a file is one line naming it
     elif not root.is_dir():
         raise ConfigError(f"{store}: no such store (a folder made by `gym variants` or `gym keys create`).")
     return open_database(root, url)

@@ -11,6 +11,7 @@ from gym.cli.gates import add_gate_flags, gate_from
 from gym.config.files import CONFIG_SUFFIXES, parse_cli_args
 from gym.config.parser import check_keys
 from gym.core.errors import ConfigError, DataError
+from gym.core.files import refuse_file_in_path
 from gym.personalization.store import VariantStore
 
 
@@ -95,9 +96,7 @@ def _existing_store(store: str) -> None:
     root = Path(store).expanduser()
     if root.is_dir():
         return
-    blocker = next((p for p in (root, *root.parents) if p.exists() and not p.is_dir()), None)
-    if blocker is not None:
-        raise ConfigError(f"{blocker} is a file, so {store} is no variant store.")
+    refuse_file_in_path(root, folder=True)  # the store, or a folder above it, is a file: named
     raise ConfigError(f"{store}: no such variant store (a folder made by `gym variants create` or `add`).")
 
 

@@ -24,10 +24,11 @@ that does not exist), an admin's sees all. The same store's files are served as 
 (gym.serve.files) and its jobs as OpenAI's fine-tuning API (gym.serve.fine_tuning); a job's model answers as its
 `ft:<base>:<user>:<suffix>:<id>` name as soon as the job succeeds, to its owner (and admins) only.
 
-Every failure answers OpenAI's error JSON with a 4xx status (400 bad value or a variant that cannot be
-loaded, 401 key, 404 route, model or file, 409 a file in use, 422 malformed body, 429 queue full, 503 shutting
-down); the engine's bounded queue is what keeps memory bounded under load. `usage` counts the prompt's ids and
-every generated token, end-of-turn token included.
+Every failure answers OpenAI's error JSON with a 4xx status (400 a bad value, a body or query that does not
+validate, an unknown field, or a variant that cannot be loaded, with `param` naming the field; 401 key, 404
+route, model or file, 409 a file in use, 429 queue full, 503 shutting down); the engine's bounded queue is what
+keeps memory bounded under load. `usage` counts the prompt's ids and every generated token, end-of-turn token
+included.
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ from gym.serve.protocol import (
     TokenizeRequest,
     _Request,
     image_urls,
+    invalid_request,
 )
 from gym.serve.tenancy import Caller, Gate, caller, refused
 from gym.service.db import DatabaseUnavailable
@@ -79,7 +81,6 @@ from gym.tfgrpo.library import ExperienceLibrary, with_experiences
 
 _STATUS_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
                  405: "invalid_request_error", 409: "invalid_request_error", 413: "invalid_request_error",
-                 422: "invalid_request_error",
                  429: "rate_limit_error", 500: "server_error",
                  503: "service_unavailable"}
 
@@ -131,15 +132,9 @@ def create_app(chat_model: ChatModel, model_name: str, api_key: str | None = Non
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        problems = exc.errors()
-        if any(p.get("type") == "json_invalid" for p in problems):
-            error = ApiError(400, "The request body is not valid JSON.")
-        elif any("lone surrogate" in str(p.get("msg")) for p in problems):
-            bad = next(p for p in problems if "lone surrogate" in str(p.get("msg")))
-            error = ApiError(400, f"{_where(bad)}: {bad.get('msg')}", param=_where(bad))
-        else:
-            where = _where(problems[0]) if problems else ""
-            error = ApiError(422, "; ".join(f"{_where(p)}: {p.get('msg')}" for p in problems), param=where or None)
+        route = request.scope.get("route")
+        body = getattr(getattr(route, "body_field", None), "field_info", None)
+        error = invalid_request(exc.errors(), getattr(body, "annotation", None))
         return JSONResponse(error.body(), status_code=error.status)
 
     @app.exception_handler(Exception)
@@ -548,15 +543,6 @@ def _unloadable(model: str, exc: Exception) -> ApiError:
     """A variant the store holds but the server cannot load: the request's fault no more than a deleted one's,
     and no server error either (the base and the other variants answer): a 400 naming it, until it is replaced."""
     return ApiError(400, f"The model '{model}' cannot be loaded: {exc}", param="model", code="model_not_loadable")
-
-
-def _where(problem: Any) -> str:
-    """A validation error's location as the client wrote it: `messages.0.content.0.text` (without pydantic's
-    `body` prefix and the union member it tried, such as `list[...]` or a content part's model, `TextPart`: field
-    names are lower case, models CamelCase)."""
-    parts = [str(part) for part in problem.get("loc", ()) if part != "body"]
-    return ".".join(part for part in parts if "[" not in part and part not in ("str", "int", "float", "bool")
-                    and not part[:1].isupper())
 
 
 def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:

@@ -8,7 +8,9 @@
     GET  /v1/fine_tuning/jobs/{id}/checkpoints     its checkpoints, newest first (`after`, `limit`)
 
 Another user's job or file is a 404, as one that does not exist; a model this server does not serve is a 404
-naming it; past the caller's quota of waiting jobs, a 429 (and nothing is stored). Workers (gym.service.worker)
+naming it; an unknown field (with the closest one), a value of the wrong type or outside OpenAI's range (`seed`
+0 to 2**31 - 1, `n_epochs` 1 to 50, ...: gym.service.jobs) is a 400 naming it; past the caller's quota of waiting
+jobs, a 429 (and nothing is stored). Workers (gym.service.worker)
 run the queued jobs; the routes only read and write rows.
 """
 
@@ -19,7 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, StrictInt
 
 from gym.core.errors import ConfigError
 from gym.serve.protocol import ApiError
@@ -31,7 +33,8 @@ MAX_LIMIT = 100
 
 
 class CreateJob(BaseModel):
-    """The body OpenAI's client sends to create a job (integrations are taken and not used)."""
+    """The body OpenAI's client sends to create a job (integrations are taken and not used). Any other field is
+    refused (gym.serve.protocol.invalid_request names it and the closest of these)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -41,7 +44,7 @@ class CreateJob(BaseModel):
     method: dict[str, Any] | None = None
     hyperparameters: dict[str, Any] | None = None
     suffix: str | None = None
-    seed: int | None = None
+    seed: StrictInt | None = None  # not lax: `true` or "7" would pass as a seed OpenAI refuses
     integrations: list[Any] | None = None
     metadata: dict[str, Any] | None = None
 

@@ -4,7 +4,9 @@ Fields that do not change an answer (`user`, `metadata`, `store`, ...) are accep
 (logprobs, logit_bias, penalties other than 0, the legacy `functions`) are refused with a 400 naming the parameter
 rather than silently dropped: a client that asked for them would otherwise get an answer it did not ask for. Any
 other field is refused as OpenAI refuses it ("Unrecognized request argument supplied"), with the closest field a
-request has: a misspelt `max_token` would otherwise leave the length at its default without a word.
+request has: a misspelt `max_token` would otherwise leave the length at its default without a word. A request that
+does not validate at all (a wrong type, a missing field, `limit=abc` in a query, an unknown field of a strict body
+such as a fine-tuning job's) is OpenAI's 400 too, naming the field (`invalid_request`), never FastAPI's 422.
 
 Tools (`tools`, `tool_choice`, `parallel_tool_calls`) and structured outputs (`response_format`) are passed to
 the ChatModel as OpenAI wrote them (gym.infer.tool_choice reads them and names the field it cannot use); the
@@ -16,11 +18,13 @@ placeholder where it stands in the text, and its URL is fetched by gym.serve.med
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from collections.abc import Iterable, Sequence
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from gym.core.errors import DataError
+from gym.core.names import did_you_mean
 from gym.data.messages import Message as InternalMessage
 from gym.data.messages import messages_from_openai
 
@@ -59,6 +63,64 @@ class ApiError(Exception):
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
 
+def unrecognized(name: str, known: Iterable[str]) -> ApiError:
+    """OpenAI's refusal of a field a request does not have (`name`, dotted when nested: `method.typ`), with the
+    closest of the `known` fields beside it: a misspelt field would otherwise leave its setting at the default."""
+    hint = did_you_mean(name.rsplit(".", 1)[-1], known)
+    return ApiError(400, f"Unrecognized request argument supplied: {name}.{hint}", param=name)
+
+
+def invalid_request(problems: Sequence[Any], body: Any = None) -> ApiError:
+    """A request FastAPI could not validate (its RequestValidationError's `errors()`: the body, the query, the
+    path), as OpenAI answers one: a 400 naming the field at fault, an unknown field before any other. `body`: the
+    route's body model, whose fields an unknown one is matched against."""
+    if any(p.get("type") == "json_invalid" for p in problems):
+        return ApiError(400, "The request body is not valid JSON.")
+    if not problems:
+        return ApiError(400, "The request is not valid.")
+    unknown = next((p for p in problems if p.get("type") == "extra_forbidden"), None)
+    if unknown is not None:
+        return unrecognized(_where(unknown), _fields_at(body, list(unknown.get("loc", ()))[1:-1]))
+    # Of a union's members (content as text, or as a list of parts), the one that got deepest into the value is
+    # the one the client meant: its field is named, not the shallow "should be a valid string" of the others.
+    deepest = max(problems, key=lambda p: len(p.get("loc", ())))
+    message = "; ".join(f"{_where(p)}: {p.get('msg')}" for p in problems)
+    return ApiError(400, message, param=_where(deepest) or None)
+
+
+def _where(problem: Any) -> str:
+    """A validation error's location as the client wrote it: `messages.0.content.0.text`, `limit` (without
+    pydantic's `body` or `query` prefix and the union member it tried, such as `list[...]` or a content part's
+    model, `TextPart`: field names are lower case, models CamelCase)."""
+    loc = list(problem.get("loc", ()))
+    if loc and loc[0] in ("body", "query", "path", "header", "cookie"):
+        loc = loc[1:]
+    parts = [str(part) for part in loc]
+    return ".".join(part for part in parts if "[" not in part and part not in ("str", "int", "float", "bool")
+                    and not part[:1].isupper())
+
+
+def _fields_at(annotation: Any, path: Sequence[Any]) -> list[str]:
+    """The fields of the model found at `path` inside the body model `annotation` (through lists, optionals and
+    unions): what a misspelt field there may have meant. None found: no fields."""
+    for part in path:
+        models = _models_in(annotation)
+        member = next((m for m in models if m.__name__ == part), None)  # the union member pydantic tried
+        owner = next((m for m in models if part in m.model_fields), None)
+        if member is not None:
+            annotation = member
+        elif owner is not None:
+            annotation = owner.model_fields[part].annotation
+    models = _models_in(annotation)
+    return list(models[0].model_fields) if models else []
+
+
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for arg in get_args(annotation) for m in _models_in(arg)]
+
+
 # OpenAI request fields that leave the answer as it is: bookkeeping, caching, routing.
 NO_EFFECT_FIELDS = ("user", "metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key")
 # OpenAI's (and vLLM's) fields that would change the answer, which this server does not implement.
@@ -95,16 +157,12 @@ class _Request(BaseModel):
         return [s for s in stops if s]
 
     def refuse_unsupported(self) -> None:
-        from gym.core.names import did_you_mean
-
         for name in self.model_extra or {}:
             if name in NO_EFFECT_FIELDS:
                 continue
             if name in UNSUPPORTED_FIELDS:
                 raise ApiError(400, f"{name} is not supported by this server.", param=name)
-            known = [*type(self).model_fields, *NO_EFFECT_FIELDS]
-            raise ApiError(400, f"Unrecognized request argument supplied: {name}.{did_you_mean(name, known)}",
-                           param=name)
+            raise unrecognized(name, [*type(self).model_fields, *NO_EFFECT_FIELDS])
         for name in ("presence_penalty", "frequency_penalty"):
             if getattr(self, name):
                 raise ApiError(400, f"{name} is not supported by this server; use repetition_penalty instead.",

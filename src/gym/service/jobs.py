@@ -70,15 +70,25 @@ def new_job_id() -> str:
     return JOB_PREFIX + uuid.uuid4().hex[:24]
 
 
-def _auto_or(value: Any, name: str, kind: type, positive: bool = True) -> None:
+# OpenAI's ranges (its API's schema): n_epochs 1-50, batch_size 1-256, learning_rate_multiplier above 0, beta in
+# (0, 2], seed 0 to 2**31 - 1. A request valid here is valid there, and the reverse: a client moving between them
+# meets the same refusals.
+MAX_EPOCHS, MAX_BATCH_SIZE, MAX_BETA = 50, 256, 2.0
+SEED_MAX = 2**31 - 1
+
+
+def _auto_or(value: Any, name: str, kind: type, most: float | None = None) -> None:
+    """`value` is "auto", or a `kind` above 0 (and at most `most`), or a ConfigError naming hyperparameters.`name`."""
     if value == "auto":
         return
     numeric = kind is float and isinstance(value, (int, float))
     if isinstance(value, bool) or not (isinstance(value, kind) or numeric):
         raise ConfigError(f"hyperparameters.{name}: give \"auto\" or a{'n integer' if kind is int else ' number'}, "
                           f"got {value!r}.")
-    if positive and not (value > 0 and math.isfinite(value)):
+    if not (value > 0 and math.isfinite(value)):
         raise ConfigError(f"hyperparameters.{name} must be positive, got {value!r}.")
+    if most is not None and value > most:
+        raise ConfigError(f"hyperparameters.{name} is at most {most:g}, got {value!r}.")
 
 
 @dataclass(frozen=True)
@@ -103,11 +113,11 @@ class Hyperparameters:
         return hyper
 
     def check(self, method: Method | None = None) -> None:
-        """Each value "auto" or of its type and positive; with the job's `method`, beta only for dpo."""
-        _auto_or(self.n_epochs, "n_epochs", int)
-        _auto_or(self.batch_size, "batch_size", int)
+        """Each value "auto" or of its type and in OpenAI's range; with the job's `method`, beta only for dpo."""
+        _auto_or(self.n_epochs, "n_epochs", int, MAX_EPOCHS)
+        _auto_or(self.batch_size, "batch_size", int, MAX_BATCH_SIZE)
         _auto_or(self.learning_rate_multiplier, "learning_rate_multiplier", float)
-        _auto_or(self.beta, "beta", float)
+        _auto_or(self.beta, "beta", float, MAX_BETA)
         if self.beta != "auto" and method is Method.SUPERVISED:
             raise ConfigError("hyperparameters.beta is a dpo hyperparameter; remove it or use method dpo.")
 
@@ -152,8 +162,8 @@ class JobSpec:
         name = FineTunedModel(self.model, self.user_id, self.suffix, self.job_id)
         name.check()
         self.hyperparameters.check(self.method)
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
-            raise ConfigError(f"seed must be an integer, got {self.seed!r}.")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed <= SEED_MAX:
+            raise ConfigError(f"seed must be an integer from 0 to {SEED_MAX}, got {self.seed!r}.")
         _delta_config(self.delta_method, self.delta_options)  # an unknown method or option fails now
         _safety_gate(self.safety_gate)
         for key in ("model_name_or_path", "stage", "dataset", "dataset_dir", "output_dir"):

@@ -235,20 +235,29 @@ class JobQueue:
                                        .order_by(Job.id).limit(256)):
                 if running.get(job.user_id, 0) >= self.limits.max_running:
                     continue
+                validation = str(self.files.path(job.validation_file)) if job.validation_file else None
+                try:
+                    spec = JobSpec(job_id=job.id, user_id=job.user_id or ADMIN_OWNER, model=job.model,
+                                   training_file=str(self.files.path(job.training_file)), validation_file=validation,
+                                   method=Method((job.method or {}).get("type", "supervised")),
+                                   hyperparameters=Hyperparameters.from_dict(_hyper_of(job.method)),
+                                   suffix=job.suffix or "",
+                                   seed=42 if job.seed is None else job.seed, base_path=base_path,
+                                   training=dict(options.get("training") or {}),
+                                   delta_method=options.get("delta_method", "bitdelta"),
+                                   delta_options=dict(options.get("delta_options") or {}),
+                                   safety_gate=options.get("safety_gate"))
+                except ConfigError as exc:
+                    # Queued under older, looser rules (a seed or n_epochs now out of range): failed here, or it
+                    # would stay the oldest queued job and stop every worker's claim, and the queue, for good.
+                    job.status, job.finished_at = JobStatus.FAILED.value, now()
+                    job.error = {"code": "invalid_request", "param": None, "message": str(exc)}
+                    session.add(JobEvent(job_id=job.id, level="error", message=f"Fine-tuning job failed: {exc}",
+                                         created_at=now()))
+                    continue
                 job.status, job.worker_id, job.heartbeat = JobStatus.RUNNING.value, worker_id, now()
                 job.started_at = job.started_at or now()
                 job.attempts += 1
-                validation = str(self.files.path(job.validation_file)) if job.validation_file else None
-                spec = JobSpec(job_id=job.id, user_id=job.user_id or ADMIN_OWNER, model=job.model,
-                               training_file=str(self.files.path(job.training_file)), validation_file=validation,
-                               method=Method((job.method or {}).get("type", "supervised")),
-                               hyperparameters=Hyperparameters.from_dict(_hyper_of(job.method)),
-                               suffix=job.suffix or "",
-                               seed=42 if job.seed is None else job.seed, base_path=base_path,
-                               training=dict(options.get("training") or {}),
-                               delta_method=options.get("delta_method", "bitdelta"),
-                               delta_options=dict(options.get("delta_options") or {}),
-                               safety_gate=options.get("safety_gate"))
                 return Claimed(spec=spec, work_dir=self.work_dir(job.id), attempt=job.attempts)
         return None
 

@@ -1,0 +1,55 @@
+"""How a request that does not validate is answered (gym.serve.protocol.invalid_request), without a server: the
+field named as the client wrote it, and an unknown field matched against the fields beside it, however deep."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from gym.serve.protocol import invalid_request
+
+
+class Part(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    text: str
+    detail: str | None = None
+
+
+class Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: str
+    parts: list[Part] | None = None
+    limit: int = 1
+
+
+def problems(body: dict) -> list:
+    """The errors FastAPI hands its handler: pydantic's, located under `body`."""
+    try:
+        Body.model_validate(body)
+    except ValidationError as exc:
+        return [{**p, "loc": ("body", *p["loc"])} for p in exc.errors()]
+    raise AssertionError("the body validated")
+
+
+def test_an_unknown_field_is_named_with_the_closest_beside_it():
+    error = invalid_request(problems({"model": "m", "limt": 3}), Body)
+    assert (error.status, error.param) == (400, "limt")
+    assert error.message == "Unrecognized request argument supplied: limt. Did you mean 'limit'?"
+    nested = invalid_request(problems({"model": "m", "parts": [{"text": "a"}, {"text": "b", "detial": "x"}]}), Body)
+    assert nested.param == "parts.1.detial"
+    assert nested.message.endswith("parts.1.detial. Did you mean 'detail'?")
+    # an unknown field is reported before the other problems of the same body
+    both = invalid_request(problems({"limit": "x", "zzz": 1}), Body)
+    assert both.param == "zzz" and both.message == "Unrecognized request argument supplied: zzz."
+
+
+def test_a_wrong_value_or_query_names_its_field_and_is_a_400():
+    error = invalid_request(problems({"model": "m", "limit": "many"}), Body)
+    assert (error.status, error.param, error.type) == (400, "limit", "invalid_request_error")
+    assert error.message.startswith("limit: Input should be a valid integer")
+    query = invalid_request([{"type": "int_parsing", "loc": ("query", "limit"), "msg": "Input should be a valid "
+                              "integer, unable to parse string as an integer", "input": "abc"}])
+    assert (query.status, query.param) == (400, "limit") and query.message.startswith("limit: ")
+    assert invalid_request([{"type": "json_invalid", "loc": ("body", 1), "msg": "JSON decode error"}]).message == \
+        "The request body is not valid JSON."
