@@ -141,11 +141,15 @@ def test_the_port_is_held_while_the_model_loads(tiny_model_dir, monkeypatch):
     ('{"training": {"max_stepz": 3}}', "--job_options: training: Unknown config key 'max_stepz'. Did you mean "
                                        "'max_steps'?"),
     ('{"delta_method": "int3"}', "--job_options: Unknown DeltaQuant method 'int3'"),
+    ('{"delta_options": {"distil_steps": 3}}', "--job_options: delta_options for bitdelta: Unknown BitDeltaConfig "
+                                               "field 'distil_steps'. Did you mean 'distill_steps'?"),
 ])
 def test_job_options_a_job_would_refuse_are_refused_at_start(options, message, tiny_model_dir, tmp_path, capsys,
                                                              no_model_load):
     # Each was accepted, then failed in every worker's claim: the worker crashed and restarted, jobs stayed queued.
     assert main(["api", "--model_name_or_path", str(tiny_model_dir), "--variants", str(tmp_path / "store"),
                  "--job_options", options]) == 2
-    assert_only_an_error_line(capsys.readouterr().err, message)
+    err = capsys.readouterr().err
+    assert_only_an_error_line(err, message)
+    assert not err.rstrip().endswith("?.")  # the option's own error ends its sentence
     assert no_model_load == []

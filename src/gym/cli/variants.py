@@ -96,7 +96,7 @@ def _existing_store(store: str) -> None:
     root = Path(store).expanduser()
     if root.is_dir():
         return
-    refuse_file_in_path(root, folder=True)  # the store, or a folder above it, is a file: named
+    refuse_file_in_path(root, folder=True, action="read")  # the store, or a folder above it, is a file: named
     raise ConfigError(f"{store}: no such variant store (a folder made by `gym variants create` or `add`).")
 
 

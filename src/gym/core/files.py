@@ -48,7 +48,7 @@ _TEMP = re.compile(r"^\.(?P<name>.+)\.tmp-(?P<pid>\d+)$")
 PathLike = str | os.PathLike[str]
 
 
-def refuse_file_in_path(path: PathLike, folder: bool = False) -> None:
+def refuse_file_in_path(path: PathLike, folder: bool = False, action: str = "write") -> None:
     """An OutputError when a folder on the way to `path` is a file (or a link to nothing), so that nothing can be
     made there; with `folder`, also when `path` itself, which is to be a folder, is a file. The OS would report it
     only as "Not a directory" or "File exists" from deep inside whichever writer met it first."""
@@ -59,7 +59,7 @@ def refuse_file_in_path(path: PathLike, folder: bool = False) -> None:
         if os.path.lexists(parent):
             if not parent.is_dir():
                 what = "a broken link" if parent.is_symlink() else "a file"
-                raise OutputError(f"Cannot write {path}: its parent {parent} is {what}, not a folder. "
+                raise OutputError(f"Cannot {action} {path}: its parent {parent} is {what}, not a folder. "
                                   "Choose another path.")
             return
 

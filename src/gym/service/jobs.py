@@ -371,7 +371,8 @@ def _delta_config(method: str, options: dict[str, Any]) -> Any:
             return BitDeltaConfig(**{"distill_steps": 50, "calibration": "user-rows", **options})
         return DeltaQuantConfig(method=method, **options)
     except TypeError as exc:  # an unknown option
-        raise ConfigError(f"delta_options for {method}: {exc}.") from None
+        said = str(exc)  # UnknownField ends its own sentence ("Did you mean 'distill_steps'?")
+        raise ConfigError(f"delta_options for {method}: {said}{'' if said.endswith(('.', '?')) else '.'}") from None
 
 
 def _safety_gate(values: dict[str, Any] | None) -> Any:
