@@ -83,3 +83,15 @@ def test_a_misspelt_training_key_is_refused_at_construction_with_the_closest(tmp
     with pytest.raises(ConfigError, match="Did you mean 'max_steps'?"):  # create_variant's own, before any work
         trainer.create_variant("alice", data=ROWS, max_stpes=3)
     assert not (tmp_path / "variants").exists()  # refused before the store made a folder for the variant
+
+
+def test_a_key_each_variant_sets_itself_is_refused_not_silently_replaced(tmp_path):
+    # output_dir=..., stage="dpo" or model_name_or_path=... were accepted and then replaced by create_variant's own.
+    from gym.core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"Training key output_dir is set for each variant \(.*work_dir=\); remove"):
+        PersonalizedTrainer("smollm2-135m", store=tmp_path / "variants", output_dir=str(tmp_path / "runs"))
+    trainer = PersonalizedTrainer("smollm2-135m", store=tmp_path / "variants")
+    with pytest.raises(ConfigError, match=r"Training key stage is set for each variant \(sft for data="):
+        trainer.create_variant("alice", data=ROWS, stage="dpo")
+    assert not (tmp_path / "variants").exists()

@@ -125,6 +125,22 @@ def _work_folder(work_dir: str | Path | None, variant_folder: Path) -> Iterator[
         shutil.rmtree(scratch, ignore_errors=True)
 
 
+# The keys create_variant sets itself; given as training keys they were silently replaced.
+OWNED_KEYS = {
+    "model_name_or_path": "the base model is PersonalizedTrainer's first argument",
+    "stage": "sft for data=, dpo for preferences=",
+    "dataset": "the rows are create_variant's data= or preferences=",
+    "dataset_dir": "the rows are create_variant's data= or preferences=",
+    "output_dir": "the training run goes to create_variant's work_dir=",
+    "overwrite_output_dir": "each variant's run starts again unless resumed",
+}
+
+
+def _refuse_owned_keys(keys: dict[str, Any]) -> None:
+    for key in sorted(keys.keys() & OWNED_KEYS.keys()):
+        raise ConfigError(f"Training key {key} is set for each variant ({OWNED_KEYS[key]}); remove it.")
+
+
 class CreationStopped(GymError):
     """`should_stop` said yes between two of create_variant's steps: nothing was stored."""
 
@@ -138,6 +154,7 @@ class PersonalizedTrainer:
     def __init__(self, base_model: str = "smollm2-135m", config: BitDeltaConfig | DeltaQuantConfig | None = None,
                  store: str | Path | None = None, **training: Any) -> None:
         check_keys(training)  # a misspelt key named now, with the closest one, not when a variant is first created
+        _refuse_owned_keys(training)
         self.base_model = base_model
         self.config: BitDeltaConfig | DeltaQuantConfig = config or BitDeltaConfig(distill_steps=50,
                                                                                  calibration="user-rows")
@@ -161,6 +178,7 @@ class PersonalizedTrainer:
         and stores nothing (a cancelled fine-tuning job: training is minutes of it, distillation and the gate more)."""
         check_user_id(user_id)
         check_keys(overrides)  # before the store makes a folder for the variant
+        _refuse_owned_keys(overrides)
 
         def stop_here(step: str) -> None:
             if should_stop is not None and should_stop():
