@@ -70,3 +70,34 @@ def test_incomplete_checkpoint_is_skipped(tmp_path):
     (tmp_path / "checkpoint-15").mkdir()
     (tmp_path / "checkpoint-15" / "trainer_state.json").write_text('{"global_st')  # cut short
     assert last_checkpoint(tmp_path).name == "checkpoint-5"
+
+
+def test_a_checkpoint_whose_weights_were_cut_short_is_named(train_config, tmp_path):
+    # transformers' resume said only "Error while deserializing header: ..." (the copy of a checkpoint was cut off).
+    import pytest
+
+    from gym.core.errors import ModelError
+
+    common = dict(max_steps=4, save_strategy="steps", save_steps=2, output_dir=str(tmp_path / "run"))
+    run_exp(train_config(**common))
+    weights = tmp_path / "run" / "checkpoint-2" / "adapter_model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    with pytest.raises(ModelError, match=rf"^{weights} is damaged or incomplete"):
+        run_exp(train_config(**{**common, "output_dir": str(tmp_path / "again")},
+                             resume_from_checkpoint=str(weights.parent)))
+
+
+def test_gyms_own_checkpoint_cut_short_is_named(tmp_path):
+    # PPO's loop reads trainable.safetensors itself (gym.train.checkpoints), before the optimizer and the rest.
+    import pytest
+    import torch
+    from safetensors.torch import save_file
+
+    from gym.core.errors import ModelError
+    from gym.train.checkpoints import WEIGHTS_FILE, load_checkpoint
+
+    weights = tmp_path / WEIGHTS_FILE
+    save_file({"w": torch.ones(64, 64)}, str(weights))
+    weights.write_bytes(weights.read_bytes()[:1000])
+    with pytest.raises(ModelError, match=rf"^{weights} is damaged or incomplete"):
+        load_checkpoint(tmp_path, {}, None, None, torch.Generator())  # type: ignore[arg-type]

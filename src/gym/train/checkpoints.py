@@ -19,11 +19,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from gym.config.args import TrainArgs
 from gym.core.errors import ConfigError
 from gym.core.files import readable_as_umask, temp_path
+from gym.core.safetensors_files import load_safetensors
 
 WEIGHTS_FILE = "trainable.safetensors"
 LOOP_STATE_FILE = "loop_state.pt"
@@ -131,7 +132,7 @@ def load_checkpoint(folder: str | Path, modules: dict[str, torch.nn.Module], opt
     if not (folder / WEIGHTS_FILE).is_file():
         raise ConfigError(f"{folder} is not a checkpoint of this kind of run (no {WEIGHTS_FILE}); it was written by "
                           "another stage. Resume with the stage that wrote it, or remove resume_from_checkpoint.")
-    saved = load_file(str(folder / WEIGHTS_FILE))
+    saved = load_safetensors(folder / WEIGHTS_FILE)  # a damaged file named
     params = _trainable(modules)
     if set(saved) != set(params):
         differ = sorted(set(saved) ^ set(params))

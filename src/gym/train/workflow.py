@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 
 from gym.config.args import TrainArgs
 from gym.config.finetuning import ADAPTER_TYPES
@@ -27,6 +28,7 @@ from gym.core.hardware import cpu_supports_bf16
 from gym.core.kinds import DataKind
 from gym.core.names import split_names
 from gym.core.results import RunResult
+from gym.core.safetensors_files import first_damaged, weight_files
 from gym.data.collators import CausalLMCollator, MediaCollator
 from gym.data.loader import TokenizedData, get_dataset
 from gym.data.multimodal import MediaInputs
@@ -252,7 +254,13 @@ def _train_and_evaluate(trainer: Any, setup: Setup, args: TrainArgs[Any]) -> tup
     started = time.perf_counter()
     with stopping.stop_on_interrupt() as stop:
         trainer.add_callback(stopping.StopCallback(stop))
-        result = trainer.train(resume_from_checkpoint=setup.resume)
+        try:
+            result = trainer.train(resume_from_checkpoint=setup.resume)
+        except SafetensorError:  # transformers' "Error while deserializing header" names no file
+            damaged = first_damaged(weight_files(setup.resume)) if setup.resume else None
+            if damaged is None:
+                raise
+            raise damaged from None
     if stop.requested and trainer.state.global_step < trainer.state.max_steps:
         raise stopping.stopped(args.output_dir, trainer.state.global_step, trainer.state.max_steps)
     seconds = time.perf_counter() - started
