@@ -243,6 +243,21 @@ def test_more_than_one_adapter_is_a_config_error(fake):
     assert fake.engine_args == [] and set(threading.enumerate()) == threads  # nothing started
 
 
+def test_an_adapter_with_nan_is_refused_before_vllm_starts(fake, tmp_path):
+    # vLLM loads the adapter itself, so the check peft's loading gets is made here: else NaN is served.
+    import torch
+    from safetensors.torch import save_file
+
+    from gym.core.errors import ModelError
+
+    weights = torch.ones(4, 8)
+    weights[1, 2] = float("inf")
+    save_file({"base_model.model.q_proj.lora_A.weight": weights}, str(tmp_path / "adapter_model.safetensors"))
+    with pytest.raises(ModelError, match=r"the tensor base_model.model.q_proj.lora_A.weight holds NaN or inf"):
+        fake.module.VllmEngine("/models/m", [str(tmp_path)], STOP_IDS, max_batch_size=4, max_waiting=8)
+    assert fake.engine_args == []  # nothing started
+
+
 def test_one_adapter_is_a_lora_request_on_every_generate(fake, make_engine):
     engine = make_engine(adapters=["/adapters/a1"])
     (args,) = fake.engine_args

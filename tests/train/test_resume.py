@@ -90,3 +90,19 @@ def test_a_damaged_checkpoint_file_is_named_before_the_model_loads(train_config)
             run_exp({**config, "max_steps": 5, "resume_from_checkpoint": str(out / "checkpoint-2")})
         damaged.write_bytes(whole)
     assert run_exp({**config, "max_steps": 4, "resume_from_checkpoint": str(out / "checkpoint-2")}).global_step == 4
+
+
+def test_gyms_own_checkpoint_cut_short_is_named(tmp_path):
+    # PPO's loop reads trainable.safetensors itself (gym.train.checkpoints), before the optimizer and the rest.
+    import pytest
+    import torch
+    from safetensors.torch import save_file
+
+    from gym.core.errors import ModelError
+    from gym.train.checkpoints import WEIGHTS_FILE, load_checkpoint
+
+    weights = tmp_path / WEIGHTS_FILE
+    save_file({"w": torch.ones(64, 64)}, str(weights))
+    weights.write_bytes(weights.read_bytes()[:1000])
+    with pytest.raises(ModelError, match=rf"^{weights} is damaged or incomplete"):
+        load_checkpoint(tmp_path, {}, None, None, torch.Generator())  # type: ignore[arg-type]

@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import gguf
-from safetensors.torch import load_file
 from transformers import AutoConfig
 
 from gym.core.errors import ConfigError
@@ -27,6 +26,7 @@ from gym.core.names import split_names
 from gym.export.config import ExportArguments
 from gym.export.gguf_file import arch_of, encode_tensor, permute_for_llama
 from gym.infer.config import resolve_inference_config
+from gym.models.adapters import ADAPTER_WEIGHTS, adapter_weights
 from gym.models.loader import resolve_model_path
 
 ADAPTER_TYPES = ("f32", "f16", "bf16", "q8_0")
@@ -107,7 +107,7 @@ def write_gguf_lora(adapter_dir: Path, base_path: str, path: Path, gguf_type: st
     if adapter.get("use_dora"):
         raise ConfigError(f"{adapter_dir} is a DoRA adapter, which a GGUF adapter cannot carry: merge it with "
                           "--format gguf.")
-    weights = load_file(str(adapter_dir / "adapter_model.safetensors"))
+    weights = adapter_weights(adapter_dir / ADAPTER_WEIGHTS)  # a damaged file, or NaN/inf in it, named
     config = AutoConfig.from_pretrained(base_path)
     arch = arch_of(config)
     names = gguf.get_tensor_name_map(arch, config.num_hidden_layers)

@@ -24,6 +24,7 @@ from vllm.lora.request import LoRARequest
 
 from gym.core.errors import ConfigError
 from gym.infer.requests import Event, Finished, Media, Piece, Request, SamplingParams, admit, refuse_media
+from gym.models.adapters import check_adapter_weights
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +39,8 @@ class VllmEngine:
         if len(adapters) > 1:
             raise ConfigError("infer_backend: vllm serves one LoRA adapter at a time; merge the others into the "
                               "model first, or use infer_backend: hf.")
+        if adapters:
+            check_adapter_weights(adapters[0])  # vLLM loads it itself, NaN or inf included
         self.stop_token_ids = stop_token_ids
         self.max_waiting = max_waiting
         self._lock = threading.Lock()

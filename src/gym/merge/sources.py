@@ -23,6 +23,7 @@ from safetensors import safe_open
 from gym.core.errors import ConfigError
 from gym.core.files import MANIFEST_FILE
 from gym.merge.config import same_model
+from gym.models.adapters import check_adapter_weights
 from gym.models.loader import require_safetensors, resolve_model_path
 from gym.models.registry import EMBEDDED, HUB_PRESETS
 
@@ -114,6 +115,7 @@ def check_adapter_base(ref: str, base_ref: str, base_path: str) -> None:
         raise ConfigError(f"The LoRA adapter {ref} was trained on {recorded[0]}, not on base_model {base_ref}: "
                           f"a LoRA applies only to its own base. Set base_model: {recorded[0]} (and merge only "
                           "adapters of that base).")
+    check_adapter_weights(ref)  # else NaN in it reads as a merge that "gives NaN", and a damaged file goes unnamed
 
 
 def open_source(ref: str, skeleton: Any, base_label: str) -> FullModel | FoldedAdapter:

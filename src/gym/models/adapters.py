@@ -16,9 +16,10 @@ from typing import Any
 import torch
 
 from gym.config.finetuning import FinetuningArguments
-from gym.core.errors import ConfigError
+from gym.core.errors import ConfigError, ModelError
 from gym.core.files import MANIFEST_FILE
 from gym.core.names import split_names as _split
+from gym.core.safetensors_files import load_safetensors
 from gym.models import unsloth, vision
 from gym.models.base_quantization import is_quantized, prepare_for_adapters
 from gym.models.loftq import loftq_initialise
@@ -26,6 +27,7 @@ from gym.models.loftq import loftq_initialise
 logger = logging.getLogger(__name__)
 
 _LAYER_INDEX = re.compile(r"\.layers\.(\d+)\.")
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
 
 
 def trained_base(adapter: str | Path) -> str | None:
@@ -44,17 +46,56 @@ class MissingAdapterWeights(ValueError):
     """peft made a module the adapter's config targets, but the adapter's file holds no weights for it."""
 
 
+def adapter_weights(path: str | Path) -> dict[str, torch.Tensor]:
+    """The tensors of an adapter's weights file, each checked finite. A run that diverged saves NaN or inf, and peft
+    loads them without a word: every answer is then garbage, and an export carries it on. A damaged file is named
+    too (gym.core.safetensors_files). One pass over tensors that are small next to the model."""
+    tensors = load_safetensors(path)
+    for name, tensor in tensors.items():
+        # A sum is non-finite whenever an entry is and costs a third of isfinite(); only an overflowing sum of
+        # finite values needs the exact check.
+        if tensor.is_floating_point() and not torch.isfinite(tensor.sum()) and not bool(torch.isfinite(tensor).all()):
+            raise ModelError(f"{path}: the tensor {name} holds NaN or inf values, so the adapter is broken (a run "
+                             "that diverged saves them): use an earlier checkpoint, or train again with a lower "
+                             "learning_rate.")
+    return tensors
+
+
+def check_adapter_weights(folder: str | Path) -> bool:
+    """`adapter_weights`' check of the adapter at `folder` (a folder, or a hub id already in the hub cache), for
+    doors that hand the adapter to an engine that loads it itself (vLLM); False where no weights file was found."""
+    path = Path(folder).expanduser() / ADAPTER_WEIGHTS
+    if not path.is_file():
+        if Path(folder).expanduser().exists():
+            return False  # a folder without safetensors weights: the loader says what it lacks
+        from huggingface_hub import try_to_load_from_cache
+
+        try:
+            cached = try_to_load_from_cache(str(folder), ADAPTER_WEIGHTS)
+        except ValueError:  # not a hub id either: the loader says what it is not
+            return False
+        if not isinstance(cached, str):
+            return False
+        path = Path(cached)
+    adapter_weights(path)
+    return True
+
+
 def load_peft_adapter(model: Any, folder: str | Path, **options: Any) -> Any:
     """PeftModel.from_pretrained, where an adapter without weights for a module it targets is an error. peft only
     warns there and leaves those modules at their initial weights (a LoRA's B at zero: no change), so an adapter
-    trained on another architecture with the same module names "loaded" and did nothing."""
+    trained on another architecture with the same module names "loaded" and did nothing. Its weights are checked
+    first (`adapter_weights`); a hub adapter's once peft has downloaded them."""
     import warnings
 
     from peft import PeftModel
 
+    checked = check_adapter_weights(folder)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         attached = PeftModel.from_pretrained(model, str(folder), **options)
+    if not checked:
+        check_adapter_weights(folder)
     for warning in caught:
         text = str(warning.message)
         if "Found missing adapter keys" in text:

@@ -30,6 +30,7 @@ from gym.core.files import FORMAT_VERSION, temp_path
 from gym.core.files import MANIFEST_FILE as MANIFEST
 from gym.core.home import gym_home
 from gym.core.names import did_you_mean
+from gym.core.safetensors_files import first_damaged, weight_files
 from gym.models import unsloth
 from gym.models.base_quantization import describe_quantized, device_map, quantization_config
 from gym.models.registry import DEFAULT_MODEL, EMBEDDED, HUB_PRESETS, known_names
@@ -330,7 +331,7 @@ def load_causal_lm(model_path: str, model_args: ModelArguments | None = None,
             model_path, dtype=dtype, attn_implementation=attn_implementation(model_args), **kwargs
         )
     except (OSError, ValueError, SafetensorError) as exc:  # a missing/unreadable config.json or weights file
-        raise ModelError(f"Could not load the model {model_path}: {_first_line(exc)}") from None
+        raise load_failed(model_path, exc) from None
     _report_quantized(model, model_args, dtype)
     return model
 
@@ -360,12 +361,29 @@ def _with_new_head(model_path: str, model_args: ModelArguments | None, dtype: to
             **_load_kwargs(model_path, model_args, dtype),
         )
     except (OSError, ValueError, SafetensorError) as exc:  # a missing/unreadable config.json or weights file
-        raise ModelError(f"Could not load the model {model_path}: {_first_line(exc)}") from None
+        raise load_failed(model_path, exc) from None
     _report_quantized(model, model_args, dtype)
     if model.config.pad_token_id is None:
         # The score is read at the last non-padding token, which the model finds through pad_token_id.
         model.config.pad_token_id = model.config.eos_token_id
     return model
+
+
+def load_failed(model_path: str, exc: BaseException) -> ModelError:
+    """The error for a from_pretrained that failed on `model_path`. safetensors' "Error while deserializing header"
+    names no file, and a sharded model has several: the damaged one is found by reading headers (only now, after
+    the failure, so a good model's start pays nothing)."""
+    if isinstance(exc, SafetensorError):
+        folder = Path(model_path)
+        if not folder.is_dir():  # a hub model: its files are in the local Hugging Face cache
+            from huggingface_hub import try_to_load_from_cache
+
+            cached = try_to_load_from_cache(model_path, "config.json")
+            folder = Path(cached).parent if isinstance(cached, str) else folder
+        named = first_damaged(weight_files(folder))
+        if named is not None:
+            return named
+    return ModelError(f"Could not load the model {model_path}: {_first_line(exc)}")
 
 
 def require_safetensors(folder: Path) -> None:

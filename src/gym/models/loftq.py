@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
 
 from gym.core.errors import ModelError
+from gym.core.safetensors_files import open_safetensors
 
 PEFT_PREFIX = "base_model.model."
 # Power iterations and extra columns of the randomized SVD: 16 as PiSSA's default; 8 columns more than the rank
@@ -40,7 +40,7 @@ def original_weights(model_dir: str) -> dict[str, str]:
         folder = Path(snapshot_download(model_dir, local_files_only=True))
     where: dict[str, str] = {}
     for file in sorted(folder.glob("*.safetensors")):
-        with safe_open(str(file), framework="pt") as handle:
+        with open_safetensors(file) as handle:
             where.update(dict.fromkeys(handle.keys(), str(file)))
     return where
 
@@ -59,7 +59,7 @@ def loftq_initialise(peft_model: Any, model_dir: str, adapter: str = "default") 
         key = name.removeprefix(PEFT_PREFIX) + ".weight"
         if key not in files:
             raise ModelError(f"loftq_init reads the unquantized weights from {model_dir}, which has no tensor {key}.")
-        with safe_open(files[key], framework="pt") as handle:
+        with open_safetensors(files[key]) as handle:
             original = handle.get_tensor(key).float()
         quantized: Any = module.get_base_layer().weight
         rounded = bnb.functional.dequantize_4bit(quantized.data, quantized.quant_state).float().cpu()

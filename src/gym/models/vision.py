@@ -112,7 +112,7 @@ def load_multimodal(model_path: str, model_args: ModelArguments | None = None,
     """The model with its vision/audio parts, through the auto class transformers registers its type under."""
     from transformers import AutoModelForImageTextToText, AutoModelForMultimodalLM
 
-    from gym.models.loader import _first_line, _load_kwargs, _report_quantized, attn_implementation
+    from gym.models.loader import _load_kwargs, _report_quantized, attn_implementation, load_failed
 
     image_text, _ = _mappings()
     auto = AutoModelForImageTextToText if model_type_of(model_path, model_args) in image_text \
@@ -121,7 +121,7 @@ def load_multimodal(model_path: str, model_args: ModelArguments | None = None,
         model = auto.from_pretrained(model_path, dtype=dtype, attn_implementation=attn_implementation(model_args),
                                      **_load_kwargs(model_path, model_args, dtype))
     except (OSError, ValueError, SafetensorError) as exc:
-        raise ModelError(f"Could not load the model {model_path}: {_first_line(exc)}") from None
+        raise load_failed(model_path, exc) from None
     _report_quantized(model, model_args, dtype)
     return model
 

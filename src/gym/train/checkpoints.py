@@ -15,17 +15,17 @@ import json
 import os
 import re
 import shutil
-import struct
 import zipfile
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from gym.config.args import TrainArgs
 from gym.core.errors import ConfigError
 from gym.core.files import readable_as_umask, temp_path
+from gym.core.safetensors_files import first_damaged, load_safetensors
 
 WEIGHTS_FILE = "trainable.safetensors"
 LOOP_STATE_FILE = "loop_state.pt"
@@ -83,37 +83,23 @@ def resolve_resume(args: TrainArgs[Any]) -> str | None:
 
 
 def check_checkpoint_files(folder: Path) -> None:
-    """A checkpoint's files are whole, judged from their ends and headers (no tensor is read): torch's files are zip
-    archives, whose directory is written last, and a safetensors file is as long as its header says. A damaged one
-    (a copy cut short, a disk error) was a torch traceback once the model had loaded."""
+    """A checkpoint's files are whole, judged from their ends and headers (no tensor is read). A damaged one (a copy
+    cut short, a disk error) was a torch traceback, or safetensors' unnamed header error, once the model had
+    loaded."""
     for path in sorted(folder.iterdir()):
         if not path.is_file():
             continue
-        problem = (None if path.suffix not in (".pt", ".pth", ".bin") or zipfile.is_zipfile(path)
-                   else "not a whole torch file") if path.suffix != ".safetensors" else _safetensors_problem(path)
+        if path.suffix == ".safetensors":  # safetensors checks, on opening, that its header's tensors fit the file
+            problem = "not a whole safetensors file" if first_damaged([path]) is not None else None
+        else:  # torch's files are zip archives, whose directory is written last
+            problem = None if path.suffix not in (".pt", ".pth", ".bin") or zipfile.is_zipfile(path) else (
+                "not a whole torch file")
         if problem is not None:
             earlier = [p for p in _complete_checkpoints(folder.parent) if _step(p) < _step(folder)]
             instead = (f"resume from the one before (resume_from_checkpoint: {earlier[-1]}), or "
                        if earlier else "")
             raise ConfigError(f"{path} is damaged or incomplete ({problem}), so {folder.name} cannot be resumed: "
                               f"{instead}remove resume_from_checkpoint to start again.")
-
-
-def _safetensors_problem(path: Path) -> str | None:
-    size = path.stat().st_size
-    try:
-        with path.open("rb") as handle:
-            (length,) = struct.unpack("<Q", handle.read(8))
-            if length > size:
-                return f"its header claims {length} bytes of a {size}-byte file"
-            header = json.loads(handle.read(length))
-        end = max((int(entry["data_offsets"][1]) for key, entry in header.items() if key != "__metadata__"),
-                  default=0)
-    except (struct.error, ValueError, KeyError, TypeError, IndexError, AttributeError):
-        return "its header does not read"
-    if 8 + length + end > size:
-        return f"{size} bytes of the {8 + length + end} its header lists"
-    return None
 
 
 def _step(folder: Path) -> int:
@@ -178,7 +164,7 @@ def load_checkpoint(folder: str | Path, modules: dict[str, torch.nn.Module], opt
     if not (folder / WEIGHTS_FILE).is_file():
         raise ConfigError(f"{folder} is not a checkpoint of this kind of run (no {WEIGHTS_FILE}); it was written by "
                           "another stage. Resume with the stage that wrote it, or remove resume_from_checkpoint.")
-    saved = load_file(str(folder / WEIGHTS_FILE))
+    saved = load_safetensors(folder / WEIGHTS_FILE)  # a damaged file named
     params = _trainable(modules)
     if set(saved) != set(params):
         differ = sorted(set(saved) ^ set(params))
