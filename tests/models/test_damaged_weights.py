@@ -126,3 +126,43 @@ def test_a_truncated_model_file_is_named(verb, tiny_model_dir, tmp_path):
     done = gym_here(verb[0], "--model_name_or_path", model, *(a.format(tmp=tmp_path) for a in verb[1:]))
     assert_one_line_error(done, f"{model / 'model.safetensors'} is damaged or incomplete")
     assert not (tmp_path / "out").exists()
+
+
+def test_a_reward_model_or_dpo_reference_adapter_with_nan_is_refused(nan_adapter, tiny_model_dir, tmp_path):
+    # Both loaded their adapters with peft directly: a NaN reward adapter scored every answer NaN, and a NaN
+    # reference made DPO's loss NaN from the first step.
+    import json
+
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoModelForSequenceClassification
+
+    from gym.core.errors import ModelError
+    from gym.rewards.reward_model import load_reward_model
+
+    base = AutoModelForSequenceClassification.from_pretrained(tiny_model_dir, num_labels=1, dtype=torch.float32)
+    folder = tmp_path / "rm-lora"
+    get_peft_model(base, LoraConfig(task_type="SEQ_CLS", r=4, target_modules=["q_proj", "v_proj"],
+                                    init_lora_weights=False)).save_pretrained(folder)
+    tensors = load_file(str(folder / "adapter_model.safetensors"))
+    broken = sorted(name for name in tensors if "lora_B" in name)[0]
+    tensors[broken][0, 0] = float("nan")
+    save_file(tensors, str(folder / "adapter_model.safetensors"), metadata={"format": "pt"})
+    config = folder / "adapter_config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), "base_model_name_or_path": str(tiny_model_dir)}))
+    with pytest.raises(ModelError, match=f"the tensor {broken} holds NaN or inf"):
+        load_reward_model(str(folder))
+
+    from gym.config.parser import get_train_args
+    from gym.train.methods.dpo import _reference_model
+
+    args = get_train_args({"model_name_or_path": str(tiny_model_dir), "stage": "dpo", "dataset": "x",
+                           "output_dir": str(tmp_path / "out"), "ref_model": str(tiny_model_dir),
+                           "ref_model_adapters": str(nan_adapter)}, complete=False)
+
+    class NoMedia:
+        media = None
+
+    with pytest.raises(ModelError, match=f"the tensor {NAN_TENSOR} holds NaN or inf"):
+        _reference_model(args, args.options, NoMedia())  # type: ignore[arg-type]

@@ -17,13 +17,12 @@ from typing import Any
 
 import torch
 from huggingface_hub import snapshot_download
-from peft import PeftModel
 from safetensors import safe_open
 
 from gym.core.errors import ConfigError
 from gym.core.files import MANIFEST_FILE
 from gym.merge.config import same_model
-from gym.models.adapters import check_adapter_weights
+from gym.models.adapters import check_adapter_weights, load_peft_adapter
 from gym.models.loader import require_safetensors, resolve_model_path
 from gym.models.registry import EMBEDDED, HUB_PRESETS
 
@@ -87,7 +86,7 @@ class FoldedAdapter:
         self.ref = ref
         require_safetensors(Path(ref).expanduser())
         try:
-            merged = PeftModel.from_pretrained(copy.deepcopy(base), str(Path(ref).expanduser())).merge_and_unload()
+            merged = load_peft_adapter(copy.deepcopy(base), Path(ref).expanduser()).merge_and_unload()
         except (ValueError, RuntimeError, KeyError) as exc:
             raise ConfigError(f"The LoRA adapter {ref} does not fit the base: {loading_error(exc)}") from None
         before = dict(base.named_parameters())

@@ -12,13 +12,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from peft import PeftModel
 from transformers import AutoConfig, AutoTokenizer
 from transformers import AutoModelForSequenceClassification as SeqCls
 
 from gym.core.errors import ConfigError, ModelError
 from gym.core.files import MANIFEST_FILE
 from gym.data.templates import trained_chat_format
+from gym.models.adapters import load_peft_adapter
 from gym.rewards.verifiers import RewardFunc, as_text
 
 _SCORE_BATCH = 16
@@ -54,7 +54,7 @@ def load_reward_model(path: str) -> tuple[Any, Any, Any]:
             if not base:
                 raise _not_reward_model(folder, "its adapter names no base model")
             model = SeqCls.from_pretrained(base, num_labels=1, dtype=torch.float32)
-            model = PeftModel.from_pretrained(model, str(folder)).merge_and_unload()
+            model = load_peft_adapter(model, folder).merge_and_unload()  # NaN or missing weights refused
         elif (folder / "config.json").is_file():
             base = str(folder)
             architectures = AutoConfig.from_pretrained(base).architectures or []

@@ -27,14 +27,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from peft import PeftModel
-
 from gym.config.args import TrainArgs
 from gym.config.stages.dpo import PreferenceOptions
 from gym.core.kinds import DataKind
 from gym.core.names import split_names
 from gym.core.results import RunResult
 from gym.models import vision
+from gym.models.adapters import load_peft_adapter
 from gym.models.loader import load_causal_lm, resolve_model_path
 from gym.train.media_rows import media_collator, trl_rows
 from gym.train.tdpo import tdpo_trainer_class
@@ -98,7 +97,7 @@ def _reference_model(args: TrainArgs[PreferenceOptions], options: PreferenceOpti
     load = vision.load_multimodal if setup.media is not None else load_causal_lm
     ref = load(resolve_model_path(options.ref_model), args.model)
     for adapter in split_names(options.ref_model_adapters):
-        ref = PeftModel.from_pretrained(ref, adapter).merge_and_unload()
+        ref = load_peft_adapter(ref, adapter).merge_and_unload()  # NaN or missing weights refused
     return ref.eval().requires_grad_(False)
 
 
