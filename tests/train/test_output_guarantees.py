@@ -332,3 +332,18 @@ def test_training_into_the_model_it_starts_from_is_refused(train_config, tiny_mo
     with pytest.raises(OutputError, match=r"is the input .*overwrite_output_dir or not"):
         run_exp(train_config(output_dir=str(tiny_model_dir), overwrite_output_dir=True))
     assert (tiny_model_dir / "config.json").is_file()
+
+
+def test_installing_a_result_replaces_a_file_with_a_folder_and_lists_what_it_wrote(tmp_path):
+    from gym.core.files import write_manifest
+    from gym.train.outputs import FINAL_JOURNAL, _install_final
+
+    out, tmp = tmp_path / "out", tmp_path / "out" / ".final.tmp-1"
+    (tmp / "value_head").mkdir(parents=True)
+    (tmp / "value_head" / "weights.bin").write_text("new")
+    write_manifest(tmp, {"what": "model"})
+    (out / "value_head").write_text("an earlier run's file")
+    _install_final(tmp, out)
+    assert (out / "value_head" / "weights.bin").read_text() == "new"
+    assert json.loads((out / "gym_manifest.json").read_text())["files"] == ["value_head/weights.bin"]
+    assert not (out / FINAL_JOURNAL).exists() and sorted(p.name for p in tmp.iterdir()) == []

@@ -201,6 +201,8 @@ def _install_final(tmp: Path, out: Path) -> None:
         target = out / name
         if target.is_dir() and not target.is_symlink():
             shutil.rmtree(target)
+        elif os.path.lexists(target) and (tmp / name).is_dir():
+            target.unlink()  # a file where the new result has a folder: a rename cannot replace it
         os.replace(tmp / name, target)
     for name in sorted(previous - set(names)):
         stale = out / name
