@@ -109,6 +109,8 @@ def test_bare_file_with_messages_and_tools_is_sniffed(tmp_path):
     ('{"arguments": {"city": "Paris"}}', "no function name"),
     ('{"name": "get_weather", "arguments": ["Paris"]}', "must be a JSON object"),
     ('[{"name": "get_weather", "arguments": {}}, {"name": ""}]', r"\[1\]: a call has no function name"),
+    # written raw into `{"name": "..."}`, a quote would train a call no parser reads back
+    ('{"name": "get\\"weather", "arguments": {}}', "function name 'get\"weather' holds '\"'"),
 ])
 def test_malformed_function_call_names_file_row_and_field(tmp_path, value, problem):
     rows = [{"conversations": [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Hello"}]},

@@ -129,6 +129,20 @@ def test_forced_calls_follow_the_schema_and_stream_like_the_whole(tool_chat):
     assert [c.name for c in named.calls] == ["add"]
 
 
+def test_a_forced_call_the_grammar_gives_up_on_is_an_error_not_a_reply(tool_chat):
+    """A function whose parameters no finite JSON matches: the answer stops at `<`, which must not come back as a
+    finished reply (finish_reason "stop", content "<")."""
+    endless = {"$defs": {"n": {"type": "object", "properties": {"n": {"$ref": "#/$defs/n"}}, "required": ["n"]}},
+               "$ref": "#/$defs/n"}
+    tools = [{"type": "function", "function": {"name": "f", "parameters": endless}}]
+    ask = [{"role": "user", "content": "Hi"}]
+    with pytest.raises(grammar.GrammarStopped, match="Too many items"):
+        tool_chat.reply(ask, tools=tools, tool_choice="required")
+    with pytest.raises(grammar.GrammarStopped):
+        list(tool_chat.stream_reply(ask, response_format={"type": "json_schema", "json_schema": {
+            "name": "x", "schema": endless}}))
+
+
 def test_a_template_that_cannot_render_tools_says_how_to_fix_it(tiny_model_dir):
     from gym.infer.chat import ChatModel
 

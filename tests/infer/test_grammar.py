@@ -163,6 +163,20 @@ def test_bad_schemas_and_grammars_are_one_line_config_errors(make, words):
     assert words in str(caught.value) and "\n" not in str(caught.value)
 
 
+# Valid JSON Schema that no finite JSON matches: llguidance compiles it, then gives up at its item limit as soon as
+# the text it must force (`{"next": {"next": ...`) has no end.
+ENDLESS = {"$defs": {"node": {"type": "object", "properties": {"next": {"$ref": "#/$defs/node"}},
+                              "required": ["next"]}}, "$ref": "#/$defs/node"}
+
+
+def test_an_answer_the_grammar_gives_up_on_ends_as_an_error_not_a_stop(engine, tokenizer):
+    """Not "stop", which says the answer matches its schema: it is `{"`, no JSON at all."""
+    [done] = answers(engine, tokenizer, [sampled(0, grammar.json_schema(ENDLESS), 20)])
+    assert done.reason == "error" and "Too many items" in done.error, done
+    with pytest.raises(grammar.GrammarStopped, match="could not go on .*Too many items.*make the recursion optional"):
+        raise grammar.GrammarStopped(done.error, done.completion_tokens)
+
+
 def test_a_special_token_the_tokenizer_lacks_is_a_config_error_at_submit(fast, tokenizer):
     constraint = grammar.lark('start: "x" <|no_such_token|>')  # only the tokenizer can tell
     with pytest.raises(ConfigError, match="no_such_token"):

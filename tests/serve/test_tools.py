@@ -223,6 +223,9 @@ def test_response_format_json_schema_ten_of_ten(base):
     ({"tools": [{"type": "function", "function": {"description": "no name"}}]}, "tools"),
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "nonsense"}}}],
       "tool_choice": "required"}, "tools"),
+    # a forced call to such a name came back as content: the grammar writes the name raw into the call's JSON
+    ({"tools": [{"type": "function", "function": {"name": 'say"hi'}}], "tool_choice": "required"}, "tools"),
+    ({"tools": [{"type": "function", "function": {"name": "x{arguments}"}}], "tool_choice": "required"}, "tools"),
     ({"response_format": {"type": "yaml"}}, "response_format"),
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nonsense"}}}},
      "response_format"),
@@ -234,6 +237,26 @@ def test_unusable_tool_and_format_fields_are_400_naming_the_param(real, extra, p
     status, body = raw(base_url, "/v1/chat/completions", {"model": "tiny", "messages": ASK, **extra})
     assert status == 400, body
     assert body["error"]["param"] == param and body["error"]["message"]
+
+
+ENDLESS = {"$defs": {"n": {"type": "object", "properties": {"n": {"$ref": "#/$defs/n"}}, "required": ["n"]}},
+           "$ref": "#/$defs/n"}  # valid JSON Schema, but no finite JSON matches it
+
+
+@pytest.mark.parametrize("extra, param", [
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": ENDLESS}}}, "response_format"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": ENDLESS}}], "tool_choice": "required"},
+     "tools"),
+])
+def test_a_schema_the_grammar_gives_up_on_is_a_400_not_json_cut_short(real, extra, param):
+    """llguidance stops part way (its item limit) on such a schema: the answer was `{"` or `<` with
+    finish_reason "stop", as if it were valid. Streamed, the 400 comes as the stream's error event."""
+    client, base_url, _ = real
+    status, body = raw(base_url, "/v1/chat/completions", {"model": "tiny", "messages": ASK, **extra})
+    assert status == 400 and body["error"]["param"] == param, body
+    assert "could not go on" in body["error"]["message"]
+    with pytest.raises(openai.APIError, match="could not go on"):
+        list(client.chat.completions.create(model="tiny", messages=ASK, stream=True, **extra))
 
 
 def test_gym_chat_shows_calls_and_sends_the_next_line_as_their_result(scripted, capsys, monkeypatch):

@@ -67,6 +67,21 @@ def canonical_json(value: Any) -> str:
 
 # -- reading what users bring ------------------------------------------------------------------------------------
 
+# What a function name cannot hold: each family writes the name as is into its call text (inside a JSON string for
+# qwen, llama3 and mistral; before a newline for glm4 and default), so a quote, a backslash or whitespace makes a call
+# no parser reads back, and a brace can spell a layout's `{arguments}`. OpenAI allows only letters, digits, _ and -.
+_BAD_NAME = re.compile(r'[\s"\\{}\x00-\x1f\x7f]')
+
+
+def _bad_name(name: str) -> str | None:
+    """The reason `name` cannot be a function's name, or None."""
+    bad = _BAD_NAME.search(name)
+    if bad:
+        return (f"function name {name!r} holds {bad.group()!r}, which a call's text cannot carry (no whitespace, "
+                "quotes, backslashes or braces; OpenAI's names are letters, digits, '_' and '-')")
+    return None
+
+
 def parse_tools(value: Any) -> list[dict[str, Any]]:
     """A tools column or request field (a JSON string or a list; each tool OpenAI-wrapped
     `{"type": "function", "function": {...}}` or bare `{"name": ..., "parameters": ...}`) -> OpenAI-wrapped tools."""
@@ -91,6 +106,9 @@ def parse_tools(value: Any) -> list[dict[str, Any]]:
         name = function.get("name")
         if not isinstance(name, str) or not name.strip():
             raise ToolError(f"[{i}] has no function name")
+        problem = _bad_name(name)
+        if problem:
+            raise ToolError(f"[{i}] {problem}")
         parameters = function.get("parameters", {"type": "object", "properties": {}})
         if not isinstance(parameters, dict):
             raise ToolError(f"[{i}].parameters of {name!r} must be a JSON schema object")
@@ -125,6 +143,9 @@ def parse_call(value: Any) -> ToolCall:
     name = function.get("name")
     if not isinstance(name, str) or not name.strip():
         raise ToolError("a call has no function name")
+    problem = _bad_name(name)
+    if problem:
+        raise ToolError(f"a call's {problem}")
     call_id = value.get("id")
     return ToolCall(name, _arguments_text(function.get("arguments", function.get("parameters"))),
                     call_id if isinstance(call_id, str) else None)

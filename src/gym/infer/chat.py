@@ -37,7 +37,7 @@ from gym.infer.config import refuse_scoring_model, resolve_inference_config
 from gym.infer.engines import build_engine, fast_unsupported, multimodal_backend, require_llamacpp, require_vllm
 from gym.infer.fast.bank import VariantSource
 from gym.infer.fast.direct import DirectModel, load_direct
-from gym.infer.grammar import Constraint
+from gym.infer.grammar import Constraint, GrammarStopped
 from gym.infer.requests import Engine, Finished, Media, SamplingParams
 from gym.infer.tool_choice import (
     CallStream,
@@ -90,6 +90,9 @@ class ChatTurn:
         return CallStream(self.tool_format)
 
     def reply(self, finished: Finished) -> Reply:
+        """The answer's content and calls; GrammarStopped when the grammar gave up on it."""
+        if finished.reason == "error":
+            raise GrammarStopped(finished.error, finished.completion_tokens)
         return parse_reply(self.tool_format, finished.text, finished.reason, finished.completion_tokens)
 
 
@@ -105,6 +108,8 @@ class ReplyStream:
         calls = self._turn.calls()
         for item in self._pieces:
             if isinstance(item, Finished):
+                if item.reason == "error":
+                    raise GrammarStopped(item.error, item.completion_tokens)
                 rest, found = calls.finish()
                 if rest:
                     yield rest

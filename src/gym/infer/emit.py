@@ -29,21 +29,24 @@ def report_token(request: Request, token: int, tokenizer: Any, stop_token_ids: s
         return "stop"
     # A grammar that can produce nothing more ends the answer now, with the token that completed it: the
     # model need not be asked for an end-of-turn token the grammar would force anyway.
-    complete = request.matcher is not None and request.matcher.advance(token)
-    if complete and request.matcher is not None and request.matcher.error:
-        logger.error("Request %d left its grammar (%s); ending it", request.id, request.matcher.error)
+    matcher = request.matcher
+    complete = matcher is not None and matcher.advance(token)
+    failed = matcher is not None and complete and bool(matcher.error)
+    if failed:
+        logger.warning("Request %d left its grammar (%s); ending it", request.id, matcher and matcher.error)
     new = _new_text(request, tokenizer)
     out = request.stop_filter.push(new) if new else ""
     request.text += out
     request.emit(Piece(out, [token]))
-    if request.stop_filter.stopped:
+    if request.stop_filter.stopped and not failed:
         return "stop"
     if complete or len(request.generated) >= request.params.max_new_tokens:
         tail = request.stop_filter.flush()
         if tail:
             request.text += tail
             request.emit(Piece(tail, []))
-        return "stop" if complete else "length"
+        # "stop" would tell the caller the answer matches its schema; one the grammar gave up on need not
+        return ("error" if failed else "stop") if complete else "length"
     return None
 
 
@@ -60,4 +63,5 @@ def _new_text(request: Request, tokenizer: Any) -> str:
 
 
 def finish(request: Request, reason: str) -> None:
-    request.emit(Finished(reason, len(request.prompt_ids), len(request.generated), request.text))
+    error = request.matcher.error if reason == "error" and request.matcher is not None else ""
+    request.emit(Finished(reason, len(request.prompt_ids), len(request.generated), request.text, error))

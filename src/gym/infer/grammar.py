@@ -51,7 +51,7 @@ import llguidance.numpy
 import numpy as np
 import torch
 
-from gym.core.errors import ConfigError
+from gym.core.errors import ConfigError, GymError
 from gym.models.quick_tokenizer import full_tokenizer
 
 if TYPE_CHECKING:
@@ -183,6 +183,20 @@ def _checked(kind: ConstraintKind, source: str, grammar: str) -> Constraint:
 def _one_line(message: str) -> str:
     """llguidance's errors run over several lines (a caret under the grammar's text); the first says what."""
     return message.strip().splitlines()[0] if message.strip() else "unknown error"
+
+
+class GrammarStopped(GymError):
+    """A constrained answer the grammar library gave up on part way (Finished.reason "error"): what was written
+    need not match the schema, so it is an error and never an answer. llguidance does this on a schema with no
+    finite instance, e.g. a required property that refers back to its own object: the text it must force is
+    endless, and it stops at its item limit."""
+
+    def __init__(self, error: str, tokens: int) -> None:
+        super().__init__(f"Constrained decoding stopped after {tokens} token{'s' if tokens != 1 else ''}: the "
+                         f"grammar library could not go on ({error}). A schema that no finite JSON matches (a "
+                         "required property that refers back to its own object) does this; make the recursion "
+                         "optional or simplify the schema.")
+        self.error = error
 
 
 # -- per request ----------------------------------------------------------------------------------------

@@ -87,10 +87,13 @@ class Piece:
 
 @dataclass
 class Finished:
-    reason: str  # "stop" (end-of-turn token or stop string), "length", "cancelled"
+    reason: str  # "stop" (end-of-turn token or stop string), "length", "cancelled", "error" (see `error`)
     prompt_tokens: int
     completion_tokens: int
     text: str
+    # Why a constrained answer was cut short ("error"): the grammar library could not go on, so `text` need not
+    # match the grammar; reported as an error, never as a finished answer (gym.infer.grammar.GrammarStopped).
+    error: str = ""
 
 
 Event = Piece | Finished

@@ -53,7 +53,7 @@ from gym.core.errors import ConfigError
 from gym.data.media import MediaError, load_image
 from gym.infer.chat import ChatModel, ChatTurn
 from gym.infer.fast.bank import VariantBank, VariantNotFound, VariantUnavailable
-from gym.infer.grammar import Constraint
+from gym.infer.grammar import Constraint, GrammarStopped
 from gym.infer.requests import EngineBusy, EngineStopped, Event, Finished, Media, Piece, SamplingParams
 from gym.infer.tool_choice import CallStream, RequestFieldError
 from gym.safety.verdict import Message
@@ -394,7 +394,7 @@ class _Server:
         echo = [self.chat_model.tokenizer.decode(p) if getattr(body, "echo", False) else "" for p in prompts]
         if body.stream:
             stream = self._stream(events, handles, jobs, response_id, turn, prompt_tokens, body.include_usage, echo,
-                                  len(params), model, screening)
+                                  len(params), model, screening, getattr(body, "constrained_by", None))
             return StreamingResponse(stream, media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         finished: dict[int, Finished] = {}
@@ -416,6 +416,9 @@ class _Server:
                 screening.cancel()
         if any(f.reason == "cancelled" for f in finished.values()):
             raise ApiError(503, "The server is shutting down; retry on another instance.", type="service_unavailable")
+        stopped = next((f for f in finished.values() if f.reason == "error"), None)
+        if stopped is not None:
+            raise _grammar_stopped(stopped, getattr(body, "constrained_by", None))
         completion_tokens = sum(f.completion_tokens for f in finished.values())
         choices = []
         for index in range(len(jobs)):
@@ -478,8 +481,8 @@ class _Server:
 
     async def _stream(self, events: asyncio.Queue[tuple[int, Event]], handles: list[Any], jobs: list[Any],
                       response_id: str, turn: ChatTurn | None, prompt_tokens: int, include_usage: bool,
-                      echo: list[str], n: int, model: str,
-                      screening: asyncio.Task[None] | None = None) -> AsyncIterator[str]:
+                      echo: list[str], n: int, model: str, screening: asyncio.Task[None] | None = None,
+                      constrained_by: str | None = None) -> AsyncIterator[str]:
         chat = turn is not None
         calls: list[CallStream] = [turn.calls() for _ in jobs] if turn is not None else []
         created = int(time.time())
@@ -516,6 +519,9 @@ class _Server:
                     error = ApiError(503, "The server is shutting down.", type="service_unavailable")
                     yield f"data: {json.dumps(error.body())}\n\n"
                     break
+                if event.reason == "error":  # headers are sent: the 400 goes in the stream, as a cancelled one's 503
+                    yield f"data: {json.dumps(_grammar_stopped(event, constrained_by).body())}\n\n"
+                    break
                 completion_tokens += event.completion_tokens
                 reason = event.reason
                 if chat:
@@ -537,6 +543,14 @@ class _Server:
                 handle.cancel()
             if screening is not None:
                 screening.cancel()
+
+
+def _grammar_stopped(finished: Finished, field: str | None) -> ApiError:
+    """A constrained answer the grammar library gave up on: the request's schema is at fault (one no finite JSON
+    matches), so a 400 naming the field that holds the schema, never a 200 with JSON cut short. `field`: the one that
+    asked for constrained decoding; a forced call's schemas are its functions' parameters, in `tools`."""
+    return ApiError(400, str(GrammarStopped(finished.error, finished.completion_tokens)),
+                    param="tools" if field == "tool_choice" else field)
 
 
 def _unloadable(model: str, exc: Exception) -> ApiError:
