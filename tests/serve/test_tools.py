@@ -231,6 +231,11 @@ def test_response_format_json_schema_ten_of_ten(base):
      "response_format"),
     ({"messages": ASK + [{"role": "assistant", "tool_calls": [{"type": "function", "function": {
         "name": "add", "arguments": "{not json"}}]}, {"role": "tool", "content": "1"}]}, "messages"),
+    # a result with nothing to answer, or for a call no assistant made, was taken for the last call's result
+    ({"messages": [{"role": "tool", "tool_call_id": "c1", "content": "4"}]}, "messages.0"),
+    ({"messages": ASK + [{"role": "assistant", "tool_calls": [{"id": "c1", "type": "function", "function": {
+        "name": "add", "arguments": "{}"}}]}, {"role": "tool", "tool_call_id": "zzz", "content": "1"}]},
+     f"messages.{len(ASK) + 1}.tool_call_id"),
 ])
 def test_unusable_tool_and_format_fields_are_400_naming_the_param(real, extra, param):
     base_url = real[1]

@@ -249,6 +249,7 @@ def conversation(messages: list[Message]) -> tuple[list[InternalMessage], str | 
         if m.role != "user" and m.image_urls(i):
             raise ApiError(400, f"messages.{i}: images go in user messages; a {m.role} message holds text only.",
                            param=f"messages.{i}.content")
+    _check_tool_results(messages)
     system = [m.text() for m in messages if m.role in ("system", "developer")]
     # The system prompt stays first, so an error's message index is the client's when it sent one system message
     # at the start (as clients do).
@@ -260,6 +261,26 @@ def conversation(messages: list[Message]) -> tuple[list[InternalMessage], str | 
     except DataError as e:
         raise ApiError(400, str(e), param="messages") from None
     return turns, ("\n".join(system) if system else None)
+
+
+def _check_tool_results(messages: list[Message]) -> None:
+    """A tool message answers a call of the assistant message before it, as OpenAI requires: one with nothing to
+    answer (first, or after a user) or an id no call has was taken for the result of whatever call came last. The
+    id may be left out (results then answer the calls in order, as local clients send them)."""
+    calls: list[str] | None = None  # the ids of the calls a tool message may answer now; None: no call to answer
+    for i, m in enumerate(messages):
+        if m.role == "assistant":
+            calls = [str(c.get("id")) for c in m.tool_calls if isinstance(c, dict)] if m.tool_calls else None
+        elif m.role == "user":
+            calls = None
+        elif m.role == "tool":
+            if calls is None:
+                raise ApiError(400, f"messages.{i}: a tool message must answer a preceding assistant message's "
+                               "tool_calls.", param=f"messages.{i}")
+            if m.tool_call_id is not None and calls and m.tool_call_id not in calls:
+                raise ApiError(400, f"messages.{i}.tool_call_id: {m.tool_call_id!r} is not the id of a call of the "
+                               f"assistant message before it ({', '.join(map(repr, calls))}).",
+                               param=f"messages.{i}.tool_call_id")
 
 
 class ChatCompletionRequest(_Request):
