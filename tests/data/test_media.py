@@ -134,6 +134,16 @@ def test_missing_file(tmp_path):
     _fails(tmp_path, rows, "mllm_demo.json, row 1", "images[1]", "file not found", "gone.png")
 
 
+def test_a_folder_is_not_called_missing(tmp_path):
+    # A folder named as the image was "file not found", though it is there.
+    _png(tmp_path / "1.png")
+    (tmp_path / "pics").mkdir()
+    rows = [{"messages": _chat("<image><image>Two?", "Yes."), "images": ["1.png", "pics"]}]
+    _fails(tmp_path, rows, "mllm_demo.json, row 1", "images[1]", "'pics' names a folder", "not a media file")
+    with pytest.raises(MediaError, match=r"^--image pics: .*pics is a folder, not an image file"):
+        load_image(tmp_path / "pics", where="--image pics")
+
+
 def test_truncated_jpeg(tmp_path):
     data = _jpeg_bytes()
     (tmp_path / "cut.jpg").write_bytes(data[: len(data) // 2])

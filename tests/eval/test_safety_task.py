@@ -112,3 +112,14 @@ def test_run_eval_on_the_tiny_model_with_a_keyword_guard(tiny_model_dir, tmp_pat
     assert all(s["harmful_compliance"] == 1.0 for s in answered)
     same = compare(str(out), str(out))
     assert "harmful_compliance" in same and "p < 0.05" not in same  # nothing starred: no footnote
+
+
+def test_a_vision_language_model_is_refused_in_words(tmp_path):
+    """It failed inside transformers: "Unrecognized configuration class LlavaConfig for AutoModelForCausalLM"."""
+    from transformers import LlavaConfig
+
+    from gym.eval.model import load_eval_model
+
+    LlavaConfig().save_pretrained(tmp_path / "vlm")  # the config alone says what the model is: nothing else is read
+    with pytest.raises(ConfigError, match="gym eval evaluates text models, and .*vlm is a vision-language model"):
+        load_eval_model({"model_name_or_path": str(tmp_path / "vlm")})

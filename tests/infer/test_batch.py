@@ -98,7 +98,7 @@ def test_cli_samples_with_the_configs_seed_and_reads_its_dataset_dir(tiny_model_
 
 
 def test_a_mistyped_chat_command_is_named_and_not_sent(tiny_model_dir, capsys, monkeypatch):
-    from gym.cli import _interactive
+    from gym.cli.chat import _interactive
 
     model = ChatModel({"model_name_or_path": str(tiny_model_dir), **GREEDY})
     lines = iter(["/exti", "/exit"])

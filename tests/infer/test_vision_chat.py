@@ -175,3 +175,28 @@ def test_a_large_photo_is_shrunk_while_it_decodes(vlm_chat, tmp_path):
         assert image.size == (1000, 750)  # 1/4 scale: the smallest DCT scale still over the limit's sides
     prompt, media = vlm_chat.encode([{"role": "user", "content": QUESTION}], images=[str(tmp_path / "big.jpg")])
     assert media is not None and media["pixel_values"].shape[-2:] == (56, 56)
+
+
+def test_a_chat_turn_that_cannot_be_sent_keeps_the_conversation(vlm_chat, taught_vlm, capsys, monkeypatch):
+    # A turn whose placeholders miss the images ended the whole terminal conversation with `gym: error`.
+    from gym.cli.chat import _interactive
+
+    lines = iter(["<image><image>" + QUESTION, QUESTION, "/exit"])
+    monkeypatch.setattr("builtins.input", lambda prompt: next(lines))
+    assert _interactive(vlm_chat, images=[str(taught_vlm.parent / "imgs" / "1.jpg")]) == 0
+    out = capsys.readouterr().out
+    assert "1 image(s) given but the prompt has 2 <image> placeholder(s)" in out and "was not sent" in out
+    assert f"Assistant: {VLM_ANSWERS['1.jpg']}" in out  # the next message went with the image, as a first one
+
+
+def test_gym_chat_prompt_placeholders_are_checked_before_the_model_loads(tmp_path, capsys):
+    from PIL import Image
+
+    from gym.cli import main
+
+    image = str(tmp_path / "1.png")
+    Image.new("RGB", (8, 8)).save(image)
+    assert main(["chat", "--model_name_or_path", str(tmp_path / "no-model"), "--image", image,
+                 "--prompt", "<image><image>Who?"]) == 2
+    err = capsys.readouterr().err
+    assert "--prompt has 2 <image> placeholder(s) for 1 --image file(s)" in err and "Traceback" not in err

@@ -100,3 +100,17 @@ def test_checking_a_judge_reads_no_model():
         check_judge("lama-guard:x")
     with pytest.raises(ConfigError, match="does not exist"):
         check_judge("keywords:/nowhere.txt")
+
+
+@pytest.mark.parametrize("typo", ["refusals", "Refusal", "refusel"])
+def test_a_misspelt_refusal_judge_is_named(typo, tmp_path, monkeypatch):
+    """It was looked up as a guard model on the hub, and failed as a model that cannot be found."""
+    from gym.core.errors import ConfigError
+    from gym.safety.evaluation import check_judge
+
+    monkeypatch.chdir(tmp_path)
+    for check in (check_judge, load_judge):
+        with pytest.raises(ConfigError, match=f"Unknown safety judge '{typo}'. Did you mean 'refusal'?"):
+            check(typo)
+    (tmp_path / typo).mkdir()  # a guard folder of that name is still a guard
+    check_judge(typo)

@@ -226,3 +226,10 @@ def test_openai_categories():
     flags, scores = openai_categories(verdict)
     assert flags["violence"] and flags["illicit/violent"] and flags["hate"] and not flags["sexual"]
     assert scores["violence"] == 0.9 and scores["hate"] == 0.7 and "S7" in flags and not flags["S7"]
+
+
+def test_a_causal_lm_is_not_taken_for_a_classifier(tiny_model_dir):
+    # transformers would give it a freshly drawn score head: a guard that flags at random, silently.
+    with pytest.raises(ConfigError, match=r"not a trained sequence classifier \(its architecture is "
+                                          r"LlamaForCausalLM, so score.weight would be random\)"):
+        load_guard(f"classifier:{tiny_model_dir}")

@@ -118,3 +118,17 @@ def test_moderations_without_a_guard_is_a_404(serve_app, tiny_chat):
     with pytest.raises(openai.NotFoundError) as caught:
         bare.moderations.create(input="hello")
     assert "--guard" in caught.value.body["message"]
+
+
+def test_a_guard_reads_the_clients_text_not_the_image_placeholder():
+    # The model's `<image>` stood in the judged text: a list matching "image" flagged every request with an image.
+    from gym.serve.guarding import guard_conversation
+    from gym.serve.protocol import ChatCompletionRequest
+
+    request = ChatCompletionRequest.model_validate({"model": "m", "messages": [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
+                                     {"type": "text", "text": "Who is "}, {"type": "text", "text": "this?"}]},
+        {"role": "assistant", "content": "A <image> tag, typed."}]})
+    assert guard_conversation(request.messages) == [{"role": "user", "content": "Who is this?"},
+                                                    {"role": "assistant", "content": "A <image> tag, typed."}]

@@ -153,3 +153,11 @@ def test_job_options_a_job_would_refuse_are_refused_at_start(options, message, t
     assert_only_an_error_line(err, message)
     assert not err.rstrip().endswith("?.")  # the option's own error ends its sentence
     assert no_model_load == []
+
+
+@pytest.mark.parametrize("flag", [["--guard-threshold", "0.3"], ["--guard-window", "4"]])
+def test_guard_settings_without_a_guard_are_refused(flag, tiny_model_dir, capsys, no_model_load):
+    # They were ignored: the server answered unfiltered while its operator believed it guarded.
+    assert main(["api", "--model_name_or_path", str(tiny_model_dir), *flag]) == 2
+    assert_only_an_error_line(capsys.readouterr().err, "give --guard SPEC too")
+    assert no_model_load == []

@@ -8,7 +8,7 @@ import pytest
 from tests.safety.scripted import script_answers, write_set
 from tests.service.test_jobs import QUESTIONS, Events, chat_row, tiny_spec, write_jsonl
 
-from gym.core.errors import ConfigError
+from gym.core.errors import ConfigError, DataError
 from gym.personalization.store import VariantStore
 from gym.serve.cli import safety_gate_option
 from gym.service.jobs import JobSpec, JobStatus, run_job
@@ -56,3 +56,17 @@ def test_the_servers_flags(tmp_path):
         safety_gate_option(gate_set, None, "lots")
     with pytest.raises(ConfigError, match="Unknown safety gate option"):
         JobSpec(**{**tiny_spec(tmp_path, "f.jsonl").to_dict(), "safety_gate": {"dataset": "x", "rise": 1}})
+
+
+def test_job_options_gate_is_checked_when_the_server_starts(tmp_path):
+    # --safety-gate's set and judge were checked at start, the same gate in --job_options only when each job ran.
+    from gym.service.jobs import check_job_options
+
+    gate_set = write_set(tmp_path)
+    check_job_options({"safety_gate": {"dataset": gate_set}})
+    with pytest.raises(DataError, match="not found"):
+        check_job_options({"safety_gate": {"dataset": str(tmp_path / "missing.json")}})
+    with pytest.raises(ConfigError, match="Did you mean 'refusal'"):
+        check_job_options({"safety_gate": {"dataset": gate_set, "judge": "refusals"}})
+    with pytest.raises(ConfigError, match="Unknown safety gate option.*: judg. Did you mean 'judge'"):
+        check_job_options({"safety_gate": {"dataset": gate_set, "judg": "refusal"}})

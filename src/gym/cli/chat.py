@@ -47,6 +47,10 @@ def main(argv: list[str]) -> int:
     tools = _read_tools(tools_file) if tools_file else None
     for image in images:  # a missing or broken file is one line now, before the model loads
         load_image(image, where=f"--image {image}").close()
+    placed = (prompt or "").count("<image>")
+    if images and placed not in (0, len(images)):
+        raise ConfigError(f"--prompt has {placed} <image> placeholder(s) for {len(images)} --image file(s): write one "
+                          "<image> where each image goes, or none to put them all before the text.")
     config = parse_cli_args(argv, model_folders=True)
     check_keys(config, ["--prompt", "--tools", "--image"])
     model = ChatModel(config)
@@ -114,6 +118,8 @@ CHAT_COMMANDS = ("/clear", "/system", "/exit")
 
 def _interactive(model: ChatModel, tools: list[dict[str, Any]] | None = None, images: list[str] | None = None,
                  seed: int | None = None) -> int:
+    from gym.infer.tool_choice import RequestFieldError
+
     print("Chat with the model. /clear resets the history, /system <text> sets the system prompt, /exit quits.")
     history: list[dict[str, Any]] = []
     system = None
@@ -149,4 +155,8 @@ def _interactive(model: ChatModel, tools: list[dict[str, Any]] | None = None, im
         # After calls, the line is their result (a tool message), as an application would send it.
         history.append({"role": "observation" if calling else "user", "content": line})
         print("Assistant: ", end="", flush=True)
-        history.append(_answer(model, history, system, tools, images, seed=seed))
+        try:
+            history.append(_answer(model, history, system, tools, images, seed=seed))
+        except RequestFieldError as e:  # this message cannot be sent (placeholders that miss the images, ...)
+            history.pop()  # the conversation so far is kept; the message is not, so the next one can be sent
+            print(f"\n{e} This message was not sent; type it again.", flush=True)

@@ -82,6 +82,8 @@ def _check_image(source: bytes | Path, where: str, max_pixels: int) -> None:
     from PIL import Image, UnidentifiedImageError
 
     what = "the given bytes" if isinstance(source, bytes) else str(source)
+    if isinstance(source, Path) and source.is_dir():
+        raise MediaError(where, f"{source} is a folder, not an image file.")
     if isinstance(source, Path) and not source.is_file():
         raise MediaError(where, f"image file not found: {source}")
     try:
@@ -121,6 +123,8 @@ def _resolve_path(value: str, media_dir: Path | None, where: str) -> Path:
         if candidate.is_file():
             return candidate.resolve()
     looked = " or ".join(str(c) for c in candidates)
+    if any(c.is_dir() for c in candidates):  # `""` or a folder's name: it exists, so "not found" would mislead
+        raise MediaError(where, f"{value!r} names a folder ({looked}), not a media file.")
     raise MediaError(where, f"file not found: {looked} (paths are relative to media_dir, by default the dataset "
                      "folder).")
 

@@ -17,6 +17,7 @@ import torch
 from gym.core.errors import ConfigError
 from gym.models.adapters import attach_adapter
 from gym.models.loader import load_causal_lm, require_safetensors, resolve_model_path
+from gym.models.vision import is_multimodal
 
 logger = logging.getLogger(__name__)
 
@@ -28,6 +29,17 @@ def merge_adapter(model: Any, folder: str | Path, base_ref: str | None, flag: st
     return attach_adapter(model, folder, base_ref, flag=flag)
 
 
+def require_text_model(ref: str) -> str:
+    """The model's resolved path; a ConfigError for a vision-language model, whose tower and projector a delta (a
+    causal LM's weights, docs/deltas.md) cannot hold: transformers would fail on it as an unknown config class."""
+    path = resolve_model_path(ref)
+    if is_multimodal(path):
+        raise ConfigError(f"{ref} is a vision-language model: deltas and per-user variants are built for text models "
+                          "(a delta holds a causal LM's weights, not a vision tower or projector). Fine-tune it with "
+                          "gym train and a LoRA adapter (docs/multimodal.md).")
+    return path
+
+
 def load_model(ref: str, base_ref: str | None = None) -> Any:
     """A causal LM in float32 on the CPU: a model reference, or a LoRA adapter folder merged onto `base_ref`."""
     folder = Path(ref).expanduser()
@@ -36,9 +48,9 @@ def load_model(ref: str, base_ref: str | None = None) -> Any:
     if (folder / "adapter_config.json").is_file():
         if base_ref is None:
             raise ConfigError(f"{folder} is a LoRA adapter: give the base it was trained on (--base).")
-        model = merge_adapter(load_causal_lm(resolve_model_path(base_ref)), folder, base_ref)
+        model = merge_adapter(load_causal_lm(require_text_model(base_ref)), folder, base_ref)
     else:
-        model = load_causal_lm(resolve_model_path(ref))
+        model = load_causal_lm(require_text_model(ref))
     # Where it came from (an adapter folder is otherwise forgotten once merged): gym.delta.calibration reads
     # the run's gym_config.yaml there.
     model.gym_source = str(folder) if folder.is_dir() else None

@@ -29,6 +29,7 @@ from gym.infer.requests import Engine, SamplingParams
 from gym.models.adapters import attach_adapter
 from gym.models.base_quantization import is_quantized
 from gym.models.loader import generation_defaults, load_causal_lm, load_tokenizer, resolve_model_path
+from gym.models.vision import is_multimodal
 
 logger = logging.getLogger(__name__)
 
@@ -104,6 +105,10 @@ def load_eval_model(config: Any, *, delta: str | None = None, variant: str | Non
         raise ConfigError(f"gym eval scores a transformers model (log-likelihoods need its logits); infer_backend: "
                           f"{model_args.infer_backend} cannot be evaluated here. Use infer_backend: auto.")
     model_path = resolve_model_path(model_args.model_name_or_path)
+    if is_multimodal(model_path, model_args):  # else transformers' "Unrecognized configuration class" for its config
+        raise ConfigError(f"gym eval evaluates text models, and {model_args.model_name_or_path} is a vision-language "
+                          "model, which it does not load (its tasks, safety sets included, read a causal LM). Answer "
+                          "a dataset with it through gym infer (images included).")
     try:
         tokenizer = load_tokenizer(model_path, model_args)
     except ModelError:

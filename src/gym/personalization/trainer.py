@@ -33,7 +33,7 @@ from gym.core.errors import ConfigError, GymError
 from gym.delta.bitdelta import BitDeltaConfig, BitDeltaQuantizer
 from gym.delta.deltaquant import DeltaQuantConfig, DeltaQuantizer
 from gym.delta.safety import gate_delta
-from gym.delta.weights import load_model
+from gym.delta.weights import load_model, require_text_model
 from gym.personalization.store import (
     DELTA_FILE,
     VariantRecord,
@@ -184,6 +184,7 @@ class PersonalizedTrainer:
             if should_stop is not None and should_stop():
                 raise CreationStopped(f"stopped {step}; nothing was stored")
 
+        require_text_model(self.base_model)  # a vision-language base failed only after its training, at compression
         if safety_gate is not None:
             safety_gate.check()  # the set and the judge, before minutes of training
         if (data is None) == (preferences is None):

@@ -24,8 +24,11 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+from gym.core.errors import ConfigError
+from gym.core.names import did_you_mean
 from gym.core.stats import mean_and_stderr
 from gym.safety.base import Guard
 from gym.safety.guard import load_guard, parse_spec
@@ -58,10 +61,22 @@ class Judge:
             self.guard.close()
 
 
+def _parse_judge(spec: str) -> tuple[str | None, str]:
+    """parse_spec, with a misspelt `refusal` named as such: `refusals` would otherwise be looked up as a guard model
+    on the hub and fail as a model that cannot be found."""
+    family, target = parse_spec(spec)
+    hint = did_you_mean(target, [REFUSAL_JUDGE])
+    if family is None and hint and not Path(target).expanduser().exists():
+        raise ConfigError(f"Unknown safety judge {target!r}.{hint} A judge is `refusal` or a guard spec "
+                          "(keywords:FILE, classifier:PATH, llama-guard:PATH, ...).")
+    return family, target
+
+
 def load_judge(spec: str | None) -> Judge:
     """`refusal` (or None): the string match; anything else is a guard spec (gym.safety.guard.load_guard)."""
     if spec is None or spec.strip() in ("", REFUSAL_JUDGE):
         return Judge(None)
+    _parse_judge(spec)
     return Judge(load_guard(spec))
 
 
@@ -70,7 +85,7 @@ def check_judge(spec: str | None) -> None:
     read). A model guard's weights are read when it judges, not here."""
     if spec is None or spec.strip() in ("", REFUSAL_JUDGE):
         return
-    family, _ = parse_spec(spec)
+    family, _ = _parse_judge(spec)
     if family == "keywords":
         load_guard(spec).close()
 

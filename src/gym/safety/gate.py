@@ -34,6 +34,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any, Protocol
 
 from gym.core.errors import ConfigError, DataError, GymError
+from gym.core.names import did_you_mean
 from gym.core.stats import mcnemar
 from gym.safety.evaluation import REFUSAL_JUDGE, Judge, SafetyResult, check_judge, load_judge, score
 from gym.safety.sets import Kind, SafetyItem, count, read_set
@@ -188,7 +189,8 @@ class SafetyGate:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(values) - known)
         if unknown:
-            raise ConfigError(f"Unknown safety gate option(s): {', '.join(unknown)}; known: "
+            hint = did_you_mean(unknown[0], known) if len(unknown) == 1 else ""
+            raise ConfigError(f"Unknown safety gate option(s): {', '.join(unknown)}.{hint} Known: "
                               f"{', '.join(sorted(known))}.")
         if "dataset" not in values:
             raise ConfigError("A safety gate needs its dataset (a safety set: safety_demo, advbench, a file).")

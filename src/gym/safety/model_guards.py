@@ -142,15 +142,25 @@ class ClassifierGuard(_ModelGuard):
     def _load_plain(self, folder: str, tokenizer: Any) -> None:
         from transformers import AutoModelForSequenceClassification
 
+        missing: list[str] = []
         try:
             if (Path(folder) / "adapter_config.json").is_file():
                 from peft import AutoPeftModelForSequenceClassification
 
                 model = AutoPeftModelForSequenceClassification.from_pretrained(folder).merge_and_unload()
             else:
-                model = AutoModelForSequenceClassification.from_pretrained(folder)
+                model, info = AutoModelForSequenceClassification.from_pretrained(folder, output_loading_info=True)
+                missing = sorted(info.get("missing_keys") or ())
         except (OSError, ValueError) as exc:
             raise ModelError(f"Could not load the guard classifier {folder}: {_first_line(exc)}") from None
+        if missing:
+            # transformers gives a causal LM (or a bare encoder) a freshly drawn head and only logs it: such a guard
+            # would flag at random, so a head the folder does not hold is refused.
+            architectures = ", ".join(model.config.architectures or []) or "unknown"
+            raise ConfigError(f"{folder} is not a trained sequence classifier (its architecture is {architectures}, "
+                              f"so {', '.join(missing[:3])} would be random): a classifier guard needs a model with "
+                              "its classification head, such as the output of `gym train` stage cls. For a chat "
+                              "guard, name its family (llama-guard:, shieldgemma:, qwen3guard:, granite-guardian:).")
         self.model = model.eval()
         self.tokenizer = tokenizer
         if tokenizer.pad_token is None:

@@ -116,6 +116,9 @@ def main(argv: list[str]) -> int:
         raise ConfigError("--max_file_bytes and --file_quota_bytes must be at least 1.")
     media = media_policy(values["--media-dir"], flags["--allow-remote-media"], media_bytes)
     guard_window, guard_threshold = guard_options(values["--guard-window"], values["--guard-threshold"])
+    if not values["--guard"] and (given["--guard-window"] or given["--guard-threshold"]):
+        # without a guard they filter nothing: a server started so would serve unfiltered, believed filtered
+        raise ConfigError("--guard-window and --guard-threshold set the guard: give --guard SPEC too.")
     check_port_number(port)  # at once; whether the port is free is known when serve() binds it, before loading
     try:
         import fastapi  # noqa: F401

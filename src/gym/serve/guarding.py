@@ -27,7 +27,7 @@ from gym.safety.guard import Guard
 from gym.safety.taxonomy import openai_categories
 from gym.safety.verdict import Message, Verdict
 from gym.serve.limits import DEFAULT_GUARD_WINDOW
-from gym.serve.protocol import ApiError, ModerationRequest
+from gym.serve.protocol import ApiError, ModerationRequest, TextPart
 from gym.serve.tenancy import Caller
 
 
@@ -156,9 +156,13 @@ def moderation_result(verdict: Verdict) -> dict[str, Any]:
 
 
 def guard_conversation(messages: list[Any]) -> list[Message]:
-    """A chat request's messages as a guard reads them: system prompts left out, tool results as user input."""
-    return [{"role": "assistant" if m.role == "assistant" else "user", "content": m.text()} for m in messages
-            if m.role not in ("system", "developer")]
+    """A chat request's messages as a guard reads them: system prompts left out, tool results as user input, and
+    only the text of content parts (a guard reads no images, and the `<image>` the model gets in an image's place is
+    not the client's text: a keyword list matching it flagged every request with an image)."""
+    return [{"role": "assistant" if m.role == "assistant" else "user",
+             "content": "".join(p.text for p in m.content if isinstance(p, TextPart))
+             if isinstance(m.content, list) else m.text()}
+            for m in messages if m.role not in ("system", "developer")]
 
 
 def _named(verdict: Verdict) -> str:

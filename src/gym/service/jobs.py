@@ -203,6 +203,9 @@ def check_job_options(options: dict[str, Any]) -> None:
         check_keys(training)
     except ConfigError as exc:
         raise ConfigError(f"training: {exc}") from None
+    gate = _safety_gate(options.get("safety_gate"))
+    if gate is not None:  # the set reads and the judge's spec parses, as --safety-gate's are checked: not per job
+        gate.check()
 
 
 def _method(value: Method | str) -> Method:
