@@ -176,6 +176,11 @@ def test_load_image_for_data_urls(tmp_path):
     assert image.size == (3, 2)
     with pytest.raises(MediaError, match=r"^messages\[0\]: the data URL's base64 payload is not valid"):
         load_image("data:image/png;base64,@@@", where="messages[0]")
+    # a real image under another type was accepted; OpenAI refuses the type
+    payload = base64.b64encode(png.getvalue()).decode()
+    for declared in ("text/plain", ""):
+        with pytest.raises(MediaError, match=r"declares .* not an image type; send data:image/png"):
+            load_image(f"data:{declared};base64,{payload}", where="messages[0]")
 
 
 def test_a_text_model_refuses_media_only_after_rows_are_checked(tmp_path):

@@ -60,6 +60,10 @@ def load_image(source: str | bytes | Path, *, where: str, max_pixels: int = MAX_
     if isinstance(source, bytes):
         checked = source
     elif isinstance(source, str) and source.startswith("data:"):
+        declared = source[len("data:"):].partition(",")[0].split(";")[0].strip().lower()
+        if not declared.startswith("image/"):  # as OpenAI refuses it; the bytes' own format is checked next
+            raise MediaError(where, f"the data URL declares {declared or 'no type'!r}, not an image type; send "
+                                    "data:image/png;base64,... (or image/jpeg, image/webp, ...).")
         checked = _data_url_bytes(source, where)
     else:
         checked = Path(source)
