@@ -161,3 +161,12 @@ def test_guard_settings_without_a_guard_are_refused(flag, tiny_model_dir, capsys
     assert main(["api", "--model_name_or_path", str(tiny_model_dir), *flag]) == 2
     assert_only_an_error_line(capsys.readouterr().err, "give --guard SPEC too")
     assert no_model_load == []
+
+
+def test_a_safety_gate_given_twice_is_refused(tiny_model_dir, tmp_path, capsys, no_model_load):
+    # --safety-gate silently replaced --job_options' safety_gate.
+    options = '{"safety_gate": {"dataset": "safety_demo", "max_rise": 0.1}}'
+    assert main(["api", "--model_name_or_path", str(tiny_model_dir), "--variants", str(tmp_path / "store"),
+                 "--safety-gate", "safety_demo", "--job_options", options]) == 2
+    assert_only_an_error_line(capsys.readouterr().err, "given twice, by --safety-gate and by --job_options")
+    assert no_model_load == []

@@ -58,7 +58,7 @@ queues fine-tuning jobs (at most --max_queued_jobs waiting and --max_running_job
 --safety-gate SET gates every job's model: the base and the new variant answer the safety set (safety_demo,
 advbench, a file), and a variant whose harmful compliance rose more than --safety-max-rise (or significantly) is not
 published; the job fails with code safety_gate_refused and the numbers (docs/safety.md). In --job_options it is
-"safety_gate": {"dataset": SET, "judge": ..., "max_rise": ...}.
+"safety_gate": {"dataset": SET, "judge": ..., "max_rise": ...}; give it one way, not both.
 
 --guard SPEC checks every request before it decodes (a flagged one is a 400, code content_filter) and every answer
 as it streams, --guard-window tokens at a time (a flagged answer ends with finish_reason "content_filter"), and
@@ -109,6 +109,9 @@ def main(argv: list[str]) -> int:
     if gate is not None:
         if not values["--variants"]:
             raise ConfigError("--safety-gate gates the fine-tuning jobs of a variant store: give --variants STORE too.")
+        if job_options.get("safety_gate") is not None:  # one would silently replace the other
+            raise ConfigError("The jobs' safety gate is given twice, by --safety-gate and by --job_options' "
+                              "safety_gate; keep one.")
         job_options["safety_gate"] = gate
     if given["--db"] and not values["--variants"]:
         raise ConfigError("--db names the database of a variant store's keys and files: give --variants STORE too.")
