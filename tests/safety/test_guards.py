@@ -233,3 +233,11 @@ def test_a_causal_lm_is_not_taken_for_a_classifier(tiny_model_dir):
     with pytest.raises(ConfigError, match=r"not a trained sequence classifier \(its architecture is "
                                           r"LlamaForCausalLM, so score.weight would be random\)"):
         load_guard(f"classifier:{tiny_model_dir}")
+
+
+def test_a_vision_language_model_as_a_chat_guard_is_named_as_one():
+    # It was transformers' "Unrecognized configuration class LlavaConfig for this kind of AutoModel" inside the line.
+    from gym.core.errors import ModelError
+
+    with pytest.raises(ModelError, match=r"is a vision-language model; a llama-guard guard reads text"):
+        load_guard("llama-guard:tiny-llava")

@@ -32,6 +32,7 @@ from gym.core.errors import ConfigError, ModelError
 from gym.core.files import CONFIG_FILE
 from gym.models.classifier import TrainedClassifier, load_trained_classifier
 from gym.models.loader import resolve_model_path
+from gym.models.vision import is_multimodal
 from gym.safety.base import Guard
 from gym.safety.formats import (
     LLAMA_GUARD_CATEGORIES,
@@ -239,6 +240,9 @@ class ChatGuard(_ModelGuard):
                               "the published model).")
         from transformers import AutoModelForCausalLM
 
+        if is_multimodal(folder):  # transformers would say "Unrecognized configuration class LlavaConfig ..."
+            raise ModelError(f"{folder} is a vision-language model; a {family} guard reads text, and is a text model "
+                             "(the family's published guard, or a causal LM fine-tuned to answer as it does).")
         try:
             self.model = AutoModelForCausalLM.from_pretrained(folder).eval()
         except (OSError, ValueError) as exc:
