@@ -196,3 +196,13 @@ def test_a_resumed_search_keeps_its_metric_direction_and_ranges(train_config, tm
     path = tmp_path / "search.yaml"
     path.write_text(yaml.safe_dump(narrowed))
     assert main(["tune", str(path), "--trials", "3"]) == 0 and len(calls) == 3
+
+
+@pytest.mark.parametrize("where", ["file", "file/search"])
+def test_a_file_in_the_way_of_output_dir_exits_2_before_a_trial(train_config, tmp_path, capsys, no_trials, where):
+    (tmp_path / "file").write_text("mine")
+    config = train_config(val_size=0.25, output_dir=str(tmp_path / where), tune={"learning_rate": [1e-3, 1e-2]})
+    assert _run_tune(tmp_path, config) == 2
+    err = capsys.readouterr().err
+    assert err.count("gym: error:") == 1 and "Traceback" not in err and "is a file" in err
+    assert (tmp_path / "file").read_text() == "mine"

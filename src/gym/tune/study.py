@@ -22,7 +22,7 @@ from transformers import TrainerCallback
 from gym.config.files import Config
 from gym.config.parser import default_output_dir, get_train_args
 from gym.core.errors import ConfigError
-from gym.core.files import temp_path
+from gym.core.files import make_folder, temp_path
 from gym.core.names import did_you_mean
 from gym.train import harness
 from gym.tune.metrics import trial_metrics
@@ -92,7 +92,7 @@ def tune(config: Config, trials: int, metric: str = "eval_loss", direction: str 
     base = get_train_args(_with_values(config, space, _middle))  # a bad base config fails before any trial
     confirm = trial_metrics(base).check(metric)  # so does a metric no trial reports
     out = Path(config.get("output_dir") or default_output_dir(base.model, base.finetuning) + "-tune")
-    out.mkdir(parents=True, exist_ok=True)
+    make_folder(out)  # a file in the way is one line, not a traceback
 
     study = optuna.create_study(
         study_name=STUDY_NAME, storage=f"sqlite:///{out / 'tune.db'}", load_if_exists=True,
