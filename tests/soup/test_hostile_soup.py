@@ -326,3 +326,23 @@ def test_aggregating_over_the_soups_own_base_is_refused_and_the_round_stays_open
     with pytest.raises(OutputError, match="is the input"):
         DeltaSoup(path=tmp_path / "soup").write_model(base, overwrite=True)
     assert {f.name: f.read_bytes() for f in base.iterdir()} == before
+
+
+def test_a_lora_adapter_with_nan_is_recorded_as_rejected_not_raised(tiny_model_dir, make_soup, tmp_path):
+    """Adapters now load through load_peft_adapter, which refuses NaN and damaged files with a ModelError: for a
+    soup that is a contribution to reject with the reason (docs/soup.md), not an error that records nothing."""
+    from peft import LoraConfig, get_peft_model
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoModelForCausalLM
+
+    adapter = tmp_path / "nan-lora"
+    get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model_dir),
+                   LoraConfig(r=2, target_modules=["q_proj"], init_lora_weights=False)).save_pretrained(adapter)
+    weights = load_file(adapter / "adapter_model.safetensors")
+    name = next(n for n in weights if "lora_B" in n)
+    weights[name][0, 0] = float("nan")
+    save_file(weights, adapter / "adapter_model.safetensors")
+    soup = make_soup(method="mean", min_contributors=1)
+    record = soup.contribute("mallory", str(adapter))
+    assert record.status == "rejected" and "NaN or inf" in record.reason and name in record.reason
+    assert [r.status for r in soup.contributions()] == ["rejected"]
