@@ -96,6 +96,12 @@ class GRPOConfig:
         for name in ("system_prompt", "base_url", "api_key", "updater_model", "updater_base_url", "updater_api_key"):
             if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
                 raise ConfigError(f"'{name}' must be a string or None, got {type(getattr(self, name)).__name__}.")
+        for name in ("base_url", "updater_base_url"):
+            url = getattr(self, name)
+            # Anything else fails only as a connection error, after every retry (a minute with the defaults).
+            if url is not None and not url.lower().startswith(("http://", "https://")):
+                raise ConfigError(f"'{name}' must be an http:// or https:// address of an OpenAI-compatible "
+                                  f"endpoint (e.g. http://127.0.0.1:8000/v1), got {url!r}.")
         if self.prices is not None and not isinstance(self.prices, dict):
             raise ConfigError("'prices' maps a role (rollout, updater, ...) to [dollars per 1M prompt tokens, per 1M "
                               f"completion tokens], got {self.prices!r}.")

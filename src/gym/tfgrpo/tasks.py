@@ -72,8 +72,9 @@ def tasks_from(data: Any, dataset_dir: str = "data", max_samples: int | None = N
             data = [data]
         tasks = [row if isinstance(row, Task) else _from_row(row, f"row {i}") for i, row in enumerate(data)]
         tasks = tasks[:max_samples] if max_samples else tasks
-    if not tasks:
-        raise DataError("No queries to train on: the dataset is empty.")
+    if not tasks:  # train and evaluate both read queries here: say which data is empty, not what it was for
+        what = f"{data} holds" if isinstance(data, str) else "The dataset given holds"
+        raise DataError(f"{what} no queries: the dataset is empty.")
     return tasks
 
 
