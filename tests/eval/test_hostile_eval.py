@@ -185,3 +185,21 @@ def test_a_csv_task_with_a_field_over_the_csv_limit_exits_2(tmp_path, capsys):
     assert main(["eval", "model_name_or_path=/nonexistent", "--task", f"gen:{path}"]) == 2
     err = capsys.readouterr().err
     assert err.count("gym: error:") == 1 and f"{path}: not a readable CSV file" in err
+
+
+@pytest.mark.parametrize(("task", "fragment"), [
+    ("lm_eval:,", "names nothing after 'lm_eval:': give lm-eval task names"),
+    ("lm_eval: , ", "names nothing after 'lm_eval:'"),
+    ("ppl:", "names nothing after 'ppl:': give a dataset name or file"),
+])
+def test_a_task_that_names_nothing_exits_2_before_the_model_loads(capsys, task, fragment):
+    # `lm_eval:,` reached lm-eval with no task, which raised a ValueError traceback after the model loaded
+    assert main(["eval", "model_name_or_path=/nonexistent", "--task", task]) == 2
+    err = capsys.readouterr().err
+    assert err.count("gym: error:") == 1 and "Traceback" not in err and fragment in err
+
+
+def test_lm_eval_task_lists_drop_empty_names():
+    from gym.eval.config import parse_task
+
+    assert parse_task("lm_eval:hellaswag,,arc_easy,").target == "hellaswag,arc_easy"

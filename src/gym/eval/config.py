@@ -59,8 +59,13 @@ def parse_task(spec: str) -> EvalTask:
     if spec in BUILTIN_TASKS:
         return EvalTask(*BUILTIN_TASKS[spec])
     kind, colon, target = spec.partition(":")
+    if kind == "lm_eval":  # `lm_eval:,` named no task, and lm-eval answered that with a ValueError traceback
+        target = ",".join(name.strip() for name in target.split(",") if name.strip())
     if colon and kind in KINDS and target.strip():
         return EvalTask(kind, target.strip())
+    if colon and kind in KINDS:
+        what = "lm-eval task names (lm_eval:hellaswag,arc_easy)" if kind == "lm_eval" else "a dataset name or file"
+        raise ConfigError(f"Eval task {spec!r} names nothing after '{kind}:': give {what}.")
     raise ConfigError(f"Unknown eval task {spec!r}.{did_you_mean(spec, [*BUILTIN_TASKS, *KINDS])} Give a built-in "
                       f"task ({', '.join(BUILTIN_TASKS)}) or kind:dataset with kind one of {', '.join(KINDS)}.")
 
