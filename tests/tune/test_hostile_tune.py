@@ -206,3 +206,19 @@ def test_a_file_in_the_way_of_output_dir_exits_2_before_a_trial(train_config, tm
     err = capsys.readouterr().err
     assert err.count("gym: error:") == 1 and "Traceback" not in err and "is a file" in err
     assert (tmp_path / "file").read_text() == "mine"
+
+
+@pytest.mark.parametrize("kind", ["text", "folder"])
+def test_a_tune_db_that_is_no_study_exits_2_and_is_left_alone(train_config, tmp_path, capsys, no_trials, kind):
+    db = tmp_path / "search" / "tune.db"
+    if kind == "folder":
+        db.mkdir(parents=True)
+    else:
+        db.parent.mkdir()
+        db.write_text("my notes")
+    config = train_config(val_size=0.25, output_dir=str(tmp_path / "search"), tune={"learning_rate": [1e-3, 1e-2]})
+    assert _run_tune(tmp_path, config) == 2
+    err = capsys.readouterr().err
+    assert err.count("gym: error:") == 1 and "Traceback" not in err
+    assert f"{db} cannot be opened as a gym tune study" in err
+    assert db.is_dir() if kind == "folder" else db.read_text() == "my notes"

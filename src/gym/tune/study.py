@@ -94,12 +94,19 @@ def tune(config: Config, trials: int, metric: str = "eval_loss", direction: str 
     out = Path(config.get("output_dir") or default_output_dir(base.model, base.finetuning) + "-tune")
     make_folder(out)  # a file in the way is one line, not a traceback
 
-    study = optuna.create_study(
-        study_name=STUDY_NAME, storage=f"sqlite:///{out / 'tune.db'}", load_if_exists=True,
-        direction="maximize" if direction == "maximize" else "minimize",
-        sampler=optuna.samplers.TPESampler(seed=base.training.seed),
-        pruner=optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=0),
-    )
+    from sqlalchemy.exc import SQLAlchemyError  # optuna's storage layer
+
+    try:
+        study = optuna.create_study(
+            study_name=STUDY_NAME, storage=f"sqlite:///{out / 'tune.db'}", load_if_exists=True,
+            direction="maximize" if direction == "maximize" else "minimize",
+            sampler=optuna.samplers.TPESampler(seed=base.training.seed),
+            pruner=optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=0),
+        )
+    except SQLAlchemyError as exc:  # a tune.db that is no SQLite file, or a folder of that name
+        reason = str(getattr(exc, "orig", None) or exc).splitlines()[0]
+        raise ConfigError(f"{out / 'tune.db'} cannot be opened as a gym tune study ({reason}): move it away to "
+                          "start a new search there, or choose another output_dir.") from None
     _check_resumed(study, out, space, metric, direction)
     for stale in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
         study.tell(stale.number, state=optuna.trial.TrialState.FAIL)  # killed with the last run: run it again
