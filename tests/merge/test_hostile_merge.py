@@ -141,3 +141,11 @@ def test_overwrite_replaces_a_merge_but_not_a_folder_with_the_users_files(finetu
     assert_one_line_error(done, "holds NOTES.md, which Gym did not write there")
     assert _snapshot(out) == before
     assert set(load_file(out / "model.safetensors")) == set(load_file(tiny_model_dir / "model.safetensors"))
+
+
+@pytest.mark.parametrize("method", ["slerp", "della", "model_stock", "passthrough"])
+def test_mergekits_other_methods_are_named_as_not_implemented(method):
+    config = {"merge_method": method, "base_model": "base", "output_dir": "out",
+              "models": [{"model": "a"}, {"model": "b"}, {"model": "c"}], "parameters": {"t": 0.5}}
+    with pytest.raises(ConfigError, match=f"merge_method {method} is mergekit's, and gym merge does not implement it"):
+        parse_merge_config(config)
