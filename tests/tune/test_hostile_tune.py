@@ -222,3 +222,15 @@ def test_a_tune_db_that_is_no_study_exits_2_and_is_left_alone(train_config, tmp_
     assert err.count("gym: error:") == 1 and "Traceback" not in err
     assert f"{db} cannot be opened as a gym tune study" in err
     assert db.is_dir() if kind == "folder" else db.read_text() == "my notes"
+
+
+def test_a_trial_whose_training_diverges_is_not_the_best_on_loss(train_config, tmp_path, capsys):
+    """transformers logs a NaN loss as 0 when nothing finite is in its window: with --metric loss a diverged trial
+    read as the best (loss 0.0000), and best.yaml held its learning rate."""
+    config = train_config(max_steps=2, logging_steps=1, output_dir=str(tmp_path / "search"),
+                          tune={"learning_rate": [1e32]})
+    assert _run_tune(tmp_path, config, "--metric", "loss") == 2
+    err = capsys.readouterr().err
+    assert "2 trials in a row ended with a non-finite loss (trial 0: nan with learning_rate=1e+32" in err
+    assert not (tmp_path / "search" / "best.yaml").exists()
+    assert "logging_nan_inf_filter" not in (tmp_path / "search.yaml").read_text()  # the user's config is untouched

@@ -123,7 +123,10 @@ def tune(config: Config, trials: int, metric: str = "eval_loss", direction: str 
                               f"({out / 'tune_results.md'}).")
         trial = study.ask()
         values = {d.key: d.suggest(trial) for d in space}
-        trial_config = {**config, **values, "output_dir": str(out / f"trial-{trial.number}")}
+        # transformers logs a NaN or inf loss as the mean of the finite ones in its window, 0 when there are none:
+        # a diverged trial would read as the best. The trial's own config only; best.yaml is the user's.
+        trial_config = {**config, **values, "output_dir": str(out / f"trial-{trial.number}"),
+                        "logging_nan_inf_filter": False}
         logger.info("Trial %d: %s", trial.number, ", ".join(f"{k}={v}" for k, v in values.items()))
         try:
             with harness.extra_callbacks(_ReportEvalLoss(trial, metric, confirm)):
