@@ -203,3 +203,26 @@ def test_lm_eval_task_lists_drop_empty_names():
     from gym.eval.config import parse_task
 
     assert parse_task("lm_eval:hellaswag,,arc_easy,").target == "hellaswag,arc_easy"
+
+
+def test_overwrite_never_replaces_a_file_of_the_model_or_the_tasks_data(tiny_model_dir, tmp_path, capsys):
+    import shutil
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    data = tmp_path / "text.jsonl"
+    data.write_text('{"text": "one two three"}\n{"text": "four five"}\n')
+    before = {f.name: f.read_bytes() for f in model.iterdir()}
+    for out in (model / "config.json", model / "model.safetensors", data):
+        assert main(["eval", f"model_name_or_path={model}", "--task", f"ppl:{data}", "-o", str(out),
+                     "--overwrite"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("gym: error:") == 1 and "Traceback" not in err
+    assert {f.name: f.read_bytes() for f in model.iterdir()} == before
+    assert data.read_text().startswith('{"text": "one two three"}')
+    # An earlier report in the model's folder is still replaced.
+    report = model / "results.json"
+    for _ in range(2):
+        assert main(["eval", f"model_name_or_path={model}", "--task", f"ppl:{data}", "-o", str(report),
+                     "--overwrite"]) == 0
+    assert json.loads(report.read_text())["made_by"] == "gym eval"
