@@ -501,3 +501,17 @@ def test_a_base_url_that_is_no_http_address_exits_2_before_any_call(tmp_path, ca
     err = capsys.readouterr().err
     assert err.count("gym: error:") == 1 and "'base_url' must be an http:// or https:// address" in err
     assert time.monotonic() - started < 30  # not after every retry
+
+
+@pytest.mark.parametrize(("key", "value", "fragment"), [
+    ("val_size", -1, "'val_size' is a fraction in [0, 1) or a whole number of rows, got -1"),  # held one row out
+    ("val_size", 1.5, "'val_size' is a fraction in [0, 1) or a whole number of rows, got 1.5"),  # held one out
+    ("max_samples", 0, "'max_samples' must be a whole number of at least 1 or None, got 0"),  # read every row
+])
+@pytest.mark.parametrize("verb", ["train", "eval"])
+def test_held_out_and_sample_counts_that_mean_nothing_exit_2(tmp_path, capsys, monkeypatch, verb, key, value,
+                                                            fragment):
+    monkeypatch.chdir(tmp_path)
+    assert main(["tfgrpo", verb, str(_config(tmp_path, "http://127.0.0.1:9/v1", **{key: value}))]) == 2
+    err = capsys.readouterr().err
+    assert err.count("gym: error:") == 1 and fragment in err and "Traceback" not in err

@@ -139,6 +139,10 @@ class TFGRPOJob:
     experiences: str | None = None
     """For eval: a library file (default: output_dir/experiences.json when it exists)."""
 
+    def __post_init__(self) -> None:
+        # 0 read as "no limit" (every row), where gym train refuses it.
+        check_whole("max_samples", self.max_samples, 1, optional=True)
+
 
 def _fields(cls: type) -> dict[str, Any]:
     hints = typing.get_type_hints(cls)
