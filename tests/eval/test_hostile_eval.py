@@ -226,3 +226,16 @@ def test_overwrite_never_replaces_a_file_of_the_model_or_the_tasks_data(tiny_mod
         assert main(["eval", f"model_name_or_path={model}", "--task", f"ppl:{data}", "-o", str(report),
                      "--overwrite"]) == 0
     assert json.loads(report.read_text())["made_by"] == "gym eval"
+
+
+@pytest.mark.parametrize(("flags", "fragment"), [
+    (["--temperature", ".nan", "--num_samples", "2"], "'temperature' must be a number >= 0, got nan"),
+    (["--num_samples", "2"], "num_samples: 2 answers per item need sampling: set temperature > 0"),
+])
+def test_sampling_settings_that_cannot_work_exit_2_before_the_model_loads(tmp_path, capsys, flags, fragment):
+    data = tmp_path / "gen.jsonl"
+    data.write_text('{"instruction": "1+1?", "output": "2"}\n')
+    # the model named does not exist: the settings are refused before anything loads (NaN used to be sampled with)
+    assert main(["eval", "model_name_or_path=/nonexistent", "--task", f"gen:{data}", *flags]) == 2
+    err = capsys.readouterr().err
+    assert err.count("gym: error:") == 1 and "Traceback" not in err and fragment in err
