@@ -29,6 +29,8 @@ def test_task_names():
 @pytest.mark.parametrize("key, value, message", [
     ("n_shot", -1, "n_shot must be 0 or more"), ("num_samples", 0, "num_samples must be at least 1"),
     ("limit", 0, "limit must be at least 1"), ("eval_template", "html", "eval_template must be one of"),
+    ("temperature", float("nan"), "'temperature' must be a number >= 0, got nan"),
+    ("temperature", -1.0, "'temperature' must be a number >= 0, got -1.0"),
 ])
 def test_bad_values_name_the_key(key, value, message):
     with pytest.raises(ConfigError, match=message):

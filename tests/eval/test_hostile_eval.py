@@ -185,3 +185,57 @@ def test_a_csv_task_with_a_field_over_the_csv_limit_exits_2(tmp_path, capsys):
     assert main(["eval", "model_name_or_path=/nonexistent", "--task", f"gen:{path}"]) == 2
     err = capsys.readouterr().err
     assert err.count("gym: error:") == 1 and f"{path}: not a readable CSV file" in err
+
+
+@pytest.mark.parametrize(("task", "fragment"), [
+    ("lm_eval:,", "names nothing after 'lm_eval:': give lm-eval task names"),
+    ("lm_eval: , ", "names nothing after 'lm_eval:'"),
+    ("ppl:", "names nothing after 'ppl:': give a dataset name or file"),
+])
+def test_a_task_that_names_nothing_exits_2_before_the_model_loads(capsys, task, fragment):
+    # `lm_eval:,` reached lm-eval with no task, which raised a ValueError traceback after the model loaded
+    assert main(["eval", "model_name_or_path=/nonexistent", "--task", task]) == 2
+    err = capsys.readouterr().err
+    assert err.count("gym: error:") == 1 and "Traceback" not in err and fragment in err
+
+
+def test_lm_eval_task_lists_drop_empty_names():
+    from gym.eval.config import parse_task
+
+    assert parse_task("lm_eval:hellaswag,,arc_easy,").target == "hellaswag,arc_easy"
+
+
+def test_overwrite_never_replaces_a_file_of_the_model_or_the_tasks_data(tiny_model_dir, tmp_path, capsys):
+    import shutil
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    data = tmp_path / "text.jsonl"
+    data.write_text('{"text": "one two three"}\n{"text": "four five"}\n')
+    before = {f.name: f.read_bytes() for f in model.iterdir()}
+    for out in (model / "config.json", model / "model.safetensors", data):
+        assert main(["eval", f"model_name_or_path={model}", "--task", f"ppl:{data}", "-o", str(out),
+                     "--overwrite"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("gym: error:") == 1 and "Traceback" not in err
+    assert {f.name: f.read_bytes() for f in model.iterdir()} == before
+    assert data.read_text().startswith('{"text": "one two three"}')
+    # An earlier report in the model's folder is still replaced.
+    report = model / "results.json"
+    for _ in range(2):
+        assert main(["eval", f"model_name_or_path={model}", "--task", f"ppl:{data}", "-o", str(report),
+                     "--overwrite"]) == 0
+    assert json.loads(report.read_text())["made_by"] == "gym eval"
+
+
+@pytest.mark.parametrize(("flags", "fragment"), [
+    (["--temperature", ".nan", "--num_samples", "2"], "'temperature' must be a number >= 0, got nan"),
+    (["--num_samples", "2"], "num_samples: 2 answers per item need sampling: set temperature > 0"),
+])
+def test_sampling_settings_that_cannot_work_exit_2_before_the_model_loads(tmp_path, capsys, flags, fragment):
+    data = tmp_path / "gen.jsonl"
+    data.write_text('{"instruction": "1+1?", "output": "2"}\n')
+    # the model named does not exist: the settings are refused before anything loads (NaN used to be sampled with)
+    assert main(["eval", "model_name_or_path=/nonexistent", "--task", f"gen:{data}", *flags]) == 2
+    err = capsys.readouterr().err
+    assert err.count("gym: error:") == 1 and "Traceback" not in err and fragment in err

@@ -141,3 +141,26 @@ def test_overwrite_replaces_a_merge_but_not_a_folder_with_the_users_files(finetu
     assert_one_line_error(done, "holds NOTES.md, which Gym did not write there")
     assert _snapshot(out) == before
     assert set(load_file(out / "model.safetensors")) == set(load_file(tiny_model_dir / "model.safetensors"))
+
+
+@pytest.mark.parametrize("method", ["slerp", "della", "model_stock", "passthrough"])
+def test_mergekits_other_methods_are_named_as_not_implemented(method):
+    config = {"merge_method": method, "base_model": "base", "output_dir": "out",
+              "models": [{"model": "a"}, {"model": "b"}, {"model": "c"}], "parameters": {"t": 0.5}}
+    with pytest.raises(ConfigError, match=f"merge_method {method} is mergekit's, and gym merge does not implement it"):
+        parse_merge_config(config)
+
+
+def test_an_adapter_as_base_model_is_refused_naming_its_own_base(finetunes, tmp_path, capsys):
+    from gym.cli import main
+
+    adapter = tmp_path / "lora"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "base_model_name_or_path": "base"}))
+    file = _write(tmp_path, _config(adapter, [(finetunes[0], {}), (finetunes[1], {})], tmp_path / "out", "ties"))
+    assert main(["merge", str(file)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("gym: error:") == 1 and "Traceback" not in err
+    assert f"base_model {adapter} is a LoRA adapter, not a model: set base_model to the model it was trained on " \
+           "(base)" in err
+    assert not (tmp_path / "out").exists()

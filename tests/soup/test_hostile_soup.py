@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from gym.cli import main as gym_main
-from gym.core.errors import ConfigError
+from gym.core.errors import ConfigError, OutputError
 from gym.soup import aggregators as agg
 from gym.soup.aggregators import AggregationMethod, aggregate
 from gym.soup.sources import InMemorySource
@@ -297,3 +297,52 @@ def test_soup_options_of_the_wrong_kind_exit_2_and_create_nothing(tiny_model_dir
     err = capsys.readouterr().err
     assert err.startswith("gym: error: ") and fragment in err and err.count("\n") == 1
     assert not soup.exists()
+
+
+def test_aggregating_over_the_soups_own_base_is_refused_and_the_round_stays_open(tiny_model_dir, honest, tmp_path,
+                                                                                 capsys):
+    """A base Gym wrote (a merge, an earlier aggregate) passes --overwrite's check: it must still not be replaced,
+    or every later contribution is measured against base + aggregate."""
+    import shutil
+
+    from gym.core.files import write_manifest
+    from gym.soup import DeltaSoup, DeltaSoupConfig
+
+    base = tmp_path / "merged-base"
+    shutil.copytree(tiny_model_dir, base)
+    write_manifest(base, {"made_by": "gym merge"})
+    before = {f.name: f.read_bytes() for f in base.iterdir()}
+    soup = DeltaSoup(DeltaSoupConfig(method="mean", min_contributors=1), path=tmp_path / "soup", base_model=str(base))
+    soup.contribute("alice", honest(0))
+    for out in (base, tmp_path):  # the base itself, and a folder that holds it
+        assert gym_main(["soup", "aggregate", str(tmp_path / "soup"), "-o", str(out), "--overwrite"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("gym: error:") == 1 and f"the input {base}" in err and "Traceback" not in err
+    assert {f.name: f.read_bytes() for f in base.iterdir()} == before
+    with pytest.raises(OutputError, match="is the input"):
+        DeltaSoup(path=tmp_path / "soup").aggregate(output_dir=base, overwrite=True)
+    assert gym_main(["soup", "aggregate", str(tmp_path / "soup"), "-o", str(tmp_path / "out")]) == 0  # still open
+    assert (tmp_path / "out" / "config.json").is_file()
+    with pytest.raises(OutputError, match="is the input"):
+        DeltaSoup(path=tmp_path / "soup").write_model(base, overwrite=True)
+    assert {f.name: f.read_bytes() for f in base.iterdir()} == before
+
+
+def test_a_lora_adapter_with_nan_is_recorded_as_rejected_not_raised(tiny_model_dir, make_soup, tmp_path):
+    """Adapters now load through load_peft_adapter, which refuses NaN and damaged files with a ModelError: for a
+    soup that is a contribution to reject with the reason (docs/soup.md), not an error that records nothing."""
+    from peft import LoraConfig, get_peft_model
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoModelForCausalLM
+
+    adapter = tmp_path / "nan-lora"
+    get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model_dir),
+                   LoraConfig(r=2, target_modules=["q_proj"], init_lora_weights=False)).save_pretrained(adapter)
+    weights = load_file(adapter / "adapter_model.safetensors")
+    name = next(n for n in weights if "lora_B" in n)
+    weights[name][0, 0] = float("nan")
+    save_file(weights, adapter / "adapter_model.safetensors")
+    soup = make_soup(method="mean", min_contributors=1)
+    record = soup.contribute("mallory", str(adapter))
+    assert record.status == "rejected" and "NaN or inf" in record.reason and name in record.reason
+    assert [r.status for r in soup.contributions()] == ["rejected"]

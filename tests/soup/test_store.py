@@ -22,6 +22,29 @@ def test_a_folder_that_is_not_a_soup_is_refused_with_the_way_to_make_one(tmp_pat
         Store(tmp_path)
 
 
+@pytest.mark.parametrize(("ledger", "reason"), [
+    (b"my notes", "file is not a database"),
+    (None, "no such table: meta"),  # an SQLite file of another program
+])
+def test_a_ledger_that_is_no_soups_is_one_line_for_every_command(tmp_path, capsys, ledger, reason):
+    from gym.cli import main
+
+    soup = tmp_path / "soup"
+    soup.mkdir()
+    if ledger is None:
+        sqlite3.connect(soup / "soup.sqlite").execute("CREATE TABLE notes (text)")
+    else:
+        (soup / "soup.sqlite").write_bytes(ledger)
+    for command in (["status", str(soup)], ["rewards", str(soup)], ["aggregate", str(soup)],
+                    ["contribute", str(soup), str(tmp_path), "--user", "a"]):
+        assert main(["soup", *command]) == 2
+        err = capsys.readouterr().err
+        assert err.count("gym: error:") == 1 and "Traceback" not in err
+        assert f"{soup / 'soup.sqlite'} cannot be read as a soup ledger ({reason})" in err
+    if ledger is not None:
+        assert (soup / "soup.sqlite").read_bytes() == ledger
+
+
 def test_create_records_meta_once_and_uses_wal(tmp_path):
     store = Store.create(tmp_path / "s", {"base_model": "a"})
     again = Store.create(tmp_path / "s", {"base_model": "b"})  # opening an existing soup leaves it as it was

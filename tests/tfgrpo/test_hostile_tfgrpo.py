@@ -369,6 +369,7 @@ def test_a_null_content_is_an_empty_answer(raw_server):
     ("timeout", 0, "'timeout' must be a number of seconds above 0, got 0"),
     ("timeout", float("nan"), "'timeout' must be a number of seconds above 0, got nan"),
     ("temperature_train", float("nan"), "'temperature_train' must be in [0, 2], got nan"),
+    ("updater_base_url", "localhost", "'updater_base_url' must be an http:// or https:// address"),
 ])
 def test_config_values_that_cannot_work_exit_2(tmp_path, capsys, monkeypatch, key, value, fragment):
     monkeypatch.chdir(tmp_path)
@@ -481,3 +482,36 @@ def test_a_library_file_that_is_not_one_is_refused_at_load(tmp_path, content, fr
         ExperienceLibrary.load(path)
     with pytest.raises(DataError, match="a folder"):
         ExperienceLibrary.load(tmp_path)
+
+
+@pytest.mark.parametrize("verb", ["train", "eval"])
+def test_an_empty_dataset_is_named_whichever_verb_reads_it(tmp_path, capsys, monkeypatch, verb):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "empty.jsonl").write_text("")
+    key = "dataset" if verb == "train" else "eval_dataset"
+    assert main(["tfgrpo", verb, str(_config(tmp_path, "http://127.0.0.1:9/v1", **{key: "empty.jsonl"}))]) == 2
+    err = capsys.readouterr().err
+    assert err.count("gym: error:") == 1 and "empty.jsonl holds no queries" in err and "to train on" not in err
+
+
+def test_a_base_url_that_is_no_http_address_exits_2_before_any_call(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    started = time.monotonic()
+    assert main(["tfgrpo", "train", str(_config(tmp_path, "127.0.0.1:8000/v1", retry_delay=1.0))]) == 2
+    err = capsys.readouterr().err
+    assert err.count("gym: error:") == 1 and "'base_url' must be an http:// or https:// address" in err
+    assert time.monotonic() - started < 30  # not after every retry
+
+
+@pytest.mark.parametrize(("key", "value", "fragment"), [
+    ("val_size", -1, "'val_size' is a fraction in [0, 1) or a whole number of rows, got -1"),  # held one row out
+    ("val_size", 1.5, "'val_size' is a fraction in [0, 1) or a whole number of rows, got 1.5"),  # held one out
+    ("max_samples", 0, "'max_samples' must be a whole number of at least 1 or None, got 0"),  # read every row
+])
+@pytest.mark.parametrize("verb", ["train", "eval"])
+def test_held_out_and_sample_counts_that_mean_nothing_exit_2(tmp_path, capsys, monkeypatch, verb, key, value,
+                                                            fragment):
+    monkeypatch.chdir(tmp_path)
+    assert main(["tfgrpo", verb, str(_config(tmp_path, "http://127.0.0.1:9/v1", **{key: value}))]) == 2
+    err = capsys.readouterr().err
+    assert err.count("gym: error:") == 1 and fragment in err and "Traceback" not in err

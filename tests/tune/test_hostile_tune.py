@@ -129,3 +129,108 @@ def test_a_stages_own_eval_metric_is_checked_at_the_first_evaluation():
     present = study._ReportEvalLoss(Trial(), "eval_rewards/accuracies", confirm=True)
     present.on_evaluate(None, state, None, metrics={"eval_loss": 1.0, "eval_rewards/accuracies": 0.75})
     assert Trial.reported == [(0.75, 3)]
+
+
+# ---------------------------------------------------------------- trials that diverge, and resumed searches
+
+def _fake_trials(monkeypatch, value):
+    """Trials that report `value` as eval_loss without training; more than 8 of them means the search never ends."""
+    from types import SimpleNamespace
+
+    calls: list[dict] = []
+
+    def run(config):
+        calls.append(config)
+        if len(calls) > 8:
+            raise AssertionError("the search kept running trials")
+        return SimpleNamespace(final_loss=value, metrics={"eval_loss": value})
+
+    monkeypatch.setattr(study, "run_exp", run)
+    return calls
+
+
+def test_a_space_where_every_trial_diverges_stops_with_one_line(train_config, tmp_path, capsys, monkeypatch):
+    calls = _fake_trials(monkeypatch, NAN)
+    config = train_config(val_size=0.25, output_dir=str(tmp_path / "search"), tune={"learning_rate": [1e30, 1e31]})
+    assert _run_tune(tmp_path, config) == 2  # --trials 2: two diverged trials end it, not an endless search
+    err = capsys.readouterr().err
+    assert err.count("gym: error:") == 1 and "Traceback" not in err and len(calls) == 2
+    assert "2 trials in a row ended with a non-finite eval_loss (trial 0: nan with learning_rate=" in err
+    assert "| 0 | fail |" in (tmp_path / "search" / "tune_results.md").read_text()
+
+
+def test_a_diverged_trial_among_good_ones_is_run_again(train_config, tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    values = iter([1.0, NAN, 2.0])
+    monkeypatch.setattr(study, "run_exp", lambda config: SimpleNamespace(final_loss=None,
+                                                                         metrics={"eval_loss": next(values)}))
+    config = train_config(val_size=0.25, output_dir=str(tmp_path / "search"), tune={"learning_rate": [1e-3, 1e-2]})
+    result = study.tune(config, trials=2)
+    assert result.completed == 2 and result.best_value == 1.0
+
+
+def test_a_resumed_search_keeps_its_metric_direction_and_ranges(train_config, tmp_path, capsys, monkeypatch):
+    calls = _fake_trials(monkeypatch, 1.0)
+    config = train_config(val_size=0.25, output_dir=str(tmp_path / "search"),
+                          tune={"learning_rate": {"low": 1e-4, "high": 1e-2, "log": True}, "lora_rank": [4, 8]})
+    assert _run_tune(tmp_path, config) == 0 and len(calls) == 2
+    capsys.readouterr()
+    db = tmp_path / "search" / "tune.db"
+    # Optuna would keep minimizing, and compare loss with the eval_loss of earlier trials: both are refused.
+    assert _run_tune(tmp_path, config, "--direction", "maximize") == 2
+    assert f"{db} is a search that minimizes eval_loss: run it with --direction minimize" in capsys.readouterr().err
+    assert _run_tune(tmp_path, config, "--metric", "loss") == 2
+    assert f"{db} is a search on --metric eval_loss: run it with --metric eval_loss" in capsys.readouterr().err
+    # Optuna refuses another kind of range only mid-trial, with a traceback.
+    changed = {**config, "tune": {"learning_rate": {"low": 1e-4, "high": 1e-2}, "lora_rank": [4, 8]}}
+    assert _run_tune(tmp_path, changed) == 2
+    err = capsys.readouterr().err
+    assert err.count("gym: error:") == 1 and "Traceback" not in err
+    assert ("'learning_rate' is searched in" in err and "as a range {low: 0.0001, high: 0.01, log: true}, now as a "
+            "range {low: 0.0001, high: 0.01}" in err)
+    assert _run_tune(tmp_path, {**config, "tune": {**config["tune"], "lora_rank": [4, 8, 16]}}) == 2
+    assert "'lora_rank' is searched in" in capsys.readouterr().err and len(calls) == 2
+    # A range's ends may move, and the search goes on.
+    narrowed = {**config, "tune": {"learning_rate": {"low": 1e-3, "high": 1e-2, "log": True}, "lora_rank": [4, 8]}}
+    path = tmp_path / "search.yaml"
+    path.write_text(yaml.safe_dump(narrowed))
+    assert main(["tune", str(path), "--trials", "3"]) == 0 and len(calls) == 3
+
+
+@pytest.mark.parametrize("where", ["file", "file/search"])
+def test_a_file_in_the_way_of_output_dir_exits_2_before_a_trial(train_config, tmp_path, capsys, no_trials, where):
+    (tmp_path / "file").write_text("mine")
+    config = train_config(val_size=0.25, output_dir=str(tmp_path / where), tune={"learning_rate": [1e-3, 1e-2]})
+    assert _run_tune(tmp_path, config) == 2
+    err = capsys.readouterr().err
+    assert err.count("gym: error:") == 1 and "Traceback" not in err and "is a file" in err
+    assert (tmp_path / "file").read_text() == "mine"
+
+
+@pytest.mark.parametrize("kind", ["text", "folder"])
+def test_a_tune_db_that_is_no_study_exits_2_and_is_left_alone(train_config, tmp_path, capsys, no_trials, kind):
+    db = tmp_path / "search" / "tune.db"
+    if kind == "folder":
+        db.mkdir(parents=True)
+    else:
+        db.parent.mkdir()
+        db.write_text("my notes")
+    config = train_config(val_size=0.25, output_dir=str(tmp_path / "search"), tune={"learning_rate": [1e-3, 1e-2]})
+    assert _run_tune(tmp_path, config) == 2
+    err = capsys.readouterr().err
+    assert err.count("gym: error:") == 1 and "Traceback" not in err
+    assert f"{db} cannot be opened as a gym tune study" in err
+    assert db.is_dir() if kind == "folder" else db.read_text() == "my notes"
+
+
+def test_a_trial_whose_training_diverges_is_not_the_best_on_loss(train_config, tmp_path, capsys):
+    """transformers logs a NaN loss as 0 when nothing finite is in its window: with --metric loss a diverged trial
+    read as the best (loss 0.0000), and best.yaml held its learning rate."""
+    config = train_config(max_steps=2, logging_steps=1, output_dir=str(tmp_path / "search"),
+                          tune={"learning_rate": [1e32]})
+    assert _run_tune(tmp_path, config, "--metric", "loss") == 2
+    err = capsys.readouterr().err
+    assert "2 trials in a row ended with a non-finite loss (trial 0: nan with learning_rate=1e+32" in err
+    assert not (tmp_path / "search" / "best.yaml").exists()
+    assert "logging_nan_inf_filter" not in (tmp_path / "search.yaml").read_text()  # the user's config is untouched

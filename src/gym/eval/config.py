@@ -27,6 +27,7 @@ from gym.config.coerce import split_keys
 from gym.config.parser import check_keys
 from gym.core.errors import ConfigError
 from gym.core.names import did_you_mean
+from gym.core.options import check_number
 
 BUILTIN_TASKS: dict[str, tuple[str, str]] = {
     "mc_demo": ("mc", "mc_demo"), "mmlu": ("mc", "mmlu"),
@@ -59,8 +60,13 @@ def parse_task(spec: str) -> EvalTask:
     if spec in BUILTIN_TASKS:
         return EvalTask(*BUILTIN_TASKS[spec])
     kind, colon, target = spec.partition(":")
+    if kind == "lm_eval":  # `lm_eval:,` named no task, and lm-eval answered that with a ValueError traceback
+        target = ",".join(name.strip() for name in target.split(",") if name.strip())
     if colon and kind in KINDS and target.strip():
         return EvalTask(kind, target.strip())
+    if colon and kind in KINDS:
+        what = "lm-eval task names (lm_eval:hellaswag,arc_easy)" if kind == "lm_eval" else "a dataset name or file"
+        raise ConfigError(f"Eval task {spec!r} names nothing after '{kind}:': give {what}.")
     raise ConfigError(f"Unknown eval task {spec!r}.{did_you_mean(spec, [*BUILTIN_TASKS, *KINDS])} Give a built-in "
                       f"task ({', '.join(BUILTIN_TASKS)}) or kind:dataset with kind one of {', '.join(KINDS)}.")
 
@@ -101,6 +107,8 @@ class EvalArguments:
         for key in ("eval_batch_size", "num_samples", "max_new_tokens", "cutoff_len"):
             if getattr(self, key) is not None and getattr(self, key) < 1:
                 raise ConfigError(f"{key} must be at least 1, got {getattr(self, key)}.")
+        # NaN passed every comparison and reached the sampler; a negative one failed only after the model loaded.
+        check_number("temperature", self.temperature, 0)
         if self.n_shot is not None and self.n_shot < 0:
             raise ConfigError(f"n_shot must be 0 or more, got {self.n_shot}.")
         if self.limit is not None and self.limit < 1:
@@ -109,7 +117,10 @@ class EvalArguments:
             raise ConfigError("variant: write STORE:USER (a `gym variants` store and a user in it), without delta.")
         if not isinstance(self.safety_judge, str) or not self.safety_judge.strip():
             raise ConfigError("safety_judge: give `refusal` or a guard spec (keywords:FILE, llama-guard:PATH, ...).")
-        self.parsed_tasks()  # a bad task name fails before any model loads
+        tasks = self.parsed_tasks()  # a bad task name fails before any model loads
+        if self.num_samples > 1 and self.temperature == 0 and any(t.kind == "gen" for t in tasks):
+            raise ConfigError(f"num_samples: {self.num_samples} answers per item need sampling: set temperature > 0 "
+                              "(greedy decoding gives the same answer every time).")
 
     def parsed_tasks(self) -> list[EvalTask]:
         return [parse_task(t) for t in self.tasks]

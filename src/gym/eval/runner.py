@@ -5,12 +5,14 @@ from __future__ import annotations
 import datetime
 import logging
 import random
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from gym.core.errors import ConfigError
-from gym.core.files import refuse_overwrite
+from gym.core.errors import ConfigError, OutputError
+from gym.core.files import refuse_output_over_input, refuse_overwrite
+from gym.core.names import split_names
 from gym.data.registry import get_dataset_attrs
 from gym.eval.config import EvalArguments, parse_eval
 from gym.eval.generation import GenSettings, generate_task
@@ -39,6 +41,30 @@ def _check_datasets(args: EvalArguments) -> None:
         from gym.eval.lm_eval_bridge import require_lm_eval
 
         require_lm_eval()
+
+
+def _refuse_output_over_inputs(args: EvalArguments, model_config: dict[str, Any]) -> None:
+    """`-o` is never a task's data file or the delta, and never replaces a file of the model's folders (its
+    config.json, weights, tokenizer), `--overwrite` or not: only an earlier gym eval report there."""
+    assert args.output is not None
+    data = [attr.path for task in args.parsed_tasks() if task.kind != "lm_eval"
+            for attr in get_dataset_attrs(task.target, args.dataset_dir) if attr.load_from == "file"]
+    adapters = model_config.get("adapter_name_or_path")
+    folders = [str(model_config.get("model_name_or_path") or ""),
+               *(split_names(adapters) if isinstance(adapters, str) else [str(a) for a in adapters or []])]
+    refuse_output_over_input(args.output, [*data, args.delta, *folders], how="--overwrite")
+    out = Path(args.output).expanduser().resolve()
+    for folder in folders:
+        if folder and Path(folder).expanduser().is_dir() and Path(folder).expanduser().resolve() in out.parents \
+                and out.is_file() and not _is_report(out):
+            raise OutputError(f"{args.output} is a file of the model folder {folder}, not a gym eval report: "
+                              "--overwrite would replace it. Write the results elsewhere.")
+
+
+def _is_report(path: Path) -> bool:
+    """Whether `path` is a report write_report wrote (it opens with made_by); only its start is read."""
+    with path.open("rb") as handle:
+        return b'"made_by": "gym eval"' in handle.read(200)
 
 
 def evaluate_tasks(model: EvalModel, args: EvalArguments) -> dict[str, Any]:
@@ -102,6 +128,8 @@ def run_eval(config: dict[str, Any]) -> dict[str, Any]:
     if args.output:
         refuse_overwrite(args.output, args.overwrite)
     _check_datasets(args)
+    if args.output:
+        _refuse_output_over_inputs(args, model_config)
     model = load_eval_model(model_config, delta=args.delta, variant=args.variant, batch_size=args.eval_batch_size)
     try:
         report = make_report(model, args, evaluate_tasks(model, args))

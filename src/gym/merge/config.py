@@ -51,6 +51,9 @@ class MergeMethod(str, enum.Enum):
 
 
 METHOD_ALIASES = {"dare_linear": MergeMethod.DARE}  # mergekit's name for DARE without sign election
+# mergekit's other methods: named as not implemented rather than as unknown (or matched to a look-alike).
+MERGEKIT_ONLY = ("slerp", "nuslerp", "multislerp", "della", "della_linear", "breadcrumbs", "breadcrumbs_ties",
+                 "model_stock", "passthrough", "karcher", "sce", "nearswap", "arcee_fusion")
 NORMALIZE_DEFAULT = {MergeMethod.LINEAR: True, MergeMethod.TIES: True}
 TOP_KEYS = ("merge_method", "base_model", "models", "parameters", "dtype", "output_dir", "seed", "overwrite",
             "out_dtype", "tokenizer_source")
@@ -195,6 +198,9 @@ def _method(value: Any) -> MergeMethod:
     text = str(value)
     if text in METHOD_ALIASES:
         return METHOD_ALIASES[text]
+    if text in MERGEKIT_ONLY:
+        raise ConfigError(f"merge_method {text} is mergekit's, and gym merge does not implement it; choose one of "
+                          f"{', '.join(m.value for m in MergeMethod)} (docs/merge.md, Not supported).")
     try:
         return MergeMethod(text)
     except ValueError:

@@ -56,6 +56,12 @@ def merge_models(config: ConfigSource) -> Path:
     args = parse_merge_config(as_config_dict(config))
     refuse_output_over_input(args.output_dir, [args.base_model, *(m.model for m in args.models)])
     refuse_overwrite(args.output_dir, args.overwrite, how="overwrite: true", folder=True)  # before the work
+    if args.base_model is not None and is_adapter(args.base_model):
+        # Loaded as the base it would be a peft-wrapped model whose tensor names no fine-tune has.
+        trained_on = adapter_config(args.base_model).get("base_model_name_or_path")
+        raise ConfigError(f"base_model {args.base_model} is a LoRA adapter, not a model: set base_model to the model "
+                          f"it was trained on{f' ({trained_on})' if trained_on else ''}, and list the adapter under "
+                          "models to merge it.")
     adapters = [m.model for m in args.models if is_adapter(m.model)]
     if adapters and args.base_model is None:
         raise ConfigError(f"{adapters[0]} is a LoRA adapter: set base_model to the model it was trained on "

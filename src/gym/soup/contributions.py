@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from gym.core.errors import ConfigError, GymError
+from gym.core.errors import ConfigError, GymError, ModelError
 from gym.core.files import MANIFEST_FILE
 from gym.delta.compress import reconstruct
 from gym.delta.format import fingerprint, load_delta, read_header
@@ -102,6 +102,8 @@ def _load_params(ref: str, base: Base) -> dict[str, torch.Tensor]:
     try:
         return parameters(load_model(ref, base.ref))
     except ConfigError as exc:  # the adapter does not fit the base: readable, but not for this soup
+        raise Rejected(str(exc)) from None
+    except ModelError as exc:  # its weights file is damaged, or NaN/inf (the base loaded: its fingerprint matched)
         raise Rejected(str(exc)) from None
     except GymError:
         raise

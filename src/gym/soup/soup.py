@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from gym.core.errors import ConfigError
-from gym.core.files import refuse_overwrite
+from gym.core.files import refuse_output_over_input, refuse_overwrite
 from gym.delta.apply import save_model_folder
 from gym.delta.bitdelta import BitDeltaQuantizer
 from gym.delta.compress import reconstruct
@@ -211,7 +211,7 @@ class DeltaSoup:
         """
         self._opened()
         if output_dir is not None:  # refused before the round closes, not after
-            refuse_overwrite(Path(output_dir).expanduser(), overwrite, folder=True)
+            self._refuse_output(Path(output_dir).expanduser(), overwrite)
         config = self.config
         method = agg.AggregationMethod(config.method).value
         round_id, everyone, rows = self._open_round(config.min_contributors if min_contributors is None
@@ -331,8 +331,9 @@ class DeltaSoup:
                     overwrite: bool = False) -> Path:
         """base + a round's released aggregate (default: the last round) as a model folder with the tokenizer."""
         record = self._round(round_id)
-        delta = self.store.read_tensors(record.aggregate_blob)
         out = Path(output_dir).expanduser()
+        self._refuse_output(out, overwrite)
+        delta = self.store.read_tensors(record.aggregate_blob)
         model = load_model(self._checked_base().ref)
         params = dict(model.named_parameters())
         with torch.no_grad():
@@ -341,6 +342,13 @@ class DeltaSoup:
         return save_model_folder(model, resolve_model_path(self.base.ref), out, {
             "made_by": "gym soup aggregate", "base_model": self.base.ref, "soup": str(self.path), "round": record.id,
             "method": record.method, "contributors": record.n, "privacy": record.privacy}, overwrite=overwrite)
+
+    def _refuse_output(self, out: Path, overwrite: bool) -> None:
+        # A base that is itself a Gym-written folder (a merge, an earlier aggregate) passes refuse_overwrite's
+        # check, and --overwrite would replace the model every contribution is measured against.
+        assert self.path is not None  # opened
+        refuse_output_over_input(out, [self.base.ref, resolve_model_path(self.base.ref), self.path])
+        refuse_overwrite(out, overwrite, folder=True)
 
     def _round(self, round_id: int | None) -> RoundRecord:
         self._opened()

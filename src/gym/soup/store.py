@@ -106,7 +106,11 @@ class Store:
             raise ConfigError(f"{self.path} is not a soup (no {LEDGER}); make one with `gym soup init {self.path} "
                               "--base MODEL` or DeltaSoup(config, path=..., base_model=...).")
         self._db = _connect(self.path / LEDGER)
-        version = self.meta("schema_version")
+        try:
+            version = self.meta("schema_version")
+        except sqlite3.DatabaseError as exc:  # an SQLite file, but another program's: no meta table
+            self._db.close()
+            raise _unreadable(self.path / LEDGER, exc) from None
         if version is None or int(version) > SCHEMA_VERSION:
             raise ConfigError(f"{self.path}: soup schema version {version} is not supported by this Gym "
                               f"(it reads up to {SCHEMA_VERSION}); upgrade Gym.")
@@ -270,11 +274,23 @@ class Store:
 def _connect(path: Path) -> sqlite3.Connection:
     # isolation_level=None: we issue BEGIN IMMEDIATE ourselves instead of Python's deferred BEGIN, which would
     # take the write lock only at the first write and can then fail with "database is locked" mid-transaction.
-    db = sqlite3.connect(str(path), timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False)
+    try:
+        db = sqlite3.connect(str(path), timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False)
+    except sqlite3.DatabaseError as exc:  # a folder of that name, a parent without permission
+        raise _unreadable(path, exc) from None
     db.row_factory = sqlite3.Row
-    db.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
-    db.execute("PRAGMA journal_mode = WAL")
+    try:
+        db.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+        db.execute("PRAGMA journal_mode = WAL")  # the first read of the file: where a damaged one fails
+    except sqlite3.DatabaseError as exc:
+        db.close()
+        raise _unreadable(path, exc) from None
     return db
+
+
+def _unreadable(path: Path, exc: sqlite3.DatabaseError) -> ConfigError:
+    return ConfigError(f"{path} cannot be read as a soup ledger ({exc}). Restore it from a "
+                       "backup, or start a soup in another folder.")
 
 
 @contextmanager

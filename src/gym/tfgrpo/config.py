@@ -96,6 +96,12 @@ class GRPOConfig:
         for name in ("system_prompt", "base_url", "api_key", "updater_model", "updater_base_url", "updater_api_key"):
             if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
                 raise ConfigError(f"'{name}' must be a string or None, got {type(getattr(self, name)).__name__}.")
+        for name in ("base_url", "updater_base_url"):
+            url = getattr(self, name)
+            # Anything else fails only as a connection error, after every retry (a minute with the defaults).
+            if url is not None and not url.lower().startswith(("http://", "https://")):
+                raise ConfigError(f"'{name}' must be an http:// or https:// address of an OpenAI-compatible "
+                                  f"endpoint (e.g. http://127.0.0.1:8000/v1), got {url!r}.")
         if self.prices is not None and not isinstance(self.prices, dict):
             raise ConfigError("'prices' maps a role (rollout, updater, ...) to [dollars per 1M prompt tokens, per 1M "
                               f"completion tokens], got {self.prices!r}.")
@@ -132,6 +138,10 @@ class TFGRPOJob:
     overwrite_output_dir: bool = False
     experiences: str | None = None
     """For eval: a library file (default: output_dir/experiences.json when it exists)."""
+
+    def __post_init__(self) -> None:
+        # 0 read as "no limit" (every row), where gym train refuses it.
+        check_whole("max_samples", self.max_samples, 1, optional=True)
 
 
 def _fields(cls: type) -> dict[str, Any]:

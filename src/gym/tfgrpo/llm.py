@@ -152,7 +152,7 @@ class OpenAIEndpoint:
                     raise LLMUnavailable(f"{self.base_url} ({self.name}): closed while waiting to retry.") from None
             except openai.APIStatusError as exc:  # 400/401/404...: retrying cannot help
                 raise LLMUnavailable(f"{self.base_url} refused the request ({self.name}): "
-                                     f"{self._describe(exc)}") from None
+                                     f"{self._describe(exc)}{self._reason(exc)}") from None
         try:
             return completion_from(body)
         except ValueError as exc:  # the same server would answer the same way: not retried
@@ -196,6 +196,17 @@ class OpenAIEndpoint:
             return f"no complete answer within the {self.timeout:g} s timeout"
         status = getattr(exc, "status_code", None)
         return f"HTTP {status}" if status else type(exc).__name__
+
+    @staticmethod
+    def _reason(exc: Exception) -> str:
+        """The server's own words on a refusal, from OpenAI's error shape ({"error": {"message": ...}}, which openai
+        unwraps to `body`): "max_tokens exceeds the context", "no such model". The status alone does not say."""
+        body = getattr(exc, "body", None)
+        message = body.get("message") if isinstance(body, dict) else body
+        if not isinstance(message, str) or not message.strip():
+            return ""
+        message = " ".join(message.split())
+        return f" ({message[:300]}{'...' if len(message) > 300 else ''})"
 
     def close(self) -> None:
         """Abandon the calls in flight (after one failed, the others are not waited for) and stop the loop."""

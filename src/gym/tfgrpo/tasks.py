@@ -72,8 +72,9 @@ def tasks_from(data: Any, dataset_dir: str = "data", max_samples: int | None = N
             data = [data]
         tasks = [row if isinstance(row, Task) else _from_row(row, f"row {i}") for i, row in enumerate(data)]
         tasks = tasks[:max_samples] if max_samples else tasks
-    if not tasks:
-        raise DataError("No queries to train on: the dataset is empty.")
+    if not tasks:  # train and evaluate both read queries here: say which data is empty, not what it was for
+        what = f"{data} holds" if isinstance(data, str) else "The dataset given holds"
+        raise DataError(f"{what} no queries: the dataset is empty.")
     return tasks
 
 
@@ -99,6 +100,10 @@ def split_held_out(tasks: list[Task], val_size: float, seed: int) -> tuple[list[
     """(train, held out): `val_size` rows (a fraction when below 1) chosen with the seed, order kept."""
     import random
 
+    # A negative fraction held one row out, and 2.5 rows two: both silently.
+    if isinstance(val_size, bool) or not isinstance(val_size, (int, float)) or not 0 <= val_size < math.inf \
+            or (val_size >= 1 and val_size != int(val_size)):
+        raise ConfigError(f"'val_size' is a fraction in [0, 1) or a whole number of rows, got {val_size!r}.")
     if not val_size:
         return tasks, []
     n = int(val_size) if val_size >= 1 else max(1, round(len(tasks) * val_size))

@@ -45,6 +45,28 @@ class Dimension:
             return trial.suggest_int(self.key, int(self.low), int(self.high), step=int(self.step or 1), log=self.log)
         return trial.suggest_float(self.key, float(self.low), float(self.high), step=self.step, log=self.log)
 
+    def distribution(self) -> Any:
+        """The Optuna distribution `suggest` samples from (what a study records for this key)."""
+        from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+
+        if self.choices is not None:
+            return CategoricalDistribution(list(self.choices))
+        assert self.low is not None and self.high is not None
+        if self.is_int:
+            return IntDistribution(int(self.low), int(self.high), log=self.log, step=int(self.step or 1))
+        return FloatDistribution(float(self.low), float(self.high), log=self.log, step=self.step)
+
+
+def describe(distribution: Any) -> str:
+    """An Optuna distribution as the `tune:` section would write it."""
+    choices = getattr(distribution, "choices", None)
+    if choices is not None:
+        return f"choices {list(choices)}"
+    log = ", log: true" if distribution.log else ""
+    whole_default = type(distribution.step) is int and distribution.step == 1  # an int range's implicit step
+    step = "" if distribution.step is None or whole_default else f", step: {distribution.step}"
+    return f"a range {{low: {distribution.low}, high: {distribution.high}{log}{step}}}"
+
 
 def parse_space(section: Any) -> list[Dimension]:
     if not isinstance(section, dict) or not section:

@@ -22,11 +22,11 @@ from transformers import TrainerCallback
 from gym.config.files import Config
 from gym.config.parser import default_output_dir, get_train_args
 from gym.core.errors import ConfigError
-from gym.core.files import temp_path
+from gym.core.files import make_folder, temp_path
 from gym.core.names import did_you_mean
 from gym.train import harness
 from gym.tune.metrics import trial_metrics
-from gym.tune.space import Dimension, parse_space
+from gym.tune.space import Dimension, describe, parse_space
 from gym.workflows.training import run_exp
 
 logger = logging.getLogger(__name__)
@@ -92,21 +92,41 @@ def tune(config: Config, trials: int, metric: str = "eval_loss", direction: str 
     base = get_train_args(_with_values(config, space, _middle))  # a bad base config fails before any trial
     confirm = trial_metrics(base).check(metric)  # so does a metric no trial reports
     out = Path(config.get("output_dir") or default_output_dir(base.model, base.finetuning) + "-tune")
-    out.mkdir(parents=True, exist_ok=True)
+    make_folder(out)  # a file in the way is one line, not a traceback
 
-    study = optuna.create_study(
-        study_name=STUDY_NAME, storage=f"sqlite:///{out / 'tune.db'}", load_if_exists=True,
-        direction="maximize" if direction == "maximize" else "minimize",
-        sampler=optuna.samplers.TPESampler(seed=base.training.seed),
-        pruner=optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=0),
-    )
+    from sqlalchemy.exc import SQLAlchemyError  # optuna's storage layer
+
+    try:
+        study = optuna.create_study(
+            study_name=STUDY_NAME, storage=f"sqlite:///{out / 'tune.db'}", load_if_exists=True,
+            direction="maximize" if direction == "maximize" else "minimize",
+            sampler=optuna.samplers.TPESampler(seed=base.training.seed),
+            pruner=optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=0),
+        )
+    except SQLAlchemyError as exc:  # a tune.db that is no SQLite file, or a folder of that name
+        reason = str(getattr(exc, "orig", None) or exc).splitlines()[0]
+        raise ConfigError(f"{out / 'tune.db'} cannot be opened as a gym tune study ({reason}): move it away to "
+                          "start a new search there, or choose another output_dir.") from None
+    _check_resumed(study, out, space, metric, direction)
     for stale in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
         study.tell(stale.number, state=optuna.trial.TrialState.FAIL)  # killed with the last run: run it again
     finished = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
+    diverged: list[str] = []  # this call's trials whose metric was NaN or inf
     while len(study.get_trials(deepcopy=False, states=finished)) < trials:
+        if len(diverged) >= trials:
+            # Each such trial is run again under a new number; a space where every setting diverges would run
+            # trials forever.
+            _write(out / "tune_results.md", _table(study, space, metric))
+            raise ConfigError(f"{len(diverged)} trials in a row ended with a non-finite {metric} "
+                              f"({'; '.join(diverged[:3])}): the search space reaches settings that diverge. "
+                              f"Narrow it (a lower learning_rate, say) and run again; finished trials are kept "
+                              f"({out / 'tune_results.md'}).")
         trial = study.ask()
         values = {d.key: d.suggest(trial) for d in space}
-        trial_config = {**config, **values, "output_dir": str(out / f"trial-{trial.number}")}
+        # transformers logs a NaN or inf loss as the mean of the finite ones in its window, 0 when there are none:
+        # a diverged trial would read as the best. The trial's own config only; best.yaml is the user's.
+        trial_config = {**config, **values, "output_dir": str(out / f"trial-{trial.number}"),
+                        "logging_nan_inf_filter": False}
         logger.info("Trial %d: %s", trial.number, ", ".join(f"{k}={v}" for k, v in values.items()))
         try:
             with harness.extra_callbacks(_ReportEvalLoss(trial, metric, confirm)):
@@ -114,6 +134,7 @@ def tune(config: Config, trials: int, metric: str = "eval_loss", direction: str 
         except optuna.TrialPruned as pruned:
             logger.info("Trial %d pruned: %s", trial.number, pruned)
             study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+            diverged.clear()
             continue
         except BaseException:
             study.tell(trial, state=optuna.trial.TrialState.FAIL)
@@ -121,7 +142,9 @@ def tune(config: Config, trials: int, metric: str = "eval_loss", direction: str 
         value = _metric_value(result, metric)
         if not math.isfinite(value):
             study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            diverged.append(f"trial {trial.number}: {value} with " + ", ".join(f"{k}={v}" for k, v in values.items()))
             continue
+        diverged.clear()
         study.tell(trial, value)
         logger.info("Trial %d: %s = %.4f", trial.number, metric, value)
 
@@ -133,6 +156,39 @@ def tune(config: Config, trials: int, metric: str = "eval_loss", direction: str 
     assert best.value is not None  # a completed trial has its value
     return TuneResult(out, float(best.value), dict(best.params), best_path, table,
                       counts[optuna.trial.TrialState.COMPLETE], counts[optuna.trial.TrialState.PRUNED])
+
+
+def _check_resumed(study: Any, out: Path, space: list[Dimension], metric: str, direction: str) -> None:
+    """A study resumed from tune.db must be the same search: Optuna keeps the direction it was created with, and
+    compares values across trials whatever metric each was judged by, so a changed --direction or --metric would
+    silently pick the wrong best trial; a key sampled from another kind of range (or other choices) is refused by
+    Optuna only mid-trial, with a traceback."""
+    from optuna.distributions import check_distribution_compatibility
+
+    db = out / "tune.db"
+    recorded = study.direction.name.lower()
+    if recorded != direction:
+        raise ConfigError(f"{db} is a search that {recorded}s {study.user_attrs.get('metric', 'its metric')}: run it "
+                          f"with --direction {recorded}, or search with --direction {direction} in another output_dir.")
+    previous = study.user_attrs.get("metric")
+    if previous is not None and previous != metric:
+        raise ConfigError(f"{db} is a search on --metric {previous}: run it with --metric {previous}, or search on "
+                          f"{metric} in another output_dir.")
+    for trial in study.get_trials(deepcopy=False):
+        for dimension in space:
+            old = trial.distributions.get(dimension.key)
+            if old is None:
+                continue
+            new = dimension.distribution()
+            try:
+                check_distribution_compatibility(old, new)
+            except ValueError:
+                raise ConfigError(f"tune: '{dimension.key}' is searched in {db} as {describe(old)}, now as "
+                                  f"{describe(new)}; a resumed search keeps the kind of each range and the list "
+                                  "of choices (a range's ends may change). Restore it, or search in another "
+                                  "output_dir.") from None
+    if previous is None:
+        study.set_user_attr("metric", metric)
 
 
 def _middle(dimension: Dimension) -> Any:
