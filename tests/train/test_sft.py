@@ -175,3 +175,16 @@ def test_refuses_to_overwrite_a_finished_model(train_config):
     with pytest.raises(ConfigError, match="already holds a finished model"):
         run_exp(train_config())
     run_exp(train_config(overwrite_output_dir=True))
+
+
+def test_a_diverged_run_reports_its_loss_as_nan_not_zero(train_config):
+    # transformers logs a NaN loss as the mean of the finite ones in its window, 0 when none is: "final loss 0.0000".
+    import math
+
+    from gym.train.outputs import read_log
+    from gym.workflows.training import run_exp
+
+    result = run_exp(train_config(learning_rate=1e32, max_steps=3, logging_steps=1))
+    losses = [e["loss"] for e in read_log(result.output_dir) if "loss" in e]
+    assert math.isfinite(losses[0]) and math.isnan(losses[-1]) and math.isnan(result.final_loss)
+    assert "the run diverged: lower learning_rate" in result.summary()

@@ -33,6 +33,8 @@ class TrainingArguments(HFTrainingFields):
     - `gradient_checkpointing`: unset means "auto": on only when the estimated activations would not
       fit in free memory, because recomputing them costs about a third more compute.
     - `bf16`: unset means "auto": on where the hardware has native bf16, decided when the run starts.
+    - `logging_nan_inf_filter`: false, so a diverged run's loss reads NaN (Hugging Face hides it, and reports 0
+      when no loss of the window is finite).
     """
 
     output_dir: str | None = field(
@@ -55,6 +57,11 @@ class TrainingArguments(HFTrainingFields):
     )
     disable_tqdm: bool = field(
         default=False, metadata={"help": "Turn off the progress bar (then each log is printed as a line)."}
+    )
+    logging_nan_inf_filter: bool = field(
+        default=False,
+        metadata={"help": "Log a NaN or inf loss as the average of the finite ones around it (0 when none is). Off "
+                  "by default, unlike Hugging Face: a run that diverged logs, plots and reports its loss as NaN."},
     )
     bf16: bool | None = field(  # type: ignore[assignment]  # None = auto, resolved when the run starts
         default=None,

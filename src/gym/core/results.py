@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +21,8 @@ class RunResult:
 
     def summary(self) -> str:
         loss = f"{self.final_loss:.4f}" if self.final_loss is not None else "n/a"
+        if self.final_loss is not None and not math.isfinite(self.final_loss):
+            loss += " (the run diverged: lower learning_rate, or set max_grad_norm)"
         if self.metrics.get("already_complete"):
             return (f"Already complete: {self.output_dir} holds the finished run ({self.global_step} steps, final "
                     f"loss {loss}); nothing was trained. Raise max_steps to train further.")
