@@ -39,6 +39,18 @@ def jsonl(rows: list[dict]) -> bytes:
 
 
 # -- the routes (no worker) ---------------------------------------------------------------------------------------
+def service_with_a_file(db_url, max_running: int) -> tuple:
+    """A service on the test database, alice, and the id of her fine-tune file of QUESTIONS."""
+    from gym.service.keys import Principal
+
+    store, url = db_url
+    service = open_service(store, url, job_limits=JobLimits(max_queued=5, max_running=max_running))
+    alice = Principal("alice", False)
+    upload_ = service.files.upload(alice, "t.jsonl", "fine-tune")
+    upload_.write(jsonl([chat_row(q) for q in QUESTIONS]))
+    return service, alice, upload_.finish().id
+
+
 @pytest.fixture(scope="module")
 def served(tmp_path_factory, tiny_chat, serve_app, module_db):
     """A live server on each database: the store's SQLite, then a PostgreSQL server's (where one can start)."""
@@ -269,14 +281,8 @@ def test_a_job_queued_under_looser_rules_fails_instead_of_stopping_the_queue(db_
     """A job queued before a rule tightened (a seed or n_epochs OpenAI's ranges refuse, stored by an older Gym) no
     longer makes a spec: the claim fails that job with its reason and takes the next, where it would otherwise
     raise on every claim with that job first in line."""
-    from gym.service.keys import Principal
 
-    store, url = db_url
-    service = open_service(store, url, job_limits=JobLimits(max_queued=5, max_running=1))
-    alice = Principal("alice", False)
-    upload_ = service.files.upload(alice, "t.jsonl", "fine-tune")
-    upload_.write(jsonl([chat_row(q) for q in QUESTIONS]))
-    file = upload_.finish().id
+    service, alice, file = service_with_a_file(db_url, max_running=1)
     old, new = (service.jobs.create(alice, model="m", training_file=file)["id"] for _ in range(2))
     with service.db.session(write=True) as session:
         session.get(Job, old).method = {"type": "supervised", "supervised": {"hyperparameters": {"n_epochs": 500}}}
@@ -290,14 +296,9 @@ def test_a_job_queued_under_looser_rules_fails_instead_of_stopping_the_queue(db_
 
 def test_the_checkpoints_listed_are_the_last_three_kept(db_url):
     """A checkpoint per epoch, the last three kept on disk (save_total_limit) and listed, as OpenAI lists them."""
-    from gym.service.keys import Principal
 
-    store, url = db_url
-    service = open_service(store, url, job_limits=JobLimits(max_queued=5, max_running=1))
-    alice = Principal("alice", False)
-    upload_ = service.files.upload(alice, "t.jsonl", "fine-tune")
-    upload_.write(jsonl([chat_row(q) for q in QUESTIONS]))
-    job = service.jobs.create(alice, model="m", training_file=upload_.finish().id)["id"]
+    service, alice, file = service_with_a_file(db_url, max_running=1)
+    job = service.jobs.create(alice, model="m", training_file=file)["id"]
     for step in range(1, 11):  # ten epochs of one step each
         service.jobs.add_event(job, "info", f"Checkpoint created at step {step}",
                                {"step": step, "checkpoint": f"checkpoint-{step}"})
@@ -307,21 +308,15 @@ def test_the_checkpoints_listed_are_the_last_three_kept(db_url):
 def test_a_pool_start_removes_the_folders_that_ended_jobs_left(db_url):
     """A worker stopped between recording its job's end and removing the job's folder (the server stopping, kill
     -9) left the folder, checkpoints and all; the next start of the workers removes it, and no other."""
-    from gym.service.keys import Principal
     from gym.service.worker import WorkerPool
 
-    store, url = db_url
-    service = open_service(store, url, job_limits=JobLimits(max_queued=5, max_running=2))
-    alice = Principal("alice", False)
-    upload_ = service.files.upload(alice, "t.jsonl", "fine-tune")
-    upload_.write(jsonl([chat_row(q) for q in QUESTIONS]))
-    file = upload_.finish().id
+    service, alice, file = service_with_a_file(db_url, max_running=2)
     ended, running, queued = (service.jobs.create(alice, model="m", training_file=file)["id"] for _ in range(3))
     assert [service.jobs.claim("host:1").spec.job_id for _ in range(2)] == [ended, running]
     service.jobs.finish(ended, "host:1", "succeeded")
     for job_id in (ended, running, queued):
         (service.jobs.work_dir(job_id) / "run" / "checkpoint-2").mkdir(parents=True)
-    WorkerPool(service.jobs, 0, db_url=url, base_path=None).start()
+    WorkerPool(service.jobs, 0, db_url=db_url[1], base_path=None).start()
     assert not service.jobs.work_dir(ended).exists()
     assert (service.jobs.work_dir(running) / "run" / "checkpoint-2").is_dir()  # resumed from when its worker runs
     assert service.jobs.work_dir(queued).is_dir()

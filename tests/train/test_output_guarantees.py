@@ -87,51 +87,42 @@ def test_resuming_a_finished_run_trains_nothing(train_config, capsys):
     assert more.global_step == 5 and not more.metrics.get("already_complete")
 
 
-def test_a_full_disk_while_checkpointing_leaves_no_partial_checkpoint(train_config, monkeypatch):
+def _disk_full_at_step_two(monkeypatch, written: str, error: Exception):
+    """transformers' checkpoint save fails at step 2 after writing `written` (no trainer_state.json); the real save
+    is given back by the returned function."""
     import transformers
 
     real_save = transformers.Trainer._save_checkpoint
 
-    def full_disk_at_step_two(self, model, trial):
+    def save(self, model, trial):
         if self.state.global_step < 2:
             return real_save(self, model, trial)
         partial = Path(self.args.output_dir) / f"checkpoint-{self.state.global_step}"
         partial.mkdir(parents=True)
-        (partial / "optimizer.pt").write_bytes(b"\0" * 1000)  # cut short: no trainer_state.json
-        raise OSError(errno.ENOSPC, "No space left on device", str(partial / "optimizer.pt"))
+        (partial / written).write_bytes(b"\0" * 1000)
+        raise error
 
-    monkeypatch.setattr(transformers.Trainer, "_save_checkpoint", full_disk_at_step_two)
+    monkeypatch.setattr(transformers.Trainer, "_save_checkpoint", save)
+    return lambda: monkeypatch.setattr(transformers.Trainer, "_save_checkpoint", real_save)
+
+
+@pytest.mark.parametrize("written, error", [
+    ("optimizer.pt", OSError(errno.ENOSPC, "No space left on device", "optimizer.pt")),
+    # tokenizers raises its own Exception, not an OSError, while a checkpoint's tokenizer is saved: it was a
+    # traceback, and the half-written checkpoint stayed
+    ("adapter_model.safetensors", Exception("No space left on device (os error 28)")),
+])
+def test_a_full_disk_while_checkpointing_leaves_no_partial_checkpoint(written, error, train_config, monkeypatch):
+    space_is_back = _disk_full_at_step_two(monkeypatch, written, error)
     config = train_config(save_strategy="steps", save_steps=1)
     with pytest.raises(OutputError, match=r"No space left on the device of .* free after removing the partial"):
         run_exp(config)
     out = Path(config["output_dir"])
     assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-1"]
     assert not list(out.glob(".*.tmp-*")) and not (out / LOCK_FILE).exists()
-    monkeypatch.setattr(transformers.Trainer, "_save_checkpoint", real_save)
-    resumed = run_exp({**config, "resume_from_checkpoint": True})  # space is back: it resumes from step 1
+    space_is_back()
+    resumed = run_exp({**config, "resume_from_checkpoint": True})  # it resumes from step 1
     assert resumed.global_step == 3
-
-
-def test_a_full_disk_while_saving_the_tokenizer_is_one_line_and_no_partial_checkpoint(train_config, monkeypatch):
-    # tokenizers raises its own Exception ("No space left on device (os error 28)"), not an OSError: it was a
-    # traceback, and the half-written checkpoint stayed.
-    import transformers
-
-    real_save = transformers.Trainer._save_checkpoint
-
-    def tokenizer_save_fails_at_step_two(self, model, trial):
-        if self.state.global_step < 2:
-            return real_save(self, model, trial)
-        partial = Path(self.args.output_dir) / f"checkpoint-{self.state.global_step}"
-        partial.mkdir(parents=True)
-        (partial / "adapter_model.safetensors").write_bytes(b"\0" * 1000)
-        raise Exception("No space left on device (os error 28)")
-
-    monkeypatch.setattr(transformers.Trainer, "_save_checkpoint", tokenizer_save_fails_at_step_two)
-    config = train_config(save_strategy="steps", save_steps=1)
-    with pytest.raises(OutputError, match=r"No space left on the device of .* free after removing the partial"):
-        run_exp(config)
-    assert sorted(p.name for p in Path(config["output_dir"]).glob("checkpoint-*")) == ["checkpoint-1"]
 
 
 def test_what_a_killed_run_left_is_removed_by_the_next(train_config):

@@ -184,15 +184,24 @@ def write_manifest(folder: PathLike, manifest: dict[str, Any], indent: int = 2) 
                                         encoding="utf-8")
 
 
+def manifest_files(folder: PathLike) -> list[str] | None:
+    """The files `folder`'s manifest lists as Gym's (relative paths); None when no manifest lists them (a folder Gym
+    did not write, or wrote before manifests listed them)."""
+    try:
+        listed = json.loads((Path(folder) / MANIFEST_FILE).read_text(encoding="utf-8")).get("files")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if not isinstance(listed, list) or not all(isinstance(name, str) for name in listed):
+        return None
+    return listed
+
+
 def not_written_by_gym(folder: PathLike) -> list[str] | None:
     """What `folder` holds that its manifest does not list (relative paths, a foreign sub-folder once); None when
     no manifest lists its files (a folder Gym did not write, or wrote before manifests listed them)."""
     folder = Path(folder)
-    try:
-        listed = json.loads((folder / MANIFEST_FILE).read_text(encoding="utf-8")).get("files")
-    except (OSError, ValueError, AttributeError):
-        return None
-    if not isinstance(listed, list) or not all(isinstance(name, str) for name in listed):
+    listed = manifest_files(folder)
+    if listed is None:
         return None
     # Serving a finished output at int8/int4 leaves the packed-weight cache in it: Gym's, and rebuilt on demand.
     owned = {*listed, MANIFEST_FILE, *(f"{PACKED_FOLDER}/{name}" for name in _cache_files(folder))}

@@ -35,6 +35,7 @@ from gym.core.files import (
     LOG_FILE,
     MANIFEST_FILE,
     check_free_space,
+    manifest_files,
     readable_as_umask,
     refuse_output_over_input,
     temp_path,
@@ -160,11 +161,8 @@ def _not_a_run_entries(out: Path) -> list[str]:
 
 def _manifest_files(out: Path) -> list[str] | None:
     """The top-level names a finished run's manifest lists as its own, or None (no manifest, or no list)."""
-    try:
-        listed = json.loads((out / MANIFEST_FILE).read_text(encoding="utf-8")).get("files")
-    except (OSError, ValueError, AttributeError):
-        return None
-    if not isinstance(listed, list) or not all(isinstance(name, str) for name in listed):
+    listed = manifest_files(out)
+    if listed is None:
         return None
     return sorted({Path(name).parts[0] for name in listed if name} - {MANIFEST_FILE})
 
