@@ -226,6 +226,7 @@ def test_response_format_json_schema_ten_of_ten(base):
     # a forced call to such a name came back as content: the grammar writes the name raw into the call's JSON
     ({"tools": [{"type": "function", "function": {"name": 'say"hi'}}], "tool_choice": "required"}, "tools"),
     ({"tools": [{"type": "function", "function": {"name": "x{arguments}"}}], "tool_choice": "required"}, "tools"),
+    ({"tools": TOOLS + TOOLS[:1], "tool_choice": "required"}, "tools"),  # which of the two would a call be
     ({"response_format": {"type": "yaml"}}, "response_format"),
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nonsense"}}}},
      "response_format"),

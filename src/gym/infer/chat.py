@@ -358,6 +358,10 @@ class ChatModel:
             listed = parse_tools(tools) if tools else []
         except ToolError as e:
             raise RequestFieldError("tools", str(e)) from None
+        names = [tool["function"]["name"] for tool in listed]
+        twice = next((name for i, name in enumerate(names) if name in names[:i]), None)
+        if twice is not None:  # a call names its function: which of the two would it be
+            raise RequestFieldError("tools", f"two tools are named {twice!r}; tool names must be unique.")
         choice = ToolChoice.parse(tool_choice, listed)
         schema = answer_schema(response_format)
         tool_format = self.tool_format() if listed else None
