@@ -35,3 +35,10 @@ def test_task_names():
 def test_bad_values_name_the_key(key, value, message):
     with pytest.raises(ConfigError, match=message):
         parse_eval({"tasks": ["mc_demo"], key: value})
+
+
+def test_a_misspelt_verifier_is_named_before_the_model_loads():
+    # It was found only when the generation task ran, after the model had loaded.
+    with pytest.raises(ConfigError, match="Unknown reward function 'acuracy'. Did you mean 'accuracy'?"):
+        parse_eval({"tasks": ["gen:qa"], "verifier": ["acuracy"]})
+    parse_eval({"tasks": ["mc_demo"], "verifier": ["acuracy"]})  # no generation task reads it

@@ -25,6 +25,7 @@ from typing import Any
 
 from gym.config.coerce import split_keys
 from gym.config.parser import check_keys
+from gym.config.rewards import check_reward_specs
 from gym.core.errors import ConfigError
 from gym.core.names import did_you_mean
 from gym.core.options import check_number
@@ -118,6 +119,8 @@ class EvalArguments:
         if not isinstance(self.safety_judge, str) or not self.safety_judge.strip():
             raise ConfigError("safety_judge: give `refusal` or a guard spec (keywords:FILE, llama-guard:PATH, ...).")
         tasks = self.parsed_tasks()  # a bad task name fails before any model loads
+        if any(t.kind == "gen" for t in tasks):
+            check_reward_specs(self.verifier, None)  # a misspelt verifier, named before the model loads too
         if self.num_samples > 1 and self.temperature == 0 and any(t.kind == "gen" for t in tasks):
             raise ConfigError(f"num_samples: {self.num_samples} answers per item need sampling: set temperature > 0 "
                               "(greedy decoding gives the same answer every time).")
