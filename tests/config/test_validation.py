@@ -39,10 +39,37 @@ ONLINE = {"reward_funcs": ["accuracy"], "per_device_train_batch_size": 4}
     ({"per_device_train_batch_size": 0}, "'per_device_train_batch_size' must be at least 1"),
     ({"top_p": 1.5}, r"'top_p' must be in \(0, 1\]"),
     ({"max_new_tokens": 0}, "'max_new_tokens' must be at least 1"),
+    # Values Hugging Face or peft take and then train nothing, silently, or fail once the model has loaded:
+    ({"max_steps": 0, "num_train_epochs": 0}, "Nothing to train: max_steps 0 and num_train_epochs 0"),
+    ({"num_train_epochs": -1}, "Nothing to train"),
+    ({"save_strategy": "steps", "save_steps": 0}, "'save_steps' must be positive with save_strategy: steps"),
+    ({"eval_strategy": "steps"}, "'eval_strategy: steps' needs evaluation data: set val_size"),
+    ({"neftune_noise_alpha": -1}, "'neftune_noise_alpha' must be positive"),
+    ({"lora_alpha": 0}, "'lora_alpha' must be positive"),
+    ({"lora_dropout": 1.5}, r"'lora_dropout' must be in \[0, 1\)"),
+    ({"lora_target": " , "}, "'lora_target' is empty"),
+    ({"loraplus_lr_ratio": -1}, "'loraplus_lr_ratio' must be positive"),
+    ({"val_size": 1.5}, "'val_size' is a share below 1 or a whole number of rows, got 1.5"),
+    ({"stage": "dpo", "packing": True}, "'packing' applies to stage sft and pt .* stage dpo trains on whole rows"),
+    ({"stage": "kto", "neat_packing": True}, "'neat_packing' applies to stage sft and pt"),
+    ({"stage": "dpo", "pref_ftx": -1}, "'pref_ftx' must be >= 0"),
+    ({"stage": "simpo", "simpo_gamma": -0.5}, "'simpo_gamma' .* must be >= 0"),
+    ({"stage": "kto", "kto_chosen_weight": -1}, "'kto_chosen_weight' must be >= 0"),
+    ({"stage": "kto", "kto_chosen_weight": 0, "kto_rejected_weight": 0}, "both 0"),
 ])
 def test_an_impossible_config_is_refused_at_parse_time(config, match):
     with pytest.raises(ConfigError, match=match):
         get_train_args(config)
+
+
+def test_evaluation_and_checkpoint_keys_with_what_they_need_parse():
+    """The checks above refuse only the broken form: eval_strategy with evaluation data, a fractional save_steps,
+    whole-number val_size, packing on sft, and one zero kto weight are all runnable."""
+    args = get_train_args({"eval_strategy": "steps", "val_size": 0.1, "save_strategy": "steps", "save_steps": 0.5,
+                           "max_steps": 0, "packing": True})
+    assert (args.training.eval_strategy, args.training.save_steps, args.data.packing) == ("steps", 0.5, True)
+    assert get_train_args({"val_size": 3.0}).data.val_size == 3
+    assert get_train_args({"stage": "kto", "kto_rejected_weight": 0}).options.kto_rejected_weight == 0
 
 
 def test_every_door_refuses_it_before_anything_loads(monkeypatch):

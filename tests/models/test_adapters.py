@@ -40,9 +40,22 @@ def test_lora_all_targets_every_linear_but_the_head(tiny):
     assert all("lora_" in n for n, p in model.named_parameters() if p.requires_grad)
 
 
-def test_unknown_lora_target_is_a_config_error(tiny):
-    with pytest.raises(ConfigError, match="LoRA setup failed"):
-        setup_adapter(tiny, FinetuningArguments(lora_target="qq_proj"))
+def test_unknown_lora_target_is_a_config_error_naming_the_closest(tiny):
+    with pytest.raises(ConfigError, match="'lora_target': no module of the model is named 'qq_proj'. Did you mean "
+                                          "'q_proj'"):
+        setup_adapter(tiny, FinetuningArguments(lora_target="q_proj,qq_proj"))
+
+
+def test_a_misspelt_additional_target_is_refused_not_skipped(tiny):
+    """peft skips a modules_to_save name that matches nothing: the run would train without the head it was asked to."""
+    with pytest.raises(ConfigError, match="'additional_target': .* 'lm_hed'. Did you mean 'lm_head'"):
+        setup_adapter(tiny, FinetuningArguments(additional_target="lm_hed"))
+
+
+def test_dotted_targets_match_by_suffix(tiny):
+    model = setup_adapter(tiny, FinetuningArguments(lora_target="self_attn.q_proj", additional_target="lm_head"))
+    assert any("q_proj.lora_A" in n for n, _ in model.named_parameters())
+    assert not any("v_proj.lora_A" in n for n, _ in model.named_parameters())
 
 
 @pytest.mark.parametrize("finetuning_type", ["oft", "boft"])

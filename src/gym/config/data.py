@@ -93,3 +93,12 @@ class DataArguments:
             raise ConfigError(f"'val_size' must be >= 0, got {self.val_size}.")
         if self.val_size and self.eval_dataset:
             raise ConfigError("Set either 'val_size' or 'eval_dataset', not both.")
+        if self.val_size > 1 and not float(self.val_size).is_integer():
+            raise ConfigError(f"'val_size' is a share below 1 or a whole number of rows, got {self.val_size}.")
+        stage = args.finetuning.stage
+        # Only sft and pt pack (the rows of the other stages are pairs, groups or prompts scored whole); the others
+        # would train unpacked and say nothing. cls and unlearn say why in their own words.
+        if (self.packing or self.neat_packing) and stage not in ("sft", "pt", "cls", "unlearn"):
+            key = "packing" if self.packing else "neat_packing"
+            raise ConfigError(f"'{key}' applies to stage sft and pt (rows concatenated into full-length sequences); "
+                              f"stage {stage} trains on whole rows: remove it.")

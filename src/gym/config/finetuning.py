@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from gym.config.optimizers import OptimizerArguments
 from gym.core.errors import ConfigError
+from gym.core.names import split_names
 
 if TYPE_CHECKING:
     from gym.config.args import TrainArgs
@@ -139,6 +140,16 @@ class FinetuningArguments(OptimizerArguments):
         super().validate(args)
         if self.lora_rank <= 0:
             raise ConfigError(f"'lora_rank' must be positive, got {self.lora_rank}.")
+        # peft takes these and trains an adapter that changes nothing (alpha 0 scales it away) or fails after the
+        # model has loaded (dropout outside [0, 1), no target).
+        if self.lora_alpha is not None and self.lora_alpha <= 0:
+            raise ConfigError(f"'lora_alpha' must be positive, got {self.lora_alpha} (unset: 2 x lora_rank).")
+        if not 0 <= self.lora_dropout < 1:
+            raise ConfigError(f"'lora_dropout' must be in [0, 1), got {self.lora_dropout}.")
+        if self.loraplus_lr_ratio is not None and self.loraplus_lr_ratio <= 0:
+            raise ConfigError(f"'loraplus_lr_ratio' must be positive (typically 16), got {self.loraplus_lr_ratio}.")
+        if self.finetuning_type == "lora" and not split_names(self.lora_target):
+            raise ConfigError("'lora_target' is empty: name the modules (e.g. q_proj,v_proj) or use 'all'.")
         if self.finetuning_type != "lora":
             lora_only = [k for k in ("use_dora", "use_rslora", "pissa_init", "loftq_init") if getattr(self, k)]
             if self.loraplus_lr_ratio is not None:

@@ -115,6 +115,7 @@ class TrainingArguments(HFTrainingFields):
         for key in ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"'{key}' must be at least 1, got {getattr(self, key)}.")
+        self._validate_schedule(args)
         if self.fsdp and int(os.environ.get("WORLD_SIZE", "1")) <= 1:
             raise ConfigError("'fsdp' shards the model across processes, and this is one process: launch with "
                               "NPROC_PER_NODE=2 (or more) gym train ... (docs/distributed.md), or remove it.")
@@ -131,6 +132,23 @@ class TrainingArguments(HFTrainingFields):
         if self.do_predict:
             raise ConfigError("'do_predict' is not how Gym predicts: run `gym infer CONFIG --dataset D -o out.jsonl` "
                               "(generations for every row, resumable).")
+
+    def _validate_schedule(self, args: TrainArgs[Any]) -> None:
+        """How long the run is, and when it saves and evaluates: values Hugging Face takes silently and then trains
+        nothing, never saves, adds reversed noise, or fails on after the model has loaded."""
+        if self.max_steps <= 0 and self.num_train_epochs <= 0:
+            raise ConfigError(f"Nothing to train: max_steps {self.max_steps} and num_train_epochs "
+                              f"{self.num_train_epochs}; set max_steps (a positive step count) or num_train_epochs.")
+        if self.save_strategy == "steps" and self.save_steps <= 0:
+            raise ConfigError(f"'save_steps' must be positive with save_strategy: steps, got {self.save_steps} "
+                              "(a step count, or a share of the run when < 1).")
+        eval_strategy = str(getattr(self.eval_strategy, "value", self.eval_strategy))
+        if eval_strategy != "no" and not (args.data.val_size or args.data.eval_dataset):
+            raise ConfigError(f"'eval_strategy: {eval_strategy}' needs evaluation data: set val_size "
+                              "(e.g. 0.1) or eval_dataset, or remove eval_strategy.")
+        if self.neftune_noise_alpha is not None and self.neftune_noise_alpha <= 0:
+            raise ConfigError(f"'neftune_noise_alpha' must be positive (typically 5 to 15), got "
+                              f"{self.neftune_noise_alpha}; remove it for no noise.")
 
     def check_environment(self, args: TrainArgs[Any]) -> None:
         """What this machine must have for the run (checked when it is about to train here)."""

@@ -18,6 +18,7 @@ import torch
 from gym.config.finetuning import FinetuningArguments
 from gym.core.errors import ConfigError, ModelError
 from gym.core.files import MANIFEST_FILE
+from gym.core.names import did_you_mean
 from gym.core.names import split_names as _split
 from gym.core.safetensors_files import load_safetensors
 from gym.models import unsloth, vision
@@ -234,6 +235,7 @@ def setup_adapter(model: Any, args: FinetuningArguments, adapters: list[str] | N
             hint = f" It was trained on {trained_on}: pass model_name_or_path {trained_on}." if trained_on else ""
             raise ConfigError(f"The adapter {adapters[-1]} does not fit the base ({exc}).{hint}") from None
     task = "SEQ_CLS" if is_sequence_classifier(model) else "CAUSAL_LM"
+    check_module_names(model, args)
     if args.finetuning_type == "lora":
         config = lora_config(args, bool(getattr(model.config, "tie_word_embeddings", False)), task)
     else:
@@ -253,6 +255,22 @@ def setup_adapter(model: Any, args: FinetuningArguments, adapters: list[str] | N
     if args.loftq_init:
         loftq_initialise(peft_model, str(model.config._name_or_path))
     return peft_model
+
+
+def check_module_names(model: Any, args: FinetuningArguments) -> None:
+    """Refuse a target module name that matches no module of the model, with the closest one: peft says so for
+    lora_target without a suggestion, and skips a misspelt additional_target silently (the run then trains without
+    it)."""
+    keys = ["lora_target", "additional_target"] if args.finetuning_type == "lora" else ["oft_target"]
+    module_names = [name for name, _ in model.named_modules() if name]
+    suffixes = {part for name in module_names for part in name.split(".") if not part.isdigit()}
+    for key in keys:
+        for target in _split(getattr(args, key)):
+            if key != "additional_target" and target == "all":
+                continue
+            if not any(name == target or name.endswith(f".{target}") for name in module_names):
+                hint = did_you_mean(target, suffixes, " Module names are like q_proj, mlp, embed_tokens.")
+                raise ConfigError(f"'{key}': no module of the model is named '{target}'.{hint}")
 
 
 def orthogonal_config(args: FinetuningArguments, task_type: str = "CAUSAL_LM") -> Any:

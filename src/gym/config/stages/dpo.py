@@ -53,6 +53,11 @@ class PreferenceOptions:
             raise ConfigError(f"'dpo_label_smoothing' must be in [0, 0.5), got {self.dpo_label_smoothing}.")
         if self.pref_beta <= 0:
             raise ConfigError(f"'pref_beta' must be positive, got {self.pref_beta}.")
+        if self.pref_ftx < 0:
+            raise ConfigError(f"'pref_ftx' must be >= 0, got {self.pref_ftx} (a negative SFT weight unlearns the "
+                              "chosen answers).")
+        if self.simpo_gamma < 0:
+            raise ConfigError(f"'simpo_gamma' (SimPO's target margin) must be >= 0, got {self.simpo_gamma}.")
         if self.reference_free(stage) and (self.ref_model or self.precompute_ref_log_probs):
             key = "ref_model" if self.ref_model else "precompute_ref_log_probs"
             raise ConfigError(f"'{key}' has no effect: {stage if stage == 'cpo' else self.pref_loss} needs no "

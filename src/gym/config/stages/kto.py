@@ -28,6 +28,12 @@ class KTOOptions:
             raise ConfigError("'pref_ftx' is not supported by kto; remove it.")
         if self.pref_beta <= 0:
             raise ConfigError(f"'pref_beta' must be positive, got {self.pref_beta}.")
+        for key in ("kto_chosen_weight", "kto_rejected_weight"):
+            if getattr(self, key) < 0:
+                raise ConfigError(f"'{key}' must be >= 0, got {getattr(self, key)} (a negative weight trains away "
+                                  "from what it weighs).")
+        if self.kto_chosen_weight == self.kto_rejected_weight == 0:
+            raise ConfigError("'kto_chosen_weight' and 'kto_rejected_weight' are both 0: the loss would be 0.")
 
 
 register(Stage(name="kto", data_kind=DataKind.FEEDBACK, trainer="gym.train.methods.kto", options=KTOOptions,
