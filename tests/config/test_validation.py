@@ -45,6 +45,7 @@ ONLINE = {"reward_funcs": ["accuracy"], "per_device_train_batch_size": 4}
     ({"save_strategy": "steps", "save_steps": 0}, "'save_steps' must be positive with save_strategy: steps"),
     ({"eval_strategy": "steps"}, "'eval_strategy: steps' needs evaluation data: set val_size"),
     ({"neftune_noise_alpha": -1}, "'neftune_noise_alpha' must be positive"),
+    ({"weight_decay": -1}, "'weight_decay' must be 0 or more"),
     ({"lora_alpha": 0}, "'lora_alpha' must be positive"),
     ({"lora_dropout": 1.5}, r"'lora_dropout' must be in \[0, 1\)"),
     ({"lora_target": " , "}, "'lora_target' is empty"),

@@ -115,6 +115,8 @@ class TrainingArguments(HFTrainingFields):
         for key in ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"'{key}' must be at least 1, got {getattr(self, key)}.")
+        if not self.weight_decay >= 0:  # torch's AdamW refuses it once the model has loaded; NaN fails here too
+            raise ConfigError(f"'weight_decay' must be 0 or more (0.01 to 0.1 is usual), got {self.weight_decay}.")
         self._validate_schedule(args)
         if self.fsdp and int(os.environ.get("WORLD_SIZE", "1")) <= 1:
             raise ConfigError("'fsdp' shards the model across processes, and this is one process: launch with "
