@@ -161,3 +161,14 @@ def test_resuming_into_another_datasets_output_is_refused_untouched(config, data
     run_infer(config, "tiny_alpaca", out, str(data_dir), batch_size=2, max_samples=1, progress=False)
     assert [json.loads(line)["index"] for line in out.read_text().splitlines()] == [0, 1, 2]
     assert out.read_text().startswith(before)
+
+
+def test_an_output_under_a_file_is_one_line(tiny_model_dir, data_dir, tmp_path, capsys):
+    # mkdir raised FileExistsError with a traceback, after the dataset was read.
+    (tmp_path / "notes").write_text("mine")
+    args = ["infer", "--model_name_or_path", str(tiny_model_dir), "--dataset", "tiny_alpaca", "--dataset_dir",
+            str(data_dir), "-o", str(tmp_path / "notes" / "preds.jsonl")]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "its parent" in err and "is a file" in err and "Traceback" not in err
+    assert (tmp_path / "notes").read_text() == "mine"

@@ -26,7 +26,7 @@ from tqdm.auto import tqdm
 
 from gym.config.files import Config
 from gym.core.errors import DataError
-from gym.core.files import OutputLock, remove_stale_temps, temp_path
+from gym.core.files import OutputLock, refuse_file_in_path, remove_stale_temps, temp_path
 from gym.core.kinds import DataKind
 from gym.data.formats import Example
 from gym.data.loader import load_examples
@@ -115,6 +115,7 @@ def run_infer(config: Config, dataset: str, output: str | os.PathLike[str], data
     output = Path(output)
     if output.is_dir():
         raise DataError(f"-o {output} is a folder; gym infer writes one JSONL file: name a file.")
+    refuse_file_in_path(output)  # -o under a file: one line now, not mkdir's traceback after the rows are read
     _done_indices(output, rows)  # a file that is not this command's output is refused before the model loads
     output.parent.mkdir(parents=True, exist_ok=True)
     with OutputLock(output, what="gym infer", file=True):  # two runs appending to one file would mix lines
