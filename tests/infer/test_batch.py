@@ -172,3 +172,10 @@ def test_an_output_under_a_file_is_one_line(tiny_model_dir, data_dir, tmp_path, 
     err = capsys.readouterr().err
     assert "its parent" in err and "is a file" in err and "Traceback" not in err
     assert (tmp_path / "notes").read_text() == "mine"
+
+
+def test_a_batch_size_above_the_rows_is_the_rows(config, data_dir, tmp_path):
+    # The engine sized its KV cache by --batch_size: 10**11 on three rows asked for petabytes and crashed.
+    out = tmp_path / "preds.jsonl"
+    run_infer(config, "tiny_alpaca", out, str(data_dir), batch_size=10**11, max_samples=3, progress=False)
+    assert [json.loads(line)["index"] for line in out.read_text().splitlines()] == [0, 1, 2]

@@ -131,6 +131,9 @@ def _answer_rows(config: Config, rows: list[dict[str, Any]], output: Path, batch
         logger.info("Resuming: %d of %d rows already answered in %s.", len(rows) - len(todo), len(rows), output)
     if not todo:
         return output
+    # More rows than are left never decode together; the engine sizes its cache by max_batch_size, so
+    # --batch_size 99999999999 on five rows asked for petabytes instead of answering them.
+    batch_size = min(batch_size, len(todo))
     model = ChatModel(config, max_batch_size=batch_size, max_waiting=2 * batch_size)
     if model.media is None and any(rows[i]["images"] for i in todo):
         model.close()
