@@ -133,3 +133,49 @@ def test_an_output_that_is_not_an_earlier_runs_is_refused_untouched(content, con
     with pytest.raises(DataError, match="is a folder" if content is None else "is not a gym infer row"):
         run_infer(config, "tiny_alpaca", out, str(data_dir), max_samples=2, progress=False)
     assert out.is_dir() if content is None else out.read_text() == content
+
+
+@pytest.mark.parametrize("max_samples", [0, -1])
+def test_max_samples_below_one_is_named(max_samples, config, data_dir, tmp_path):
+    # It was refused as "Dataset 'tiny_alpaca' has no rows", which sent the user to a dataset with 24.
+    from gym.core.errors import DataError
+
+    with pytest.raises(DataError, match=rf"--max_samples must be at least 1.*got {max_samples}\."):
+        run_infer(config, "tiny_alpaca", tmp_path / "preds.jsonl", str(data_dir), max_samples=max_samples,
+                  progress=False)
+
+
+def test_resuming_into_another_datasets_output_is_refused_untouched(config, data_dir, tmp_path):
+    # Rows were known by index alone: -o naming tiny_alpaca's predictions for tiny_chat answered nothing, kept
+    # alpaca's answers as the chat rows', and exited 0.
+    from gym.core.errors import DataError
+
+    out = tmp_path / "preds.jsonl"
+    run_infer(config, "tiny_alpaca", out, str(data_dir), batch_size=2, max_samples=2, progress=False)
+    before = out.read_text()
+    with pytest.raises(DataError, match="answers another dataset: line 1 \\(row 0\\)"):
+        run_infer(config, "tiny_chat", out, str(data_dir), max_samples=2, progress=False)
+    assert out.read_text() == before
+    # the same dataset with more rows resumes, and rows a larger --max_samples answered are kept
+    run_infer(config, "tiny_alpaca", out, str(data_dir), batch_size=2, max_samples=3, progress=False)
+    run_infer(config, "tiny_alpaca", out, str(data_dir), batch_size=2, max_samples=1, progress=False)
+    assert [json.loads(line)["index"] for line in out.read_text().splitlines()] == [0, 1, 2]
+    assert out.read_text().startswith(before)
+
+
+def test_an_output_under_a_file_is_one_line(tiny_model_dir, data_dir, tmp_path, capsys):
+    # mkdir raised FileExistsError with a traceback, after the dataset was read.
+    (tmp_path / "notes").write_text("mine")
+    args = ["infer", "--model_name_or_path", str(tiny_model_dir), "--dataset", "tiny_alpaca", "--dataset_dir",
+            str(data_dir), "-o", str(tmp_path / "notes" / "preds.jsonl")]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "its parent" in err and "is a file" in err and "Traceback" not in err
+    assert (tmp_path / "notes").read_text() == "mine"
+
+
+def test_a_batch_size_above_the_rows_is_the_rows(config, data_dir, tmp_path):
+    # The engine sized its KV cache by --batch_size: 10**11 on three rows asked for petabytes and crashed.
+    out = tmp_path / "preds.jsonl"
+    run_infer(config, "tiny_alpaca", out, str(data_dir), batch_size=10**11, max_samples=3, progress=False)
+    assert [json.loads(line)["index"] for line in out.read_text().splitlines()] == [0, 1, 2]

@@ -68,6 +68,11 @@ class ExportArguments:
         if self.export_format in ("hf", "onnx") and self.export_type not in (None, "bitdelta"):
             raise ConfigError("export_type applies to the GGUF formats; an hf export is saved at "
                               "export_dtype (float32, float16 or bfloat16), an onnx export in float32.")
+        if self.export_format != "hf" and self.export_dtype not in ("auto", "float32"):
+            # only the hf writer casts; the others would write their own type and the asked dtype would be dropped
+            hint = ("an onnx export is float32" if self.export_format == "onnx"
+                    else "a GGUF's type is export_type (--type f16, bf16, q8_0, ...)")
+            raise ConfigError(f"export_dtype {self.export_dtype} applies to --format hf; {hint}.")
         if self.variant is not None and (self.delta or ":" not in self.variant):
             raise ConfigError("variant: write STORE:USER (a `gym variants` store and a user in it), without a delta.")
 

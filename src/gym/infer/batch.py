@@ -26,7 +26,7 @@ from tqdm.auto import tqdm
 
 from gym.config.files import Config
 from gym.core.errors import DataError
-from gym.core.files import OutputLock, remove_stale_temps, temp_path
+from gym.core.files import OutputLock, refuse_file_in_path, remove_stale_temps, temp_path
 from gym.core.kinds import DataKind
 from gym.data.formats import Example
 from gym.data.loader import load_examples
@@ -58,10 +58,11 @@ def load_rows(dataset: str, dataset_dir: str, max_samples: int | None) -> list[d
     return rows
 
 
-def _done_indices(path: Path) -> set[int]:
+def _done_indices(path: Path, rows: list[dict[str, Any]]) -> set[int]:
     """Indices already answered; the last line, cut off mid-write by an interrupted run, is removed from the file.
     A file that is not an earlier run's output (any other line that is not one of its rows) is refused untouched:
-    resuming would have deleted every line of it."""
+    resuming would have deleted every line of it. So is the output of another dataset: a row is known by its index
+    alone, so resuming would have kept that dataset's answers as this one's."""
     if not path.is_file():
         return set()
     try:
@@ -72,7 +73,7 @@ def _done_indices(path: Path) -> set[int]:
     for number, line in enumerate(lines, start=1):
         try:
             row = json.loads(line)
-            done.add(int(row["index"]))
+            index = int(row["index"])
             if "prediction" not in row:
                 raise KeyError("prediction")
             kept.append(line if line.endswith("\n") else line + "\n")
@@ -83,6 +84,13 @@ def _done_indices(path: Path) -> set[int]:
                                 "...}}): it is not an earlier run's output to resume. Choose another file, or move "
                                 "this one away.") from None
             logger.warning("Dropping an incomplete line from %s (an interrupted run).", path)
+            continue
+        # A row past the end is one a run with a larger --max_samples answered: kept, and not asked again.
+        if 0 <= index < len(rows) and row.get("messages") != rows[index]["messages"]:
+            raise DataError(f"-o {path} answers another dataset: line {number} (row {index}) asks something else than "
+                            f"this dataset's row {index}, and resuming would keep its answers as this one's. Choose "
+                            "another file, or move this one away.")
+        done.add(index)
     if len(kept) != len(lines) or (lines and not lines[-1].endswith("\n")):
         tmp = temp_path(path)
         tmp.write_text("".join(kept), encoding="utf-8")
@@ -101,11 +109,14 @@ def run_infer(config: Config, dataset: str, output: str | os.PathLike[str], data
               batch_size: int = 8, max_samples: int | None = None, seed: int = 42, progress: bool = True) -> Path:
     if batch_size < 1:
         raise DataError(f"--batch_size must be at least 1, got {batch_size}.")
+    if max_samples is not None and max_samples < 1:  # else refused as a dataset "with no rows", which it has
+        raise DataError(f"--max_samples must be at least 1 (or left out, for every row), got {max_samples}.")
     rows = load_rows(dataset, dataset_dir, max_samples)  # data errors before the model loads
     output = Path(output)
     if output.is_dir():
         raise DataError(f"-o {output} is a folder; gym infer writes one JSONL file: name a file.")
-    _done_indices(output)  # a file that is not this command's output is refused before the model loads
+    refuse_file_in_path(output)  # -o under a file: one line now, not mkdir's traceback after the rows are read
+    _done_indices(output, rows)  # a file that is not this command's output is refused before the model loads
     output.parent.mkdir(parents=True, exist_ok=True)
     with OutputLock(output, what="gym infer", file=True):  # two runs appending to one file would mix lines
         remove_stale_temps(output.parent)
@@ -114,12 +125,15 @@ def run_infer(config: Config, dataset: str, output: str | os.PathLike[str], data
 
 def _answer_rows(config: Config, rows: list[dict[str, Any]], output: Path, batch_size: int, seed: int,
                  progress: bool) -> Path:
-    done = _done_indices(output)
+    done = _done_indices(output, rows)
     todo = [i for i in range(len(rows)) if i not in done]
     if done:
         logger.info("Resuming: %d of %d rows already answered in %s.", len(rows) - len(todo), len(rows), output)
     if not todo:
         return output
+    # More rows than are left never decode together; the engine sizes its cache by max_batch_size, so
+    # --batch_size 99999999999 on five rows asked for petabytes instead of answering them.
+    batch_size = min(batch_size, len(todo))
     model = ChatModel(config, max_batch_size=batch_size, max_waiting=2 * batch_size)
     if model.media is None and any(rows[i]["images"] for i in todo):
         model.close()
