@@ -170,3 +170,12 @@ def test_a_safety_gate_given_twice_is_refused(tiny_model_dir, tmp_path, capsys, 
                  "--safety-gate", "safety_demo", "--job_options", options]) == 2
     assert_only_an_error_line(capsys.readouterr().err, "given twice, by --safety-gate and by --job_options")
     assert no_model_load == []
+
+
+@pytest.mark.parametrize("size", ["0", "99999999999"])
+def test_a_batch_size_the_engine_cannot_hold_is_refused_at_start(size, tiny_model_dir, capsys, no_model_load):
+    # 0 was taken as 1; 10**11 reached the fast engine, which sized its cache for that many rows and crashed.
+    assert main(["api", "--model_name_or_path", str(tiny_model_dir), "--max_batch_size", size]) == 2
+    assert_only_an_error_line(capsys.readouterr().err, f"--max_batch_size must be from 1 to 1024 (the rows decoded "
+                                                       f"together), got {size}.")
+    assert no_model_load == []

@@ -66,6 +66,8 @@ answers POST /v1/moderations. SPEC: keywords:FILE (one regular expression per li
 id (a sequence classifier, Llama Guard 3, ShieldGemma, Qwen3Guard, Granite Guardian), or FAMILY:PATH. Model
 guards flag at --guard-threshold. See docs/safety.md."""
 
+MAX_BATCH_SIZE = 1024  # vLLM's max_num_seqs defaults to 256; more than this is a typo, not a server
+
 
 def main(argv: list[str]) -> int:
     if "--help" in argv or "-h" in argv:
@@ -117,6 +119,9 @@ def main(argv: list[str]) -> int:
         raise ConfigError("--db names the database of a variant store's keys and files: give --variants STORE too.")
     if file_bytes < 1 or quota < 1:
         raise ConfigError("--max_file_bytes and --file_quota_bytes must be at least 1.")
+    if not 1 <= batch <= MAX_BATCH_SIZE:  # the engine holds a cache slot per row: 10**11 rows asked petabytes of it
+        raise ConfigError(f"--max_batch_size must be from 1 to {MAX_BATCH_SIZE} (the rows decoded together), got "
+                          f"{batch}.")
     media = media_policy(values["--media-dir"], flags["--allow-remote-media"], media_bytes)
     guard_window, guard_threshold = guard_options(values["--guard-window"], values["--guard-threshold"])
     if not values["--guard"] and (given["--guard-window"] or given["--guard-threshold"]):
