@@ -7,6 +7,8 @@ exceptions so they keep their tracebacks.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 
 class GymError(Exception):
     """An error the user can fix; the message says how."""
@@ -50,30 +52,26 @@ _NO_ACCESS = {1, 13, 30}  # EPERM, EACCES, EROFS
 _NO_SPACE_WORDS = ("No space left on device", "os error 28", "Disk quota exceeded", "os error 122")
 
 
-def is_out_of_space(exc: BaseException | None) -> bool:
-    """Whether a write failed for want of space: an OSError saying so, or a library's exception carrying the
-    system's words, anywhere in the chain of causes."""
+def _chain(exc: BaseException | None) -> Iterator[BaseException]:
+    """The exception and what caused it, or was being handled when it was raised, in turn (each once)."""
     seen: set[int] = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
-        if isinstance(exc, OSError) and exc.errno in _NO_SPACE:
-            return True
-        if any(words in str(exc) for words in _NO_SPACE_WORDS):
-            return True
+        yield exc
         exc = exc.__cause__ or exc.__context__
-    return False
+
+
+def is_out_of_space(exc: BaseException | None) -> bool:
+    """Whether a write failed for want of space: an OSError saying so, or a library's exception carrying the
+    system's words, anywhere in the chain of causes."""
+    return any((isinstance(e, OSError) and e.errno in _NO_SPACE) or any(words in str(e) for words in _NO_SPACE_WORDS)
+               for e in _chain(exc))
 
 
 def caused_by_interrupt(exc: BaseException | None) -> bool:
     """Whether Ctrl-C is what this exception reports: an import cut short by it surfaces as ImportError (scipy's,
     under transformers' lazy modules), with the KeyboardInterrupt as its cause or context."""
-    seen: set[int] = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        if isinstance(exc, KeyboardInterrupt):
-            return True
-        exc = exc.__cause__ or exc.__context__
-    return False
+    return any(isinstance(e, KeyboardInterrupt) for e in _chain(exc))
 
 
 def as_gym_error(exc: BaseException) -> GymError | None:

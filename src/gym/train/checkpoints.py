@@ -50,12 +50,9 @@ def remove_incomplete_checkpoints(output_dir: str | Path) -> list[Path]:
     if not root.is_dir():
         return removed
     for path in root.iterdir():
-        if CHECKPOINT_NAME.match(path.name) and path.is_dir():
-            try:
-                json.loads((path / STATE_FILE).read_text(encoding="utf-8"))
-            except (OSError, json.JSONDecodeError):
-                shutil.rmtree(path, ignore_errors=True)
-                removed.append(path)
+        if CHECKPOINT_NAME.match(path.name) and path.is_dir() and not _complete(path):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
     return removed
 
 
@@ -108,15 +105,18 @@ def _step(folder: Path) -> int:
 
 
 def _complete_checkpoints(output_dir: Path) -> list[Path]:
-    """Complete checkpoints (their trainer_state.json reads), oldest first."""
-    found = []
-    for path in sorted((p for p in output_dir.iterdir() if CHECKPOINT_NAME.match(p.name) and p.is_dir()), key=_step):
-        try:
-            json.loads((path / STATE_FILE).read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError):
-            continue
-        found.append(path)
-    return found
+    """Complete checkpoints, oldest first."""
+    return sorted((p for p in output_dir.iterdir() if CHECKPOINT_NAME.match(p.name) and p.is_dir() and _complete(p)),
+                  key=_step)
+
+
+def _complete(checkpoint: Path) -> bool:
+    """Whether its trainer_state.json, written last, reads: a checkpoint cut short while saving has none."""
+    try:
+        json.loads((checkpoint / STATE_FILE).read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return False
+    return True
 
 
 def save_every(save_strategy: Any, save_steps: float, max_steps: int) -> int | None:
