@@ -268,7 +268,7 @@ def test_a_cancelled_job_leaves_no_variant(tmp_path, tiny_model_dir):
 def test_a_job_cancelled_after_training_publishes_nothing(tmp_path, tiny_model_dir):
     # Training is the shorter part of a small job: compression (BitDelta's distillation), the gain and publishing
     # follow it. A cancel that arrives once training has saved its run must still leave no variant.
-    from gym.train.outputs import is_finished_output
+    from gym.train.installing import is_finished_output
 
     file = write_jsonl(tmp_path / "train.jsonl", [chat_row(q) for q in QUESTIONS])
     events = Events()

@@ -222,7 +222,7 @@ def test_what_a_run_cut_short_left_is_resumed_not_refused(train_config, tmp_path
     folder = tmp_path / "cut"
     (folder / "checkpoint-1").mkdir(parents=True)
     (folder / "trainer_log.jsonl").write_text("")
-    from gym.train.outputs import _not_a_run
+    from gym.train.installing import _not_a_run
 
     assert _not_a_run(folder) == []
 
@@ -255,6 +255,7 @@ def test_a_kill_while_installing_the_result_resumes_to_the_same_model_without_an
     # The result's files were renamed in one by one, the manifest whenever the folder listing put it: a kill between
     # renames left a folder marked finished without its config, or one refused as "files no Gym run wrote". And
     # resuming the checkpoint at max_steps trained a fourth step of three.
+    import gym.train.installing as installing
     import gym.train.outputs as outputs
 
     config = train_config(save_strategy="steps", save_steps=1)
@@ -268,10 +269,10 @@ def test_a_kill_while_installing_the_result_resumes_to_the_same_model_without_an
                 raise KeyboardInterrupt
         return real_replace(source, target)
 
-    monkeypatch.setattr(outputs.os, "replace", killed_at_the_third_file)
+    monkeypatch.setattr(installing.os, "replace", killed_at_the_third_file)
     with pytest.raises(KeyboardInterrupt):
         run_exp(config)
-    monkeypatch.setattr(outputs.os, "replace", real_replace)
+    monkeypatch.setattr(installing.os, "replace", real_replace)
     assert not (out / "gym_manifest.json").exists() and "gym_manifest.json" not in installed
     with pytest.raises(ConfigError, match="checkpoint-3 of a run cut short. Set resume_from_checkpoint: true"):
         run_exp(config)  # a fresh run would mix its checkpoints with these
@@ -284,7 +285,7 @@ def test_a_kill_while_installing_the_result_resumes_to_the_same_model_without_an
     assert final.keys() == last.keys() and all(final[k].equal(last[k]) for k in final)
     manifest = json.loads((out / "gym_manifest.json").read_text())
     assert {"gym_config.yaml", "adapter_model.safetensors"} <= set(manifest["files"])
-    assert not (out / outputs.FINAL_JOURNAL).exists()
+    assert not (out / installing.FINAL_JOURNAL).exists()
     mask = os.umask(0)
     os.umask(mask)
     saved = out / "checkpoint-1" / "adapter_model.safetensors"  # safetensors writes 0600
@@ -307,7 +308,8 @@ def test_overwrite_output_dir_starts_again_leaving_nothing_of_the_earlier_run(tr
 
 
 def test_an_overwritten_run_cut_short_is_not_read_as_the_earlier_finished_one(train_config):
-    from gym.train.outputs import _not_a_run, completed_run, start_over
+    from gym.train.installing import _not_a_run, start_over
+    from gym.train.outputs import completed_run
 
     out = Path(run_exp(train_config()).output_dir)
     (out / "checkpoint-3").mkdir()
@@ -327,14 +329,14 @@ def test_training_into_the_model_it_starts_from_is_refused(train_config, tiny_mo
 
 def test_installing_a_result_replaces_a_file_with_a_folder_and_lists_what_it_wrote(tmp_path):
     from gym.core.files import write_manifest
-    from gym.train.outputs import FINAL_JOURNAL, _install_final
+    from gym.train.installing import FINAL_JOURNAL, install_final
 
     out, tmp = tmp_path / "out", tmp_path / "out" / ".final.tmp-1"
     (tmp / "value_head").mkdir(parents=True)
     (tmp / "value_head" / "weights.bin").write_text("new")
     write_manifest(tmp, {"what": "model"})
     (out / "value_head").write_text("an earlier run's file")
-    _install_final(tmp, out)
+    install_final(tmp, out)
     assert (out / "value_head" / "weights.bin").read_text() == "new"
     assert json.loads((out / "gym_manifest.json").read_text())["files"] == ["value_head/weights.bin"]
     assert not (out / FINAL_JOURNAL).exists() and sorted(p.name for p in tmp.iterdir()) == []

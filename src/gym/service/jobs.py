@@ -521,7 +521,8 @@ def _train_and_publish(spec: JobSpec, store: Any, work: Path, emit: EventSink, c
     from gym.personalization.trainer import CreationStopped, PersonalizedTrainer
     from gym.train.checkpoints import last_checkpoint
     from gym.train.harness import extra_callbacks
-    from gym.train.outputs import is_finished_output, read_log
+    from gym.train.installing import is_finished_output
+    from gym.train.outputs import read_log
 
     emit("info", f"Validating training file: {Path(spec.training_file).name}", None)
     rows = read_training_file(spec.training_file, spec.method)

@@ -28,7 +28,8 @@ from gym.core.errors import OutputError, is_out_of_space
 from gym.core.files import OutputLock, human_bytes, remove_stale_temps
 from gym.core.results import RunResult
 from gym.train.checkpoints import remove_incomplete_checkpoints, resume_requested
-from gym.train.outputs import check_output_dir, completed_run, start_over
+from gym.train.installing import check_output_dir, start_over
+from gym.train.outputs import completed_run
 from gym.train.ranks import is_main_process
 
 logger = logging.getLogger(__name__)
