@@ -8,7 +8,7 @@ import threading
 import time
 
 import pytest
-from tests.thread_guard import describe, spinning, thread_cpu
+from tests.thread_guard import MIN_SECONDS, MIN_SHARE, describe, spinning, thread_cpu
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/task")
 
@@ -25,11 +25,20 @@ def test_a_spinning_thread_is_found_and_named_and_a_sleeping_one_is_not():
     spinner.start()
     sleeper.start()
     try:
-        before, started = thread_cpu(), time.monotonic()
-        time.sleep(2.5)  # the main thread idles, as pytest does between a module's tests
-        after, wall = thread_cpu(), time.monotonic() - started
-        found = spinning(before, after, wall, among={spinner.native_id, sleeper.native_id})
-        assert list(found) == [spinner.native_id] and found[spinner.native_id] >= 2.0
+        # On a loaded machine (the suite's other worker, a build) a window can give the spinner too little CPU to
+        # be over the bar, and then the guard is right to say nothing: measure windows until one where it was.
+        for _ in range(8):
+            before, started = thread_cpu(), time.monotonic()
+            time.sleep(2.5)  # the main thread idles, as pytest does between a module's tests
+            after, wall = thread_cpu(), time.monotonic() - started
+            used = after[spinner.native_id] - before[spinner.native_id]
+            found = spinning(before, after, wall, among={spinner.native_id, sleeper.native_id})
+            assert sleeper.native_id not in found
+            if used >= MIN_SECONDS and used > MIN_SHARE * wall:
+                break
+        else:
+            pytest.fail("the spinning thread never got its CPU in 8 windows: the machine is overloaded")
+        assert list(found) == [spinner.native_id] and found[spinner.native_id] == used
         message = describe(spinner.native_id, found[spinner.native_id], wall)
         assert "'left-spinning'" in message and "_spin" in message
     finally:
