@@ -278,3 +278,27 @@ def test_a_demo_set_asked_for_away_from_the_repository_says_where_the_demo_sets_
     with pytest.raises(DataError, match=r"No dataset_info.json in '.*nowhere' \(the demo sets are in the repository's "
                                         r"data/ folder"):
         get_dataset_attrs("alpaca_en_demo", tmp_path / "nowhere")
+
+
+@pytest.mark.parametrize("suffix, encoding", [
+    (".json", "utf-8-sig"), (".jsonl", "utf-8-sig"), (".csv", "utf-8-sig"), (".json", "utf-16"), (".csv", "utf-16"),
+    (".jsonl", "utf-32"),
+])
+def test_files_with_a_byte_order_mark_are_read_without_it(tmp_path, suffix, encoding):
+    """Excel's "CSV UTF-8" and Windows editors start a file with a byte-order mark: read as plain UTF-8 it made the
+    first column '\\ufeffinstruction' (so 'instruction' was "missing") and JSON invalid."""
+    rows = [{"instruction": "p", "output": "q"}, {"instruction": "ü", "output": "ß"}]
+    text = {".json": json.dumps(rows, ensure_ascii=False), ".jsonl": "\n".join(json.dumps(r) for r in rows),
+            ".csv": "instruction,output\np,q\nü,ß\n"}[suffix]
+    (tmp_path / f"d{suffix}").write_bytes(text.encode(encoding))
+    (tmp_path / "dataset_info.json").write_bytes(json.dumps({"d": {"file_name": f"d{suffix}"}}).encode("utf-8-sig"))
+    (attr,) = get_dataset_attrs("d", tmp_path)
+    assert [ex.messages for ex in load_examples(attr, "supervised")] == [
+        [{"role": "user", "content": "p"}, {"role": "assistant", "content": "q"}],
+        [{"role": "user", "content": "ü"}, {"role": "assistant", "content": "ß"}]]
+
+
+def test_a_text_file_with_a_byte_order_mark_does_not_train_on_it(tmp_path, tokenizer):
+    (tmp_path / "w.txt").write_bytes("first line\nsecond line\n".encode("utf-8-sig"))
+    (attr,) = get_dataset_attrs(str(tmp_path / "w.txt"), tmp_path)
+    assert [ex.messages[0]["content"] for ex in load_examples(attr, "unsupervised")] == ["first line", "second line"]

@@ -6,6 +6,7 @@ one row per line, the line in a column named `text`.
 
 from __future__ import annotations
 
+import codecs
 import csv
 import json
 from collections.abc import Iterator
@@ -46,13 +47,27 @@ def _files(path: Path) -> list[Path]:
     return [path]
 
 
+# Longest first: UTF-32-LE's mark begins with UTF-16-LE's.
+_BOMS = ((codecs.BOM_UTF32_LE, "utf-32"), (codecs.BOM_UTF32_BE, "utf-32"), (codecs.BOM_UTF16_LE, "utf-16"),
+         (codecs.BOM_UTF16_BE, "utf-16"))
+
+
+def text_encoding(file: Path) -> str:
+    """UTF-8, with or without the byte-order mark Windows editors and Excel's "CSV UTF-8" write first (read as
+    plain UTF-8 it becomes part of the first key or line: `\ufeffinstruction`), or UTF-16/32 when a mark says so
+    (Notepad's "Unicode", PowerShell's default)."""
+    with file.open("rb") as handle:
+        head = handle.read(4)
+    return next((name for bom, name in _BOMS if head.startswith(bom)), "utf-8-sig")
+
+
 def read_rows(path: str | Path) -> Iterator[tuple[RowSource, Any]]:
     for file in _files(Path(path)):
         try:
             yield from _READERS[file.suffix](file)
         except UnicodeDecodeError:  # the name says .json/.jsonl/.csv/.txt, the bytes say otherwise
             raise DataError(f"{file}: not UTF-8 text, so not a {file.suffix} dataset (a binary file, or text in "
-                            "another encoding: save it as UTF-8).") from None
+                            "another encoding without a byte-order mark: save it as UTF-8).") from None
         except csv.Error as exc:  # a NUL byte, a field over the size limit
             raise DataError(f"{file}: not a readable CSV file ({exc}).") from None
 
@@ -64,7 +79,7 @@ def first_row(path: str | Path) -> dict[str, Any] | None:
 
 
 def _read_json(file: Path) -> Iterator[tuple[RowSource, Any]]:
-    text = file.read_text(encoding="utf-8")
+    text = file.read_text(encoding=text_encoding(file))
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -82,7 +97,7 @@ def _read_json(file: Path) -> Iterator[tuple[RowSource, Any]]:
 
 
 def _read_jsonl(file: Path) -> Iterator[tuple[RowSource, Any]]:
-    with file.open(encoding="utf-8") as handle:
+    with file.open(encoding=text_encoding(file)) as handle:
         read_any = False
         for lineno, line in enumerate(handle, start=1):
             if not line.strip():
@@ -101,7 +116,7 @@ def _read_jsonl(file: Path) -> Iterator[tuple[RowSource, Any]]:
 
 def _json_array_rows(file: Path, lineno: int, error: json.JSONDecodeError) -> Iterator[tuple[RowSource, Any]]:
     try:
-        data = json.loads(file.read_text(encoding="utf-8"))
+        data = json.loads(file.read_text(encoding=text_encoding(file)))
     except json.JSONDecodeError:
         raise DataError(f"{file}, line {lineno}: not valid JSON (column {error.colno}): {error.msg}") from None
     if not isinstance(data, list):
@@ -111,7 +126,7 @@ def _json_array_rows(file: Path, lineno: int, error: json.JSONDecodeError) -> It
 
 
 def _read_csv(file: Path) -> Iterator[tuple[RowSource, Any]]:
-    with file.open(encoding="utf-8", newline="") as handle:
+    with file.open(encoding=text_encoding(file), newline="") as handle:
         for i, row in enumerate(csv.DictReader(handle), start=1):
             yield RowSource(str(file), i), row
 
@@ -133,7 +148,7 @@ def _read_text(file: Path) -> Iterator[tuple[RowSource, Any]]:
     # LLaMA-Factory then trains on as a lone EOS; Gym skips them, as its .jsonl reader does, since a pt row
     # must hold text (gym.data.formats refuses an empty one) and a blank line between paragraphs is not a
     # document.
-    with file.open(encoding="utf-8") as handle:
+    with file.open(encoding=text_encoding(file)) as handle:
         for lineno, line in enumerate(handle, start=1):
             text = line.rstrip("\n")
             if text.strip():

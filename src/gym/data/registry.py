@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from gym.core.errors import DataError
 from gym.core.names import did_you_mean, split_names
-from gym.data.readers import EXTENSIONS, first_row
+from gym.data.readers import EXTENSIONS, first_row, text_encoding
 
 ALPACA_COLUMNS = {
     "prompt": "instruction", "query": "input", "response": "output", "history": None, "system": None,
@@ -128,7 +128,7 @@ def read_dataset_info(dataset_dir: str | Path) -> dict[str, Any]:
     if not info_path.is_file():
         return {}
     try:
-        info = json.loads(info_path.read_text(encoding="utf-8"))
+        info = json.loads(info_path.read_text(encoding=text_encoding(info_path)))
     except json.JSONDecodeError as exc:
         raise DataError(f"{info_path} is not valid JSON (line {exc.lineno}, column {exc.colno}): {exc.msg}") from None
     if not isinstance(info, dict):
