@@ -44,9 +44,11 @@ class DataArguments:
     eval_dataset: str | None = field(default=None, metadata={"help": "Comma-separated evaluation datasets."})
     cutoff_len: int = field(default=2048, metadata={"help": "Maximum tokens per example; longer ones are truncated."})
     max_samples: int | None = field(default=None, metadata={"help": "Keep at most this many rows per dataset."})
-    val_size: float = field(
+    # int | float keeps what the user wrote: `1` is one row, `1.0` a share of all of them (refused in validate)
+    val_size: int | float = field(
         default=0.0,
-        metadata={"help": "Hold out this share (<1) or this many rows (>=1) of the training data for evaluation."},
+        metadata={"help": "Hold out this share (a number below 1: 0.1) or this many rows (a whole number: 100) of "
+                  "the training data for evaluation."},
     )
     packing: bool | None = field(
         default=None,
@@ -93,6 +95,11 @@ class DataArguments:
             raise ConfigError(f"'val_size' must be >= 0, got {self.val_size}.")
         if self.val_size and self.eval_dataset:
             raise ConfigError("Set either 'val_size' or 'eval_dataset', not both.")
+        if isinstance(self.val_size, float) and self.val_size == 1:
+            # LLaMA-Factory fails on it too; holding out every row, or one row, are both guesses at what was meant
+            raise ConfigError("'val_size: 1.0' is a share of all the training rows, which leaves none to train on: "
+                              "write a share below 1 (0.1 holds out 10%), or a whole number of rows without a "
+                              "decimal point (1 holds out one row).")
         if self.val_size > 1 and not float(self.val_size).is_integer():
             raise ConfigError(f"'val_size' is a share below 1 or a whole number of rows, got {self.val_size}.")
         stage = args.finetuning.stage
