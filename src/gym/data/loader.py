@@ -169,9 +169,40 @@ def _encode_all(examples: list[Example], chat: ChatFormat, data_args: DataArgume
     return kept, len(results) - len(kept)
 
 
+def mix(parts: list[list[Example]], strategy: str, probs: list[float] | None, seed: int) -> list[Example]:
+    """Several datasets' rows -> one list, by LLaMA-Factory's `mix_strategy`: concat, or interleaved as
+    datasets.interleave_datasets interleaves them (the same rows in the same order for the same seed):
+    interleave_under stops when the first dataset runs out, interleave_over when every one has run out at least
+    once, starting the exhausted ones again. Without `probs` one row of each in turn; with them each next row's
+    dataset is drawn at random."""
+    if len(parts) == 1 or strategy == "concat":
+        return [example for part in parts for example in part]
+    if probs is not None and len(probs) != len(parts):
+        raise DataError(f"interleave_probs has {len(probs)} chances for {len(parts)} datasets: give one per dataset.")
+    lengths = [len(part) for part in parts]
+    over = strategy == "interleave_over"
+    if probs is None:
+        return [parts[d][r % lengths[d]] for r in range(max(lengths) if over else min(lengths))
+                for d in range(len(parts))]
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    chances = [p / sum(probs) for p in probs]  # validated to sum to 1 within 0.01
+    exhausted, position, mixed = [False] * len(parts), [0] * len(parts), []
+    while not (all(exhausted) if over else any(exhausted)):
+        for d in (int(i) for i in rng.choice(len(parts), size=1000, p=chances)):
+            if all(exhausted) if over else any(exhausted):
+                break
+            mixed.append(parts[d][position[d]])
+            position[d] += 1
+            if position[d] == lengths[d]:
+                exhausted[d], position[d] = True, 0
+    return mixed
+
+
 def _collect(names: str | None, data_args: DataArguments, kind: str, seed: int,
              media: bool = False, refuse_media: str | None = None) -> list[Example]:
-    examples: list[Example] = []
+    parts: list[list[Example]] = []
     for attr in get_dataset_attrs(names, data_args.dataset_dir, data_args.media_dir):
         loaded = load_examples(attr, kind, None if data_args.seed_shuffle_datasets else data_args.max_samples,
                                media=media, seed=seed)
@@ -181,7 +212,10 @@ def _collect(names: str | None, data_args: DataArguments, kind: str, seed: int,
             random.Random(seed).shuffle(loaded)
             loaded = loaded[: data_args.max_samples] if data_args.max_samples else loaded
         logger.info("Dataset %s: %d rows", attr.name, len(loaded))
-        examples += loaded
+        parts.append(loaded)
+    examples = mix(parts, data_args.mix_strategy, data_args.interleave_probs, seed)
+    if len(parts) > 1 and data_args.mix_strategy != "concat":
+        logger.info("Mixed %d datasets (%s): %d rows", len(parts), data_args.mix_strategy, len(examples))
     return examples
 
 
@@ -216,6 +250,8 @@ def get_dataset(data_args: DataArguments, chat: ChatFormat, kind: str, seed: int
     row), checked as the rows are read, before anything is tokenized."""
     if not data_args.dataset:
         raise DataError("No training data: set `dataset:` to a name from dataset_info.json or a file path.")
+    if data_args.streaming:
+        logger.info("streaming: true has no effect: Gym reads and tokenizes every row before training starts.")
     train_examples = _collect(data_args.dataset, data_args, kind, seed, media=media is not None,
                               refuse_media=refuse_media)
     _require_tools(train_examples, chat)
