@@ -8,7 +8,7 @@ import pytest
 
 from gym.config.data import DataArguments
 from gym.config.parser import get_train_args
-from gym.core.errors import ConfigError
+from gym.core.errors import ConfigError, DataError
 from gym.data.loader import get_dataset, mix
 from gym.data.templates import get_chat_format
 
@@ -67,3 +67,18 @@ def test_interleave_probs_are_read_as_llamafactory_writes_them():
                            "eval_dataset": "c"}).data
     assert data.interleave_probs == [0.7, 0.3]
     assert DataArguments().mix_strategy == "concat"
+
+
+def test_an_evaluation_set_truncated_to_nothing_is_refused_before_training(tmp_path, tokenizer):
+    """It was returned empty, and the run failed or reported no evaluation only after training."""
+    _two_datasets(tmp_path)
+    (tmp_path / "long.json").write_text(json.dumps([{"instruction": "word " * 100, "output": "x"}] * 2))
+    (tmp_path / "dataset_info.json").write_text(json.dumps({"a": {"file_name": "a.json"},
+                                                            "long": {"file_name": "long.json"}}))
+    chat = get_chat_format(tokenizer, "chatml")
+    args = DataArguments(dataset="a", eval_dataset="long", dataset_dir=str(tmp_path), cutoff_len=32)
+    with pytest.raises(DataError, match="all 2 rows of eval_dataset 'long' were dropped: no answer token to learn "
+                                        "fits .* cutoff_len=32"):
+        get_dataset(args, chat, "supervised")
+    with pytest.raises(DataError, match="all 2 rows were dropped: no prompt leaves room for a generated answer"):
+        get_dataset(DataArguments(dataset="long", dataset_dir=str(tmp_path), cutoff_len=32), chat, "prompt")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import partial
@@ -239,6 +240,14 @@ def _require_tools(examples: list[Example], chat: ChatFormat) -> None:
                             "`tool_format:` to one with parallel calls.")
 
 
+# Why an encoder drops a row (it returns None), per kind; unsupervised and labelled rows are never dropped.
+_NOTHING_FITS: defaultdict[str, str] = defaultdict(lambda: "no answer token fits", {
+    "supervised": "no answer token to learn fits (with mask_history, none of the last answer)",
+    "prompt": "no prompt leaves room for a generated answer",
+    "pairwise": "no answer token fits after the prompt", "feedback": "no answer token fits after the prompt",
+})
+
+
 def get_dataset(data_args: DataArguments, chat: ChatFormat, kind: str, seed: int = 42,
                 packing: bool = False, media: MediaInputs | None = None,
                 refuse_media: str | None = None) -> TokenizedData:
@@ -262,16 +271,24 @@ def get_dataset(data_args: DataArguments, chat: ChatFormat, kind: str, seed: int
     train, dropped = _encode_all(train_examples, chat, data_args, kind, media)
     if not train:
         raise DataError(
-            f"No training examples left: all {len(train_examples)} rows were dropped: no answer token fits within "
+            f"No training examples left: all {len(train_examples)} rows were dropped: {_NOTHING_FITS[kind]} within "
             f"cutoff_len={data_args.cutoff_len} tokens. Raise cutoff_len or shorten the prompts."
         )
     if dropped:
-        logger.warning("Dropped %d of %d examples with no answer token within cutoff_len=%d.",
-                       dropped, len(train_examples), data_args.cutoff_len)
+        logger.warning("Dropped %d of %d examples: %s within cutoff_len=%d.",
+                       dropped, len(train_examples), _NOTHING_FITS[kind], data_args.cutoff_len)
     evaluation = None
     if data_args.eval_dataset:
-        evaluation, _ = _encode_all(_collect(data_args.eval_dataset, data_args, kind, seed, media=media is not None,
-                                             refuse_media=refuse_media), chat, data_args, kind, media)
+        eval_examples = _collect(data_args.eval_dataset, data_args, kind, seed, media=media is not None,
+                                 refuse_media=refuse_media)
+        evaluation, eval_dropped = _encode_all(eval_examples, chat, data_args, kind, media)
+        if not evaluation:  # an empty evaluation set fails (or reports nothing) only once training has run
+            raise DataError(f"No evaluation examples left: all {len(eval_examples)} rows of eval_dataset "
+                            f"'{data_args.eval_dataset}' were dropped: {_NOTHING_FITS[kind]} within "
+                            f"cutoff_len={data_args.cutoff_len} tokens. Raise cutoff_len or shorten the prompts.")
+        if eval_dropped:
+            logger.warning("Dropped %d of %d evaluation examples: %s within cutoff_len=%d.", eval_dropped,
+                           len(eval_examples), _NOTHING_FITS[kind], data_args.cutoff_len)
     elif data_args.val_size:
         order = list(range(len(train)))
         random.Random(seed).shuffle(order)
