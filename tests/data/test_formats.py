@@ -224,6 +224,12 @@ def test_num_samples_draws_at_random_every_row_once_before_any_twice(tmp_path):
     ({"ranking": "false"}, r"'d'\.ranking must be true or false \(without quotes\), got 'false'"),
     ({"num_samples": "5"}, r"'d'\.num_samples must be a whole number of at least 1, got '5'"),
     ({"num_samples": 0}, r"'d'\.num_samples must be a whole number of at least 1, got 0"),
+    ({"file_name": 5}, r"'d'\.file_name must be a non-empty string, got 5"),  # was a TypeError traceback
+    ({"split": ["train"]}, r"'d'\.split must be a non-empty string, got \['train'\]"),
+    ({"columns": {"prompt": 5}}, r"'d'\.columns\.prompt must be a column's name \(a string\), "
+     "or null for none, got 5"),
+    ({"formatting": "sharegpt", "tags": {"role_tag": None}},
+     r"'d'\.tags\.role_tag must be a non-empty string, got None"),
 ])
 def test_entry_values_of_the_wrong_type_are_refused(tmp_path, entry, message):
     _entry(tmp_path, entry, [ALPACA_ROW])

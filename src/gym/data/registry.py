@@ -84,6 +84,16 @@ def _attr_from_info(name: str, info: dict[str, Any], dataset_dir: Path) -> Datas
     _check_keys(f"'{name}'.columns", info.get("columns", {}),
                 [*ALPACA_COLUMNS, *SHAREGPT_COLUMNS, "messages", *EVAL_COLUMNS, *MEDIA_COLUMNS])
     _check_keys(f"'{name}'.tags", info.get("tags", {}), SHAREGPT_TAGS)
+    for key in ("file_name", "hf_hub_url", "split", "subset", "folder"):
+        if key in info and not (isinstance(info[key], str) and info[key].strip()):
+            raise DataError(f"dataset_info.json: '{name}'.{key} must be a non-empty string, got {info[key]!r}.")
+    for where, may_be_null in (("columns", True), ("tags", False)):
+        values: dict[str, Any] = info.get(where, {})
+        for key, value in values.items():
+            if not (isinstance(value, str) and value.strip()) and not (may_be_null and value is None):
+                # a number or null here was read as a column or role literally named so, and missed in every row
+                what = "a column's name (a string), or null for none" if may_be_null else "a non-empty string"
+                raise DataError(f"dataset_info.json: '{name}'.{where}.{key} must be {what}, got {value!r}.")
     formatting = info.get("formatting", "alpaca")
     ranking = info.get("ranking", False)
     if not isinstance(ranking, bool):  # "false" in quotes is a non-empty string, true to Python
