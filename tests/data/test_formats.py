@@ -308,3 +308,37 @@ def test_a_text_file_with_a_byte_order_mark_does_not_train_on_it(tmp_path, token
     (tmp_path / "w.txt").write_bytes("first line\nsecond line\n".encode("utf-8-sig"))
     (attr,) = get_dataset_attrs(str(tmp_path / "w.txt"), tmp_path)
     assert [ex.messages[0]["content"] for ex in load_examples(attr, "unsupervised")] == ["first line", "second line"]
+
+
+def test_arrow_files_and_folders_save_to_disk_wrote_are_read(tmp_path):
+    """LLaMA-Factory reads .arrow files; a `Dataset.save_to_disk` folder was read as rows from its dataset_info.json
+    and state.json ("field 'instruction' is missing (the row's keys: 'citation', ...")."""
+    import datasets
+    import pyarrow as pa
+    import pyarrow.feather as feather
+
+    rows = [{"instruction": f"q{i}", "output": f"a{i}"} for i in range(3)]
+    datasets.Dataset.from_list(rows).save_to_disk(str(tmp_path / "saved"), num_shards=2)
+    feather.write_feather(pa.Table.from_pylist(rows), str(tmp_path / "f.arrow"))  # pyarrow's file format
+    (tmp_path / "dataset_info.json").write_text(json.dumps({"saved": {"file_name": "saved"},
+                                                            "shard": {"file_name": "saved/data-00001-of-00002.arrow"},
+                                                            "feather": {"file_name": "f.arrow"}}))
+    prompts = {name: [ex.messages[0]["content"] for ex in _examples(tmp_path, name)]
+               for name in ("saved", "shard", "feather")}
+    assert prompts == {"saved": ["q0", "q1", "q2"], "shard": ["q2"], "feather": ["q0", "q1", "q2"]}
+    (tmp_path / "broken.arrow").write_bytes(b"not arrow")
+    with pytest.raises(DataError, match=r"broken.arrow: not a readable Arrow file"):
+        _examples(tmp_path, str(tmp_path / "broken.arrow"))
+
+
+def test_a_glob_reads_the_matching_files_in_name_order(tmp_path):
+    (tmp_path / "shards").mkdir()
+    for i in (2, 0, 1):
+        (tmp_path / "shards" / f"part-{i}.jsonl").write_text(json.dumps({"instruction": f"q{i}", "output": "a"}))
+    (tmp_path / "shards" / "notes.jsonl.bak").write_text("not data")
+    (tmp_path / "dataset_info.json").write_text(json.dumps({"g": {"file_name": "shards/part-*.jsonl"},
+                                                            "none": {"file_name": "shards/*.csv"}}))
+    for name in ("g", "shards/part-*.jsonl", str(tmp_path / "shards" / "*.jsonl")):  # an entry, or a bare pattern
+        assert [ex.messages[0]["content"] for ex in _examples(tmp_path, name)] == ["q0", "q1", "q2"]
+    with pytest.raises(DataError, match=r"shards/\*\.csv matches no .json/.jsonl/.csv"):
+        _examples(tmp_path, "none")

@@ -1,4 +1,4 @@
-"""Read rows from json / jsonl / csv / parquet / txt files, keeping each row's position for error messages.
+"""Read rows from json / jsonl / csv / parquet / arrow / txt files, keeping each row's position for error messages.
 
 A .txt file is read as LLaMA-Factory reads it (its `wiki_demo.txt`, through datasets' "text" builder):
 one row per line, the line in a column named `text`.
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import codecs
 import csv
+import glob
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -16,7 +17,7 @@ from typing import Any
 
 from gym.core.errors import DataError
 
-EXTENSIONS = (".json", ".jsonl", ".csv", ".parquet", ".txt")
+EXTENSIONS = (".json", ".jsonl", ".csv", ".parquet", ".arrow", ".txt")
 
 
 @dataclass(frozen=True)
@@ -32,10 +33,19 @@ class RowSource:
 
 
 def _files(path: Path) -> list[Path]:
+    if not path.exists() and glob.has_magic(str(path)):  # `file_name: shards/*.jsonl`: the matches, in name order
+        files = sorted(Path(p) for p in glob.glob(str(path)) if Path(p).suffix in EXTENSIONS and Path(p).is_file())
+        if not files:
+            raise DataError(f"{path} matches no {'/'.join(EXTENSIONS)} files.")
+        return files
     if path.is_dir():
         files = sorted(p for p in path.iterdir() if p.suffix in EXTENSIONS)
         if not files:
             raise DataError(f"{path} is a folder with no {'/'.join(EXTENSIONS)} files.")
+        if any(p.suffix == ".arrow" for p in files):
+            # A folder `Dataset.save_to_disk` wrote: its dataset_info.json and state.json describe the rows, in the
+            # .arrow shards.
+            return [p for p in files if p.suffix == ".arrow"]
         # A folder of .txt files is a text corpus; a README.txt or notes.txt beside json/csv/parquet rows is
         # not data (and was never read before .txt was supported), so it stays unread there.
         structured = [p for p in files if p.suffix != ".txt"]
@@ -142,6 +152,22 @@ def _read_parquet(file: Path) -> Iterator[tuple[RowSource, Any]]:
         yield RowSource(str(file), i), row
 
 
+def _read_arrow(file: Path) -> Iterator[tuple[RowSource, Any]]:
+    """An Arrow file as `datasets` writes it (a stream: save_to_disk's shards, its cache files) or as pyarrow's
+    file format (Feather v2)."""
+    import pyarrow as pa
+
+    try:
+        try:
+            table = pa.ipc.open_stream(pa.memory_map(str(file))).read_all()
+        except pa.ArrowInvalid:
+            table = pa.ipc.open_file(pa.memory_map(str(file))).read_all()
+    except Exception as exc:  # pyarrow raises several types for broken files
+        raise DataError(f"{file}: not a readable Arrow file: {exc}") from None
+    for i, row in enumerate(table.to_pylist(), start=1):
+        yield RowSource(str(file), i), row
+
+
 def _read_text(file: Path) -> Iterator[tuple[RowSource, Any]]:
     # Lines are split as datasets' "text" builder splits them: universal newlines (\n, \r\n, \r), the line
     # break dropped, the rest of the line kept as it is. That builder also keeps blank lines, which
@@ -156,4 +182,4 @@ def _read_text(file: Path) -> Iterator[tuple[RowSource, Any]]:
 
 
 _READERS = {".json": _read_json, ".jsonl": _read_jsonl, ".csv": _read_csv, ".parquet": _read_parquet,
-            ".txt": _read_text}
+            ".arrow": _read_arrow, ".txt": _read_text}

@@ -11,6 +11,7 @@ and is read as it is in LLaMA-Factory, so its users bring their datasets unchang
 from __future__ import annotations
 
 import difflib
+import glob
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -164,7 +165,8 @@ def get_dataset_attrs(names: str | list[str] | None, dataset_dir: str | Path,
             continue
         path = Path(name).expanduser()
         for candidate in (path, dataset_dir / path):
-            if candidate.exists() and (candidate.is_dir() or candidate.suffix in EXTENSIONS):
+            if (candidate.exists() and (candidate.is_dir() or candidate.suffix in EXTENSIONS)
+                    or glob.has_magic(str(candidate)) and glob.glob(str(candidate))):
                 attrs.append(_attr_from_file(name, candidate))
                 break
         else:
