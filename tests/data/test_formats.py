@@ -342,3 +342,15 @@ def test_a_glob_reads_the_matching_files_in_name_order(tmp_path):
         assert [ex.messages[0]["content"] for ex in _examples(tmp_path, name)] == ["q0", "q1", "q2"]
     with pytest.raises(DataError, match=r"shards/\*\.csv matches no .json/.jsonl/.csv"):
         _examples(tmp_path, "none")
+
+
+@pytest.mark.parametrize("formatting, rows", [("alpaca", [ALPACA_ROW]),
+                                              ("sharegpt", [{"conversations": [{"from": "human", "value": "a"}]}])])
+def test_rows_in_a_list_under_a_key_are_pointed_out(tmp_path, formatting, rows):
+    """`{"data": [rows]}` is read as one row (as `datasets` reads it without `field=`): the error said only that
+    the row lacked 'instruction'."""
+    _entry(tmp_path, {"formatting": formatting}, {"data": rows}, name="d.json")
+    with pytest.raises(DataError, match=r"d.json, row 1: field '(instruction|conversations)' is missing \(the row's "
+                                        r"keys: 'data'\): the file is one JSON object holding its rows in a list under "
+                                        r"'data'\. A \.json dataset is an array of rows"):
+        _examples(tmp_path, "d")
