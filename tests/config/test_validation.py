@@ -51,6 +51,8 @@ ONLINE = {"reward_funcs": ["accuracy"], "per_device_train_batch_size": 4}
     ({"lora_target": " , "}, "'lora_target' is empty"),
     ({"loraplus_lr_ratio": -1}, "'loraplus_lr_ratio' must be positive"),
     ({"val_size": 1.5}, "'val_size' is a share below 1 or a whole number of rows, got 1.5"),
+    ({"val_size": 1.0}, r"'val_size: 1.0' is a share of all the training rows.*\(1 holds out one row\)"),
+    ({"val_size": "1.0"}, r"'val_size: 1.0' is a share of all"),  # as `gym train cfg.yaml val_size=1.0` gives it
     ({"stage": "dpo", "packing": True}, "'packing' applies to stage sft and pt .* stage dpo trains on whole rows"),
     ({"stage": "kto", "neat_packing": True}, "'neat_packing' applies to stage sft and pt"),
     ({"stage": "dpo", "pref_ftx": -1}, "'pref_ftx' must be >= 0"),
@@ -70,6 +72,7 @@ def test_evaluation_and_checkpoint_keys_with_what_they_need_parse():
                            "max_steps": 0, "packing": True})
     assert (args.training.eval_strategy, args.training.save_steps, args.data.packing) == ("steps", 0.5, True)
     assert get_train_args({"val_size": 3.0}).data.val_size == 3
+    assert get_train_args({"val_size": 1}).data.val_size == 1 and get_train_args({"val_size": "1"}).data.val_size == 1
     assert get_train_args({"stage": "kto", "kto_rejected_weight": 0}).options.kto_rejected_weight == 0
 
 

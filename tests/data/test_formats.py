@@ -224,6 +224,12 @@ def test_num_samples_draws_at_random_every_row_once_before_any_twice(tmp_path):
     ({"ranking": "false"}, r"'d'\.ranking must be true or false \(without quotes\), got 'false'"),
     ({"num_samples": "5"}, r"'d'\.num_samples must be a whole number of at least 1, got '5'"),
     ({"num_samples": 0}, r"'d'\.num_samples must be a whole number of at least 1, got 0"),
+    ({"file_name": 5}, r"'d'\.file_name must be a non-empty string, got 5"),  # was a TypeError traceback
+    ({"split": ["train"]}, r"'d'\.split must be a non-empty string, got \['train'\]"),
+    ({"columns": {"prompt": 5}}, r"'d'\.columns\.prompt must be a column's name \(a string\), "
+     "or null for none, got 5"),
+    ({"formatting": "sharegpt", "tags": {"role_tag": None}},
+     r"'d'\.tags\.role_tag must be a non-empty string, got None"),
 ])
 def test_entry_values_of_the_wrong_type_are_refused(tmp_path, entry, message):
     _entry(tmp_path, entry, [ALPACA_ROW])
@@ -278,3 +284,73 @@ def test_a_demo_set_asked_for_away_from_the_repository_says_where_the_demo_sets_
     with pytest.raises(DataError, match=r"No dataset_info.json in '.*nowhere' \(the demo sets are in the repository's "
                                         r"data/ folder"):
         get_dataset_attrs("alpaca_en_demo", tmp_path / "nowhere")
+
+
+@pytest.mark.parametrize("suffix, encoding", [
+    (".json", "utf-8-sig"), (".jsonl", "utf-8-sig"), (".csv", "utf-8-sig"), (".json", "utf-16"), (".csv", "utf-16"),
+    (".jsonl", "utf-32"),
+])
+def test_files_with_a_byte_order_mark_are_read_without_it(tmp_path, suffix, encoding):
+    """Excel's "CSV UTF-8" and Windows editors start a file with a byte-order mark: read as plain UTF-8 it made the
+    first column '\\ufeffinstruction' (so 'instruction' was "missing") and JSON invalid."""
+    rows = [{"instruction": "p", "output": "q"}, {"instruction": "ü", "output": "ß"}]
+    text = {".json": json.dumps(rows, ensure_ascii=False), ".jsonl": "\n".join(json.dumps(r) for r in rows),
+            ".csv": "instruction,output\np,q\nü,ß\n"}[suffix]
+    (tmp_path / f"d{suffix}").write_bytes(text.encode(encoding))
+    (tmp_path / "dataset_info.json").write_bytes(json.dumps({"d": {"file_name": f"d{suffix}"}}).encode("utf-8-sig"))
+    (attr,) = get_dataset_attrs("d", tmp_path)
+    assert [ex.messages for ex in load_examples(attr, "supervised")] == [
+        [{"role": "user", "content": "p"}, {"role": "assistant", "content": "q"}],
+        [{"role": "user", "content": "ü"}, {"role": "assistant", "content": "ß"}]]
+
+
+def test_a_text_file_with_a_byte_order_mark_does_not_train_on_it(tmp_path, tokenizer):
+    (tmp_path / "w.txt").write_bytes("first line\nsecond line\n".encode("utf-8-sig"))
+    (attr,) = get_dataset_attrs(str(tmp_path / "w.txt"), tmp_path)
+    assert [ex.messages[0]["content"] for ex in load_examples(attr, "unsupervised")] == ["first line", "second line"]
+
+
+def test_arrow_files_and_folders_save_to_disk_wrote_are_read(tmp_path):
+    """LLaMA-Factory reads .arrow files; a `Dataset.save_to_disk` folder was read as rows from its dataset_info.json
+    and state.json ("field 'instruction' is missing (the row's keys: 'citation', ...")."""
+    import datasets
+    import pyarrow as pa
+    import pyarrow.feather as feather
+
+    rows = [{"instruction": f"q{i}", "output": f"a{i}"} for i in range(3)]
+    datasets.Dataset.from_list(rows).save_to_disk(str(tmp_path / "saved"), num_shards=2)
+    feather.write_feather(pa.Table.from_pylist(rows), str(tmp_path / "f.arrow"))  # pyarrow's file format
+    (tmp_path / "dataset_info.json").write_text(json.dumps({"saved": {"file_name": "saved"},
+                                                            "shard": {"file_name": "saved/data-00001-of-00002.arrow"},
+                                                            "feather": {"file_name": "f.arrow"}}))
+    prompts = {name: [ex.messages[0]["content"] for ex in _examples(tmp_path, name)]
+               for name in ("saved", "shard", "feather")}
+    assert prompts == {"saved": ["q0", "q1", "q2"], "shard": ["q2"], "feather": ["q0", "q1", "q2"]}
+    (tmp_path / "broken.arrow").write_bytes(b"not arrow")
+    with pytest.raises(DataError, match=r"broken.arrow: not a readable Arrow file"):
+        _examples(tmp_path, str(tmp_path / "broken.arrow"))
+
+
+def test_a_glob_reads_the_matching_files_in_name_order(tmp_path):
+    (tmp_path / "shards").mkdir()
+    for i in (2, 0, 1):
+        (tmp_path / "shards" / f"part-{i}.jsonl").write_text(json.dumps({"instruction": f"q{i}", "output": "a"}))
+    (tmp_path / "shards" / "notes.jsonl.bak").write_text("not data")
+    (tmp_path / "dataset_info.json").write_text(json.dumps({"g": {"file_name": "shards/part-*.jsonl"},
+                                                            "none": {"file_name": "shards/*.csv"}}))
+    for name in ("g", "shards/part-*.jsonl", str(tmp_path / "shards" / "*.jsonl")):  # an entry, or a bare pattern
+        assert [ex.messages[0]["content"] for ex in _examples(tmp_path, name)] == ["q0", "q1", "q2"]
+    with pytest.raises(DataError, match=r"shards/\*\.csv matches no .json/.jsonl/.csv"):
+        _examples(tmp_path, "none")
+
+
+@pytest.mark.parametrize("formatting, rows", [("alpaca", [ALPACA_ROW]),
+                                              ("sharegpt", [{"conversations": [{"from": "human", "value": "a"}]}])])
+def test_rows_in_a_list_under_a_key_are_pointed_out(tmp_path, formatting, rows):
+    """`{"data": [rows]}` is read as one row (as `datasets` reads it without `field=`): the error said only that
+    the row lacked 'instruction'."""
+    _entry(tmp_path, {"formatting": formatting}, {"data": rows}, name="d.json")
+    with pytest.raises(DataError, match=r"d.json, row 1: field '(instruction|conversations)' is missing \(the row's "
+                                        r"keys: 'data'\): the file is one JSON object holding its rows in a list under "
+                                        r"'data'\. A \.json dataset is an array of rows"):
+        _examples(tmp_path, "d")

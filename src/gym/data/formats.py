@@ -98,6 +98,11 @@ def _string(source: RowSource, row: dict[str, Any], column: str, *, required: bo
 def _missing(column: str, row: dict[str, Any]) -> str:
     """`is missing`, with the row's own keys, and the mapping a plain-text row needs."""
     keys = ", ".join(repr(k) for k in row) or "none"
+    only, inner = next(iter(row.items())) if len(row) == 1 else (None, None)
+    if isinstance(inner, list) and inner and isinstance(inner[0], dict) and column in inner[0]:
+        # {"data": [rows]}, as some exports write it: read as one row (datasets needs `field=` for it)
+        return (f"is missing (the row's keys: {keys}): the file is one JSON object holding its rows in a list under "
+                f"'{only}'. A .json dataset is an array of rows (or JSON lines): make that list the whole file.")
     hint = (" For plain text, map it in dataset_info.json: `\"columns\": {\"prompt\": \"text\"}`."
             if "text" in row and column == "instruction" else
             " Map the dataset's own column names in dataset_info.json's `columns`.")
@@ -278,7 +283,7 @@ def _convert_sharegpt(attr: DatasetAttr, source: RowSource, row: dict[str, Any],
                       part_media: list[tuple[str, str, Any]]) -> Example:
     column = _required_column(attr, source, "messages")
     if column not in row:
-        raise _fail(source, column, "is missing.")
+        raise _fail(source, column, _missing(column, row))
     raw = _flatten_content_parts(source, row[column], column, attr.tag("content_tag"), part_media)
     roles = {
         attr.tag("system_tag"): SYSTEM, attr.tag("user_tag"): USER, attr.tag("assistant_tag"): ASSISTANT,

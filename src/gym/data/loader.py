@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import partial
@@ -169,9 +170,40 @@ def _encode_all(examples: list[Example], chat: ChatFormat, data_args: DataArgume
     return kept, len(results) - len(kept)
 
 
+def mix(parts: list[list[Example]], strategy: str, probs: list[float] | None, seed: int) -> list[Example]:
+    """Several datasets' rows -> one list, by LLaMA-Factory's `mix_strategy`: concat, or interleaved as
+    datasets.interleave_datasets interleaves them (the same rows in the same order for the same seed):
+    interleave_under stops when the first dataset runs out, interleave_over when every one has run out at least
+    once, starting the exhausted ones again. Without `probs` one row of each in turn; with them each next row's
+    dataset is drawn at random."""
+    if len(parts) == 1 or strategy == "concat":
+        return [example for part in parts for example in part]
+    if probs is not None and len(probs) != len(parts):
+        raise DataError(f"interleave_probs has {len(probs)} chances for {len(parts)} datasets: give one per dataset.")
+    lengths = [len(part) for part in parts]
+    over = strategy == "interleave_over"
+    if probs is None:
+        return [parts[d][r % lengths[d]] for r in range(max(lengths) if over else min(lengths))
+                for d in range(len(parts))]
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    chances = [p / sum(probs) for p in probs]  # validated to sum to 1 within 0.01
+    exhausted, position, mixed = [False] * len(parts), [0] * len(parts), []
+    while not (all(exhausted) if over else any(exhausted)):
+        for d in (int(i) for i in rng.choice(len(parts), size=1000, p=chances)):
+            if all(exhausted) if over else any(exhausted):
+                break
+            mixed.append(parts[d][position[d]])
+            position[d] += 1
+            if position[d] == lengths[d]:
+                exhausted[d], position[d] = True, 0
+    return mixed
+
+
 def _collect(names: str | None, data_args: DataArguments, kind: str, seed: int,
              media: bool = False, refuse_media: str | None = None) -> list[Example]:
-    examples: list[Example] = []
+    parts: list[list[Example]] = []
     for attr in get_dataset_attrs(names, data_args.dataset_dir, data_args.media_dir):
         loaded = load_examples(attr, kind, None if data_args.seed_shuffle_datasets else data_args.max_samples,
                                media=media, seed=seed)
@@ -181,7 +213,10 @@ def _collect(names: str | None, data_args: DataArguments, kind: str, seed: int,
             random.Random(seed).shuffle(loaded)
             loaded = loaded[: data_args.max_samples] if data_args.max_samples else loaded
         logger.info("Dataset %s: %d rows", attr.name, len(loaded))
-        examples += loaded
+        parts.append(loaded)
+    examples = mix(parts, data_args.mix_strategy, data_args.interleave_probs, seed)
+    if len(parts) > 1 and data_args.mix_strategy != "concat":
+        logger.info("Mixed %d datasets (%s): %d rows", len(parts), data_args.mix_strategy, len(examples))
     return examples
 
 
@@ -205,6 +240,14 @@ def _require_tools(examples: list[Example], chat: ChatFormat) -> None:
                             "`tool_format:` to one with parallel calls.")
 
 
+# Why an encoder drops a row (it returns None), per kind; unsupervised and labelled rows are never dropped.
+_NOTHING_FITS: defaultdict[str, str] = defaultdict(lambda: "no answer token fits", {
+    "supervised": "no answer token to learn fits (with mask_history, none of the last answer)",
+    "prompt": "no prompt leaves room for a generated answer",
+    "pairwise": "no answer token fits after the prompt", "feedback": "no answer token fits after the prompt",
+})
+
+
 def get_dataset(data_args: DataArguments, chat: ChatFormat, kind: str, seed: int = 42,
                 packing: bool = False, media: MediaInputs | None = None,
                 refuse_media: str | None = None) -> TokenizedData:
@@ -216,6 +259,8 @@ def get_dataset(data_args: DataArguments, chat: ChatFormat, kind: str, seed: int
     row), checked as the rows are read, before anything is tokenized."""
     if not data_args.dataset:
         raise DataError("No training data: set `dataset:` to a name from dataset_info.json or a file path.")
+    if data_args.streaming:
+        logger.info("streaming: true has no effect: Gym reads and tokenizes every row before training starts.")
     train_examples = _collect(data_args.dataset, data_args, kind, seed, media=media is not None,
                               refuse_media=refuse_media)
     _require_tools(train_examples, chat)
@@ -226,16 +271,24 @@ def get_dataset(data_args: DataArguments, chat: ChatFormat, kind: str, seed: int
     train, dropped = _encode_all(train_examples, chat, data_args, kind, media)
     if not train:
         raise DataError(
-            f"No training examples left: all {len(train_examples)} rows were dropped: no answer token fits within "
+            f"No training examples left: all {len(train_examples)} rows were dropped: {_NOTHING_FITS[kind]} within "
             f"cutoff_len={data_args.cutoff_len} tokens. Raise cutoff_len or shorten the prompts."
         )
     if dropped:
-        logger.warning("Dropped %d of %d examples with no answer token within cutoff_len=%d.",
-                       dropped, len(train_examples), data_args.cutoff_len)
+        logger.warning("Dropped %d of %d examples: %s within cutoff_len=%d.",
+                       dropped, len(train_examples), _NOTHING_FITS[kind], data_args.cutoff_len)
     evaluation = None
     if data_args.eval_dataset:
-        evaluation, _ = _encode_all(_collect(data_args.eval_dataset, data_args, kind, seed, media=media is not None,
-                                             refuse_media=refuse_media), chat, data_args, kind, media)
+        eval_examples = _collect(data_args.eval_dataset, data_args, kind, seed, media=media is not None,
+                                 refuse_media=refuse_media)
+        evaluation, eval_dropped = _encode_all(eval_examples, chat, data_args, kind, media)
+        if not evaluation:  # an empty evaluation set fails (or reports nothing) only once training has run
+            raise DataError(f"No evaluation examples left: all {len(eval_examples)} rows of eval_dataset "
+                            f"'{data_args.eval_dataset}' were dropped: {_NOTHING_FITS[kind]} within "
+                            f"cutoff_len={data_args.cutoff_len} tokens. Raise cutoff_len or shorten the prompts.")
+        if eval_dropped:
+            logger.warning("Dropped %d of %d evaluation examples: %s within cutoff_len=%d.", eval_dropped,
+                           len(eval_examples), _NOTHING_FITS[kind], data_args.cutoff_len)
     elif data_args.val_size:
         order = list(range(len(train)))
         random.Random(seed).shuffle(order)

@@ -11,6 +11,7 @@ and is read as it is in LLaMA-Factory, so its users bring their datasets unchang
 from __future__ import annotations
 
 import difflib
+import glob
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,7 +19,7 @@ from typing import Any, Literal
 
 from gym.core.errors import DataError
 from gym.core.names import did_you_mean, split_names
-from gym.data.readers import EXTENSIONS, first_row
+from gym.data.readers import EXTENSIONS, first_row, text_encoding
 
 ALPACA_COLUMNS = {
     "prompt": "instruction", "query": "input", "response": "output", "history": None, "system": None,
@@ -84,6 +85,16 @@ def _attr_from_info(name: str, info: dict[str, Any], dataset_dir: Path) -> Datas
     _check_keys(f"'{name}'.columns", info.get("columns", {}),
                 [*ALPACA_COLUMNS, *SHAREGPT_COLUMNS, "messages", *EVAL_COLUMNS, *MEDIA_COLUMNS])
     _check_keys(f"'{name}'.tags", info.get("tags", {}), SHAREGPT_TAGS)
+    for key in ("file_name", "hf_hub_url", "split", "subset", "folder"):
+        if key in info and not (isinstance(info[key], str) and info[key].strip()):
+            raise DataError(f"dataset_info.json: '{name}'.{key} must be a non-empty string, got {info[key]!r}.")
+    for where, may_be_null in (("columns", True), ("tags", False)):
+        values: dict[str, Any] = info.get(where, {})
+        for key, value in values.items():
+            if not (isinstance(value, str) and value.strip()) and not (may_be_null and value is None):
+                # a number or null here was read as a column or role literally named so, and missed in every row
+                what = "a column's name (a string), or null for none" if may_be_null else "a non-empty string"
+                raise DataError(f"dataset_info.json: '{name}'.{where}.{key} must be {what}, got {value!r}.")
     formatting = info.get("formatting", "alpaca")
     ranking = info.get("ranking", False)
     if not isinstance(ranking, bool):  # "false" in quotes is a non-empty string, true to Python
@@ -128,7 +139,7 @@ def read_dataset_info(dataset_dir: str | Path) -> dict[str, Any]:
     if not info_path.is_file():
         return {}
     try:
-        info = json.loads(info_path.read_text(encoding="utf-8"))
+        info = json.loads(info_path.read_text(encoding=text_encoding(info_path)))
     except json.JSONDecodeError as exc:
         raise DataError(f"{info_path} is not valid JSON (line {exc.lineno}, column {exc.colno}): {exc.msg}") from None
     if not isinstance(info, dict):
@@ -154,7 +165,8 @@ def get_dataset_attrs(names: str | list[str] | None, dataset_dir: str | Path,
             continue
         path = Path(name).expanduser()
         for candidate in (path, dataset_dir / path):
-            if candidate.exists() and (candidate.is_dir() or candidate.suffix in EXTENSIONS):
+            if (candidate.exists() and (candidate.is_dir() or candidate.suffix in EXTENSIONS)
+                    or glob.has_magic(str(candidate)) and glob.glob(str(candidate))):
                 attrs.append(_attr_from_file(name, candidate))
                 break
         else:
