@@ -260,7 +260,7 @@ def get_dataset(data_args: DataArguments, chat: ChatFormat, kind: str, seed: int
     if not data_args.dataset:
         raise DataError("No training data: set `dataset:` to a name from dataset_info.json or a file path.")
     if data_args.streaming:
-        logger.info("streaming: true has no effect: Gym reads and tokenizes every row before training starts.")
+        logger.warning("streaming: true has no effect: Gym reads and tokenizes every row before training starts.")
     train_examples = _collect(data_args.dataset, data_args, kind, seed, media=media is not None,
                               refuse_media=refuse_media)
     _require_tools(train_examples, chat)
