@@ -69,16 +69,16 @@ def write_applied(base_ref: str, delta_path: str | os.PathLike[str], out: str | 
 
 def save_model_folder(model: Any, tokenizer: str | Any, out: str | os.PathLike[str],
                       manifest: dict[str, Any], overwrite: bool = False,
-                      max_shard_size: int | str | None = None) -> Path:
+                      max_shard_size: int | str | None = None, how: str = "--overwrite") -> Path:
     """A model folder (weights, the tokenizer or the one at a path, gym_manifest.json) written under a temporary
     name and renamed into place, so a crash never leaves a half-written folder where a model was. An existing
     model there is replaced only with `overwrite`, and only if Gym wrote it (gym.core.files.refuse_overwrite).
-    `max_shard_size`: safetensors shards of at most this size."""
+    `max_shard_size`: safetensors shards of at most this size. `how`: the caller's spelling of `overwrite`."""
     out = Path(out)
-    refuse_overwrite(out, overwrite, folder=True)
+    refuse_overwrite(out, overwrite, how, folder=True)
     make_folder(out.parent)
     check_free_space(out, sum(p.numel() * p.element_size() for p in model.parameters()))
-    with building_folder(out, overwrite) as tmp:
+    with building_folder(out, overwrite, how) as tmp:
         model.save_pretrained(tmp, **({"max_shard_size": max_shard_size} if max_shard_size is not None else {}))
         (load_tokenizer(tokenizer) if isinstance(tokenizer, str) else tokenizer).save_pretrained(tmp)
         write_manifest(tmp, {"what": "model", **manifest, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")})

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -10,13 +9,19 @@ from gym.core.errors import ConfigError
 from gym.core.files import refuse_file_in_path, refuse_output_over_input, refuse_overwrite
 from gym.core.names import split_names
 from gym.export.config import ExportArguments, parse_export
+from gym.export.spelling import CLI, Spelling, option, spelled
 from gym.personalization.store import variant_source
 
 
-def run_export(config: dict[str, Any], own_keys: Sequence[str] | None = None) -> Path:
-    """Export what `config` names (the model keys of `gym chat`, plus export_dir, export_format, ...). `own_keys`:
-    as parse_export's."""
-    args, model_config = parse_export(config, own_keys)
+def run_export(config: dict[str, Any], spelling: Spelling = CLI) -> Path:
+    """Export what `config` names (the model keys of `gym chat`, plus export_dir, export_format, ...). `spelling`:
+    how the caller's door writes the export's options, which every error names as it does."""
+    with spelled(spelling):
+        return _export(config)
+
+
+def _export(config: dict[str, Any]) -> Path:
+    args, model_config = parse_export(config)
     if args.variant is not None:  # its base, with its delta applied or its LoRA adapter merged
         files = variant_source(args.variant)
         model_config["model_name_or_path"], args.delta = files.base, files.delta
@@ -53,9 +58,10 @@ def check_output(args: ExportArguments, model_config: dict[str, Any]) -> None:
     inputs = [model_config.get(key) for key in ("model_name_or_path", "model", "output_dir")]
     inputs += split_names(model_config.get("adapter_name_or_path"))
     inputs += [args.delta, args.variant.rpartition(":")[0] if args.variant else None]
-    refuse_output_over_input(out, [str(ref) for ref in inputs if isinstance(ref, (str, Path)) and ref])
+    how = option("export_overwrite", True)
+    refuse_output_over_input(out, [str(ref) for ref in inputs if isinstance(ref, (str, Path)) and ref], how)
     if args.export_format in ("hf", "onnx"):
-        refuse_overwrite(out, args.export_overwrite, folder=True)
+        refuse_overwrite(out, args.export_overwrite, how, folder=True)
     else:  # a .gguf file, or a folder the file is written in
         refuse_file_in_path(out, folder=out.suffix != ".gguf")
 
@@ -87,9 +93,11 @@ def refuse_multimodal(args: ExportArguments, model_config: dict[str, Any]) -> No
         return
     if args.export_format == "hf":
         raise ConfigError(f"{reference} is a vision-language model, and delta files and BitDelta variants are made "
-                          "for text models: export it without --delta / --type bitdelta (its adapter merged).")
+                          f"for text models: export it without {option('delta')} / "
+                          f"{option('export_type', 'bitdelta')} (its adapter merged).")
     raise ConfigError(
-        f"{reference} is a vision-language model, so --format {args.export_format} cannot hold it: "
-        f"{_MULTIMODAL_GAPS[args.export_format]}. Export --format hf instead (the merged model with its processor, "
+        f"{reference} is a vision-language model, so {option('export_format', args.export_format)} cannot hold it: "
+        f"{_MULTIMODAL_GAPS[args.export_format]}. Export with {option('export_format', 'hf')} instead (the merged "
+        "model with its processor, "
         "for transformers and vLLM); for llama.cpp, convert that folder with llama.cpp's convert_hf_to_gguf.py, once "
         "for the language model and once with --mmproj for the vision part.")
