@@ -25,10 +25,22 @@ from gym.delta.weights import load_model, parameters
 from gym.models.loader import load_tokenizer, resolve_model_path
 
 
-def check_base(base: Any, header: dict[str, Any], delta_path: str | os.PathLike[str]) -> None:
-    expected = header.get("base", {}).get("fingerprint")
-    if expected != fingerprint(parameters(base)):
-        made_from = header.get("base", {}).get("name") or "another model"
+def check_base(base: Any, header: dict[str, Any], delta_path: str | os.PathLike[str],
+               entries: dict[str, Encoded | torch.Tensor] | None = None) -> None:
+    """Refuse a base the delta was not made from: first by what it changes (a parameter this base lacks, or has in
+    another shape, names both shapes: a base of another size), then by the fingerprint (same shapes, other weights)."""
+    made_from = header.get("base", {}).get("name") or "another model"
+    params = dict(base.named_parameters())
+    for name, entry in (entries or {}).items():
+        if name not in params:
+            raise ConfigError(f"{delta_path} changes {name}, which this base does not have: it was made from "
+                              f"{made_from}. Apply it to that base.")
+        shape = tuple(entry.shape)
+        if shape != tuple(params[name].shape):
+            raise ConfigError(f"{delta_path} does not fit this base: {name} is {'x'.join(map(str, shape))} in the "
+                              f"delta and {'x'.join(map(str, params[name].shape))} in this base. It was made from "
+                              f"{made_from}: apply it to that base.")
+    if header.get("base", {}).get("fingerprint") != fingerprint(parameters(base)):
         raise ConfigError(f"{delta_path} was made from a different base model ({made_from}): its base fingerprint "
                           "does not match this base's tensors. Apply it to the base it was compressed from.")
 
@@ -36,14 +48,8 @@ def check_base(base: Any, header: dict[str, Any], delta_path: str | os.PathLike[
 def apply_delta(base: Any, entries: dict[str, Encoded | torch.Tensor], header: dict[str, Any],
                 delta_path: str | os.PathLike[str] = "the delta") -> Any:
     """Add every entry to `base`'s parameters in place (after checking it is the right base); returns base."""
-    check_base(base, header, delta_path)
+    check_base(base, header, delta_path, entries)
     params = dict(base.named_parameters())
-    for name, entry in entries.items():
-        if name not in params:
-            raise ConfigError(f"{delta_path} changes {name}, which this base does not have.")
-        shape = tuple(entry.shape)
-        if shape != tuple(params[name].shape):
-            raise ConfigError(f"{delta_path}: {name} has shape {shape}, the base's is {tuple(params[name].shape)}.")
     with torch.no_grad():
         for name, entry in entries.items():
             param = params[name]
