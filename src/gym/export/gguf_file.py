@@ -66,11 +66,15 @@ TOKEN_NORMAL, TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNUSED = (
 
 
 def arch_of(config: Any) -> gguf.MODEL_ARCH:
-    arch = ARCHES.get(getattr(config, "model_type", ""))
+    return arch_for(getattr(config, "model_type", None))
+
+
+def arch_for(model_type: str | None) -> gguf.MODEL_ARCH:
+    """The GGUF architecture of a transformers model_type, or a ConfigError naming the ones written here."""
+    arch = ARCHES.get(model_type or "")
     if arch is None:
         raise ConfigError(f"GGUF export supports {', '.join(sorted(ARCHES))} models; this one is "
-                          f"{getattr(config, 'model_type', 'unknown')!r}. Export it with "
-                          f"{option('export_format', 'hf')}.")
+                          f"{model_type or 'unknown'!r}. Export it with {option('export_format', 'hf')}.")
     return arch
 
 

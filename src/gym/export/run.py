@@ -28,7 +28,7 @@ def _export(config: dict[str, Any]) -> Path:
         if files.adapter is not None:
             model_config["adapter_name_or_path"] = files.adapter
     check_output(args, model_config)
-    refuse_multimodal(args, model_config)
+    refuse_unexportable(args, model_config)
     if args.export_format == "gguf":
         from gym.export.gguf import export_gguf
 
@@ -79,17 +79,26 @@ _MULTIMODAL_GAPS = {
 }
 
 
-def refuse_multimodal(args: ExportArguments, model_config: dict[str, Any]) -> None:
-    """A vision-language model exports as an hf folder only (with its processor); every other format is refused
-    here, before any weight loads, with what it would need and the way that works."""
+def refuse_unexportable(args: ExportArguments, model_config: dict[str, Any]) -> None:
+    """What the format cannot hold, refused from the model's config before any weight loads (minutes for a 7B
+    model), with what it would need and the way that works: a vision-language model exports as an hf folder only
+    (with its processor), and a GGUF holds only the architectures gym.export.gguf_file writes."""
     if args.export_format == "hf" and not args.delta and args.export_type != "bitdelta":
         return
     from gym.infer.config import resolve_inference_config
     from gym.models.loader import resolve_model_path
-    from gym.models.vision import is_multimodal
+    from gym.models.vision import is_multimodal, model_type_of
 
     reference = resolve_inference_config(dict(model_config)).get("model_name_or_path")
-    if not isinstance(reference, str) or not is_multimodal(resolve_model_path(reference)):
+    if not isinstance(reference, str):
+        return
+    path = resolve_model_path(reference)
+    if not is_multimodal(path):
+        model_type = model_type_of(path)
+        if args.export_format in ("gguf", "ollama") and model_type is not None:  # gguf-lora checks it before loading
+            from gym.export.gguf_file import arch_for
+
+            arch_for(model_type)
         return
     if args.export_format == "hf":
         raise ConfigError(f"{reference} is a vision-language model, and delta files and BitDelta variants are made "
