@@ -68,6 +68,8 @@ def test_dtype_and_overwrite(train_config, tiny_model_dir, tmp_path, capsys):
     (["--format", "gguff"], "Unknown export format 'gguff'"),
     (["--export_dtype", "fp8"], "export_dtype must be one of"),
     (["--type", "q4_0"], "export_type applies to the GGUF formats"),
+    (["--type", "bitdleta"], "Unknown export_type 'bitdleta' for the hf format. Did you mean 'bitdelta'?"),
+    (["--format", "gguf-lora", "--type", "q8"], "not 'q8'. Did you mean 'q8_0'?"),
     # only hf casts: a GGUF took its --type and an onnx export float32, dropping the dtype asked for in silence
     (["--format", "gguf", "--dtype", "bfloat16"], "--dtype bfloat16 applies to --format hf; a GGUF's type is"),
     (["--format", "onnx", "--export_dtype", "float16"],

@@ -64,9 +64,13 @@ class ExportArguments:
                 raise ConfigError(f"Unknown GGUF type {self.export_type!r}."
                                   f"{did_you_mean(self.export_type, TYPES)} Choose one of: {', '.join(TYPES)}.")
         if self.export_format == "gguf-lora" and self.export_type not in (None, "f32", "f16", "bf16", "q8_0"):
-            raise ConfigError(f"A gguf-lora adapter is written as f32, f16, bf16 or q8_0, not "
-                              f"{self.export_type!r}.")
+            raise ConfigError(f"A gguf-lora adapter is written as f32, f16, bf16 or q8_0, not {self.export_type!r}."
+                              f"{did_you_mean(self.export_type, ('f32', 'f16', 'bf16', 'q8_0'))}")
         if self.export_format in ("hf", "onnx") and self.export_type not in (None, "bitdelta"):
+            typo = did_you_mean(self.export_type, ["bitdelta"])  # the one type these formats take, misspelt
+            if typo:
+                raise ConfigError(f"Unknown export_type {self.export_type!r} for the {self.export_format} format."
+                                  f"{typo}")
             raise ConfigError("export_type applies to the GGUF formats; an hf export is saved at "
                               "export_dtype (float32, float16 or bfloat16), an onnx export in float32.")
         if self.export_format != "hf" and self.export_dtype not in ("auto", "float32"):
