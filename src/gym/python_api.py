@@ -106,12 +106,13 @@ class Trainer:
         the GGUF type (f16, q8_0, q4_k_m, ...) or "bitdelta" (the fine-tune as its BitDelta variant serves it);
         the documents' keyword for it is accepted too (gym.config.aliases). More keys: those of `gym export`
         (docs/export.md)."""
-        from gym.export.config import EXPORT_KEYS
+        from gym.export.config import as_given
         from gym.export.run import run_export
+        from gym.export.spelling import PYTHON
 
         chosen = format or ("gguf" if str(path).endswith(".gguf") else "hf")
         source = {"model_name_or_path": str(self.model_dir)} if self.model_dir is not None else {
             "output_dir": self.config.args.output_dir}
         typed = {"export_type": export_type} if export_type is not None else {}
         config = {**source, "export_dir": str(path), "export_format": chosen, **typed, **keys}
-        return run_export(config, own_keys=EXPORT_KEYS)  # a misspelt keyword is answered with a keyword, not a --flag
+        return run_export(config, as_given(PYTHON, keys))  # errors name Trainer.export's keywords, not --flags

@@ -45,8 +45,22 @@ def test_shape_mismatch_is_refused(delta_file, models, tiny_model_dir):
     base = models(tiny_model_dir)
     name = "model.layers.0.mlp.up_proj.weight"
     entries[name] = torch.zeros(3, 3)
-    with pytest.raises(ConfigError, match=f"{name} has shape \\(3, 3\\)"):
+    with pytest.raises(ConfigError, match=f"{name} is 3x3 in the delta and 128x64 in this base"):
         apply_delta(base, entries, header, delta_file)
+
+
+def test_a_base_of_another_size_is_refused_naming_both_shapes(delta_file, tmp_path, tokenizer):
+    # The fingerprint alone refused it as "a different base model": true, but not what is wrong (the sizes).
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=96, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
+    LlamaForCausalLM(config).save_pretrained(tmp_path / "narrow")
+    tokenizer.save_pretrained(tmp_path / "narrow")
+    with pytest.raises(ConfigError, match=r"does not fit this base: model\.layers\.0\.\S+ is \d+x64 in the delta and "
+                                          r"\d+x32 in this base\. It was made from tiny: apply it to that base\."):
+        write_applied(str(tmp_path / "narrow"), delta_file, tmp_path / "applied")
+    assert not (tmp_path / "applied").exists()
 
 
 def test_nan_in_the_finetune_is_refused(make_finetune, models, tiny_model_dir):

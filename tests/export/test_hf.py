@@ -68,9 +68,12 @@ def test_dtype_and_overwrite(train_config, tiny_model_dir, tmp_path, capsys):
     (["--format", "gguff"], "Unknown export format 'gguff'"),
     (["--export_dtype", "fp8"], "export_dtype must be one of"),
     (["--type", "q4_0"], "export_type applies to the GGUF formats"),
+    (["--type", "bitdleta"], "Unknown export_type 'bitdleta' for the hf format. Did you mean 'bitdelta'?"),
+    (["--format", "gguf-lora", "--type", "q8"], "not 'q8'. Did you mean 'q8_0'?"),
     # only hf casts: a GGUF took its --type and an onnx export float32, dropping the dtype asked for in silence
-    (["--format", "gguf", "--dtype", "bfloat16"], "export_dtype bfloat16 applies to --format hf; a GGUF's type is"),
-    (["--format", "onnx", "--export_dtype", "float16"], "applies to --format hf; an onnx export is float32"),
+    (["--format", "gguf", "--dtype", "bfloat16"], "--dtype bfloat16 applies to --format hf; a GGUF's type is"),
+    (["--format", "onnx", "--export_dtype", "float16"],
+     "--export_dtype float16 applies to --format hf; an onnx export is float32"),
     ([], "Set export_dir"),
 ])
 def test_bad_export_options_exit_2(tiny_model_dir, tmp_path, capsys, args, message):

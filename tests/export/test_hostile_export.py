@@ -75,3 +75,16 @@ def test_a_misspelt_export_flag_names_the_export_option_before_anything_loads(ti
                     capfd=capfd)
     assert_one_line_error(done, f"Did you mean '{named}'?")
     assert "[gym]" not in done.stderr and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("export_format", ["gguf", "ollama"])
+def test_an_architecture_gguf_cannot_hold_is_refused_before_its_weights_load(tokenizer, tmp_path, export_format):
+    # Only the config: the refusal came once the whole model had loaded and merged (minutes for a 7B model).
+    from transformers import GPT2Config
+
+    model = tmp_path / "gpt2"
+    GPT2Config(vocab_size=len(tokenizer), n_embd=32, n_layer=1, n_head=2).save_pretrained(model)
+    tokenizer.save_pretrained(model)
+    done = gym_here("export", model, "--format", export_format, "--export_dir", tmp_path / "out")
+    assert_one_line_error(done, "this one is 'gpt2'. Export it with --format hf.")
+    assert not (tmp_path / "out").exists()

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from gym.config.files import parse_cli_args
+from gym.export.config import as_given
 from gym.export.run import run_export
+from gym.export.spelling import CLI
 
 USAGE = """usage: gym export CONFIG --export_dir DIR [--format hf|gguf|gguf-lora|ollama|onnx] [--type T]
                   [--export_dtype auto|float32|float16|bfloat16] [--export_size GB] [--delta FILE] [--overwrite]
@@ -20,6 +22,7 @@ def main(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
         return 0
-    out = run_export(parse_cli_args(argv, model_folders=True))
+    config = parse_cli_args(argv, model_folders=True)
+    out = run_export(config, as_given(CLI, config))
     print(f"Exported {out}")
     return 0

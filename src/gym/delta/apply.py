@@ -25,10 +25,22 @@ from gym.delta.weights import load_model, parameters
 from gym.models.loader import load_tokenizer, resolve_model_path
 
 
-def check_base(base: Any, header: dict[str, Any], delta_path: str | os.PathLike[str]) -> None:
-    expected = header.get("base", {}).get("fingerprint")
-    if expected != fingerprint(parameters(base)):
-        made_from = header.get("base", {}).get("name") or "another model"
+def check_base(base: Any, header: dict[str, Any], delta_path: str | os.PathLike[str],
+               entries: dict[str, Encoded | torch.Tensor] | None = None) -> None:
+    """Refuse a base the delta was not made from: first by what it changes (a parameter this base lacks, or has in
+    another shape, names both shapes: a base of another size), then by the fingerprint (same shapes, other weights)."""
+    made_from = header.get("base", {}).get("name") or "another model"
+    params = dict(base.named_parameters())
+    for name, entry in (entries or {}).items():
+        if name not in params:
+            raise ConfigError(f"{delta_path} changes {name}, which this base does not have: it was made from "
+                              f"{made_from}. Apply it to that base.")
+        shape = tuple(entry.shape)
+        if shape != tuple(params[name].shape):
+            raise ConfigError(f"{delta_path} does not fit this base: {name} is {'x'.join(map(str, shape))} in the "
+                              f"delta and {'x'.join(map(str, params[name].shape))} in this base. It was made from "
+                              f"{made_from}: apply it to that base.")
+    if header.get("base", {}).get("fingerprint") != fingerprint(parameters(base)):
         raise ConfigError(f"{delta_path} was made from a different base model ({made_from}): its base fingerprint "
                           "does not match this base's tensors. Apply it to the base it was compressed from.")
 
@@ -36,14 +48,8 @@ def check_base(base: Any, header: dict[str, Any], delta_path: str | os.PathLike[
 def apply_delta(base: Any, entries: dict[str, Encoded | torch.Tensor], header: dict[str, Any],
                 delta_path: str | os.PathLike[str] = "the delta") -> Any:
     """Add every entry to `base`'s parameters in place (after checking it is the right base); returns base."""
-    check_base(base, header, delta_path)
+    check_base(base, header, delta_path, entries)
     params = dict(base.named_parameters())
-    for name, entry in entries.items():
-        if name not in params:
-            raise ConfigError(f"{delta_path} changes {name}, which this base does not have.")
-        shape = tuple(entry.shape)
-        if shape != tuple(params[name].shape):
-            raise ConfigError(f"{delta_path}: {name} has shape {shape}, the base's is {tuple(params[name].shape)}.")
     with torch.no_grad():
         for name, entry in entries.items():
             param = params[name]
@@ -69,16 +75,16 @@ def write_applied(base_ref: str, delta_path: str | os.PathLike[str], out: str | 
 
 def save_model_folder(model: Any, tokenizer: str | Any, out: str | os.PathLike[str],
                       manifest: dict[str, Any], overwrite: bool = False,
-                      max_shard_size: int | str | None = None) -> Path:
+                      max_shard_size: int | str | None = None, how: str = "--overwrite") -> Path:
     """A model folder (weights, the tokenizer or the one at a path, gym_manifest.json) written under a temporary
     name and renamed into place, so a crash never leaves a half-written folder where a model was. An existing
     model there is replaced only with `overwrite`, and only if Gym wrote it (gym.core.files.refuse_overwrite).
-    `max_shard_size`: safetensors shards of at most this size."""
+    `max_shard_size`: safetensors shards of at most this size. `how`: the caller's spelling of `overwrite`."""
     out = Path(out)
-    refuse_overwrite(out, overwrite, folder=True)
+    refuse_overwrite(out, overwrite, how, folder=True)
     make_folder(out.parent)
     check_free_space(out, sum(p.numel() * p.element_size() for p in model.parameters()))
-    with building_folder(out, overwrite) as tmp:
+    with building_folder(out, overwrite, how) as tmp:
         model.save_pretrained(tmp, **({"max_shard_size": max_shard_size} if max_shard_size is not None else {}))
         (load_tokenizer(tokenizer) if isinstance(tokenizer, str) else tokenizer).save_pretrained(tmp)
         write_manifest(tmp, {"what": "model", **manifest, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")})

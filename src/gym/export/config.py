@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +12,7 @@ from gym.config.coerce import split_keys
 from gym.config.parser import check_keys
 from gym.core.errors import ConfigError
 from gym.core.names import did_you_mean
+from gym.export.spelling import Spelling, current_spelling, option
 
 FORMATS = ("hf", "gguf", "gguf-lora", "ollama", "onnx")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
@@ -63,16 +64,21 @@ class ExportArguments:
                 raise ConfigError(f"Unknown GGUF type {self.export_type!r}."
                                   f"{did_you_mean(self.export_type, TYPES)} Choose one of: {', '.join(TYPES)}.")
         if self.export_format == "gguf-lora" and self.export_type not in (None, "f32", "f16", "bf16", "q8_0"):
-            raise ConfigError(f"A gguf-lora adapter is written as f32, f16, bf16 or q8_0, not "
-                              f"{self.export_type!r}.")
+            raise ConfigError(f"A gguf-lora adapter is written as f32, f16, bf16 or q8_0, not {self.export_type!r}."
+                              f"{did_you_mean(self.export_type, ('f32', 'f16', 'bf16', 'q8_0'))}")
         if self.export_format in ("hf", "onnx") and self.export_type not in (None, "bitdelta"):
+            typo = did_you_mean(self.export_type, ["bitdelta"])  # the one type these formats take, misspelt
+            if typo:
+                raise ConfigError(f"Unknown export_type {self.export_type!r} for the {self.export_format} format."
+                                  f"{typo}")
             raise ConfigError("export_type applies to the GGUF formats; an hf export is saved at "
                               "export_dtype (float32, float16 or bfloat16), an onnx export in float32.")
         if self.export_format != "hf" and self.export_dtype not in ("auto", "float32"):
             # only the hf writer casts; the others would write their own type and the asked dtype would be dropped
             hint = ("an onnx export is float32" if self.export_format == "onnx"
-                    else "a GGUF's type is export_type (--type f16, bf16, q8_0, ...)")
-            raise ConfigError(f"export_dtype {self.export_dtype} applies to --format hf; {hint}.")
+                    else f"a GGUF's type is {option('export_type')} (f16, bf16, q8_0, ...)")
+            raise ConfigError(f"{option('export_dtype')} {self.export_dtype} applies to {option('export_format', 'hf')}"
+                              f"; {hint}.")
         if self.variant is not None and (self.delta or ":" not in self.variant):
             raise ConfigError("variant: write STORE:USER (a `gym variants` store and a user in it), without a delta.")
 
@@ -81,13 +87,22 @@ class ExportArguments:
 EXPORT_KEYS = (*ExportArguments.__dataclass_fields__, *ALIASES)
 
 
-def parse_export(config: dict[str, Any], own_keys: Sequence[str] | None = None,
-                 ) -> tuple[ExportArguments, dict[str, Any]]:
-    """(the export keys, the rest: the model keys of `gym chat`, checked when the model loads). `own_keys`: the
-    export's own keys as the caller's door spells them in a "Did you mean" (default: the CLI's --flags)."""
+def as_given(spelling: Spelling, keys: Iterable[str]) -> Spelling:
+    """`spelling`, naming each export option among `keys` (those the caller wrote) as the caller wrote it: an error
+    for `--export_dtype float16` names --export_dtype, not the short --dtype."""
+    given = {}
+    for raw in keys:
+        name = str(raw).replace("-", "_")
+        if ALIASES.get(name, name) in ExportArguments.__dataclass_fields__:
+            given[ALIASES.get(name, name)] = name
+    return replace(spelling, names={**spelling.names, **given})
+
+
+def parse_export(config: dict[str, Any]) -> tuple[ExportArguments, dict[str, Any]]:
+    """(the export keys, the rest: the model keys of `gym chat`, checked when the model loads)."""
     export, rest = split_keys(config, ExportArguments, ALIASES)
     # a misspelt export flag is named now, against the export's own keys too, not once the model has loaded
-    check_keys(rest, own_keys if own_keys is not None else [f"--{name}" for name in EXPORT_KEYS])
+    check_keys(rest, current_spelling().own_keys(EXPORT_KEYS))
     args = ExportArguments(**export)
     if not args.export_dir:
         args.export_dir = _default_export_dir(rest, args.export_format)

@@ -17,6 +17,7 @@ from gym.data.chat_jinja import jinja_chat_template
 from gym.export.config import ExportArguments
 from gym.export.gguf_file import write_gguf
 from gym.export.hf import load_merged
+from gym.export.spelling import option
 
 
 def gguf_path(export_dir: str, name: str, gguf_type: str) -> Path:
@@ -41,7 +42,7 @@ def write_model_gguf(args: ExportArguments, config: dict[str, Any]) -> tuple[Pat
                   if config.get(key)), model_path)
     name = Path(str(named).split(",")[0].rstrip("/")).name
     out = gguf_path(args.export_dir, name, "bitdelta-f16" if bitdelta else gguf_type)
-    refuse_overwrite(out, args.export_overwrite)
+    refuse_overwrite(out, args.export_overwrite, option("export_overwrite", True))
     make_folder(out.parent)
     remove_stale_temps(out.parent)
     # The largest case is F32: 4 bytes a weight, plus the tokenizer.

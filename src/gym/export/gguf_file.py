@@ -30,6 +30,7 @@ import torch
 
 from gym.core.errors import ConfigError
 from gym.export.kquants import quantize_k
+from gym.export.spelling import option
 
 logger = logging.getLogger(__name__)
 
@@ -65,10 +66,15 @@ TOKEN_NORMAL, TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNUSED = (
 
 
 def arch_of(config: Any) -> gguf.MODEL_ARCH:
-    arch = ARCHES.get(getattr(config, "model_type", ""))
+    return arch_for(getattr(config, "model_type", None))
+
+
+def arch_for(model_type: str | None) -> gguf.MODEL_ARCH:
+    """The GGUF architecture of a transformers model_type, or a ConfigError naming the ones written here."""
+    arch = ARCHES.get(model_type or "")
     if arch is None:
         raise ConfigError(f"GGUF export supports {', '.join(sorted(ARCHES))} models; this one is "
-                          f"{getattr(config, 'model_type', 'unknown')!r}. Export it with --format hf.")
+                          f"{model_type or 'unknown'!r}. Export it with {option('export_format', 'hf')}.")
     return arch
 
 
@@ -117,7 +123,8 @@ def _write_hparams(writer: gguf.GGUFWriter, config: Any, name: str, file_type: g
         writer.add_rope_scaling_factor(float(rope["factor"]))
         writer.add_rope_scaling_orig_ctx_len(int(rope.get("original_max_position_embeddings") or 0))
     elif kind not in ("default", "llama3"):  # llama3's factors go in a rope_freqs tensor (not written here)
-        raise ConfigError(f"GGUF export cannot carry rope_scaling of type {kind!r}; export with --format hf.")
+        raise ConfigError(f"GGUF export cannot carry rope_scaling of type {kind!r}; export with "
+                          f"{option('export_format', 'hf')}.")
     writer.add_file_type(file_type)
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
 
@@ -126,7 +133,7 @@ def _write_vocab(writer: gguf.GGUFWriter, tokenizer: Any, tokenizer_dir: Path, c
     """Byte-level BPE tokens in id order; the embedding may have more rows than the tokenizer has tokens."""
     if not getattr(tokenizer, "is_fast", False) or tokenizer.backend_tokenizer.model.__class__.__name__ != "BPE":
         raise ConfigError("GGUF export writes byte-level BPE tokenizers (SmolLM, Llama 3, Qwen, Mistral Tekken); "
-                          "this tokenizer is not one. Export with --format hf.")
+                          f"this tokenizer is not one. Export with {option('export_format', 'hf')}.")
     vocab = tokenizer.get_vocab()
     by_id = {i: token for token, i in vocab.items()}
     added = tokenizer.added_tokens_decoder

@@ -25,6 +25,7 @@ from gym.core.files import make_folder, refuse_overwrite, remove_stale_temps, te
 from gym.core.names import split_names
 from gym.export.config import ExportArguments
 from gym.export.gguf_file import arch_of, encode_tensor, permute_for_llama
+from gym.export.spelling import option
 from gym.infer.config import resolve_inference_config
 from gym.models.adapters import ADAPTER_WEIGHTS, adapter_weights
 from gym.models.loader import resolve_model_path
@@ -72,7 +73,7 @@ def _lora_pairs(adapter_dir: Path, adapter: dict[str, Any], weights: dict[str, A
         module = key.removeprefix("base_model.model.").removesuffix(".lora_A.weight")
         if "embed" in module or "lm_head" in module:
             raise ConfigError(f"{adapter_dir} adapts {module}; GGUF adapters cannot carry LoRA on embeddings: merge "
-                              "it with --format gguf.")
+                              f"it with {option('export_format', 'gguf')}.")
         lora_b_key = key.replace(".lora_A.", ".lora_B.")
         if lora_b_key not in weights:
             raise ConfigError(f"{adapter_dir} has {key} without its {lora_b_key}: the adapter is damaged.")
@@ -103,10 +104,10 @@ def write_gguf_lora(adapter_dir: Path, base_path: str, path: Path, gguf_type: st
     adapter = json.loads((adapter_dir / "adapter_config.json").read_text())
     if adapter.get("peft_type") != "LORA":
         raise ConfigError(f"{adapter_dir} is a {adapter.get('peft_type')} adapter; gguf-lora exports LoRA adapters "
-                          "(merge others with --format gguf).")
+                          f"(merge others with {option('export_format', 'gguf')}).")
     if adapter.get("use_dora"):
         raise ConfigError(f"{adapter_dir} is a DoRA adapter, which a GGUF adapter cannot carry: merge it with "
-                          "--format gguf.")
+                          f"{option('export_format', 'gguf')}.")
     weights = adapter_weights(adapter_dir / ADAPTER_WEIGHTS)  # a damaged file, or NaN/inf in it, named
     config = AutoConfig.from_pretrained(base_path)
     arch = arch_of(config)
@@ -144,7 +145,7 @@ def export_gguf_lora(args: ExportArguments, config: dict[str, Any]) -> Path:
     gguf_type = args.export_type or "f32"
     target = Path(args.export_dir)
     out = target if target.suffix == ".gguf" else target / f"{adapter_dir.name}-lora-{gguf_type.upper()}.gguf"
-    refuse_overwrite(out, args.export_overwrite)
+    refuse_overwrite(out, args.export_overwrite, option("export_overwrite", True))
     make_folder(out.parent)
     remove_stale_temps(out.parent)
     tmp = temp_path(out)

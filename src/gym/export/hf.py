@@ -36,6 +36,7 @@ from gym.delta.bitdelta import BitDeltaConfig, BitDeltaQuantizer
 from gym.delta.format import load_delta
 from gym.delta.weights import merge_adapter
 from gym.export.config import ExportArguments
+from gym.export.spelling import option
 from gym.infer.config import resolve_inference_config
 from gym.models import vision
 from gym.models.loader import generation_defaults, load_causal_lm, load_tokenizer, resolve_model_path
@@ -140,4 +141,5 @@ def export_hf(args: ExportArguments, config: dict[str, Any]) -> Path:
                 "type": args.export_type, "processor": type(processor).__name__ if processor is not None else None}
     # A vision-language model's processor saves its tokenizer with it, plus the image processor's settings.
     return save_model_folder(model, processor or tokenizer, args.export_dir, manifest,
-                             overwrite=args.export_overwrite, max_shard_size=f"{int(args.export_size * 1000)}MB")
+                             overwrite=args.export_overwrite, max_shard_size=f"{int(args.export_size * 1000)}MB",
+                             how=option("export_overwrite", True))

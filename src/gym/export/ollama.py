@@ -22,6 +22,7 @@ from gym.core.files import building_folder, refuse_overwrite, write_manifest
 from gym.data.templates import EMPTY_THOUGHT, Template, _fill, named_equivalent
 from gym.export.config import ExportArguments
 from gym.export.gguf import write_model_gguf
+from gym.export.spelling import option
 
 MODELFILE = "Modelfile"
 _PARAMETERS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
@@ -58,7 +59,8 @@ def go_chat_template(template: Template, eos: str, bos: str | None = None, enabl
 
 def _quoted(text: str) -> str:
     if '"""' in text:
-        raise ConfigError('The chat format contains """, which a Modelfile cannot quote; export --format gguf.')
+        raise ConfigError(f'The chat format contains """, which a Modelfile cannot quote; export with '
+                          f'{option("export_format", "gguf")}.')
     return f'"""{text}"""'
 
 
@@ -71,7 +73,7 @@ def modelfile(gguf_name: str, chat: Any, decoding: dict[str, Any]) -> str:
         if found is None:
             raise ConfigError("This tokenizer's chat template matches none of Gym's named templates, so it cannot be "
                               "written as an Ollama TEMPLATE: train or export with `template:` set, or use "
-                              "--format gguf (Ollama then reads the GGUF's own chat template).")
+                              f"{option('export_format', 'gguf')} (Ollama then reads the GGUF's own chat template).")
         template, default_system = found
         default_system = chat.default_system or default_system
     go = go_chat_template(template, tokenizer.eos_token or "", tokenizer.bos_token, chat.enable_thinking)
@@ -95,9 +97,11 @@ def export_ollama(args: ExportArguments, config: dict[str, Any]) -> Path:
     assert args.export_dir is not None
     folder = Path(args.export_dir)
     if folder.suffix == ".gguf":
-        raise ConfigError("--format ollama writes a folder (the GGUF and its Modelfile): give export_dir a folder.")
-    refuse_overwrite(folder, args.export_overwrite, folder=True)  # before the model loads
-    with building_folder(folder, args.export_overwrite) as tmp:
+        raise ConfigError(f"{option('export_format', 'ollama')} writes a folder (the GGUF and its Modelfile): give "
+                          f"{option('export_dir')} a folder.")
+    how = option("export_overwrite", True)
+    refuse_overwrite(folder, args.export_overwrite, how, folder=True)  # before the model loads
+    with building_folder(folder, args.export_overwrite, how) as tmp:
         path, chat, decoding = write_model_gguf(replace(args, export_dir=str(tmp), export_overwrite=False), config)
         (tmp / MODELFILE).write_text(modelfile(path.name, chat, decoding), encoding="utf-8")
         write_manifest(tmp, {"what": "ollama", "made_by": "gym export", "format": "ollama", "gguf": path.name,

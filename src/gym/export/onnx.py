@@ -26,6 +26,7 @@ from gym.core.files import building_folder, check_free_space, make_folder, refus
 from gym.data.chat_jinja import jinja_chat_template
 from gym.export.config import ExportArguments
 from gym.export.hf import load_merged
+from gym.export.spelling import option
 
 logger = logging.getLogger(__name__)
 
@@ -104,7 +105,8 @@ def export_onnx(args: ExportArguments, config: dict[str, Any]) -> Path:
     assert args.export_dir is not None
     _require_exporter()
     out = Path(args.export_dir)
-    refuse_overwrite(out, args.export_overwrite, folder=True)
+    how = option("export_overwrite", True)
+    refuse_overwrite(out, args.export_overwrite, how, folder=True)
     merged = load_merged(config, args.delta, args.export_type == "bitdelta")
     model, tokenizer, chat = merged.model, merged.tokenizer, merged.chat
     model.config.use_cache = True
@@ -114,7 +116,7 @@ def export_onnx(args: ExportArguments, config: dict[str, Any]) -> Path:
     if chat.template is not None:
         tokenizer.chat_template = jinja_chat_template(chat.template, tokenizer.eos_token or "", chat.default_system,
                                                       chat.enable_thinking, chat.tool_format)
-    with building_folder(out, args.export_overwrite) as tmp:
+    with building_folder(out, args.export_overwrite, how) as tmp:
         _export_graph(decoder, tmp / "model.onnx")
         difference = check_with_onnxruntime(decoder, tmp / "model.onnx")
         if difference is not None and difference > 1e-4:
