@@ -127,6 +127,20 @@ def test_invalid_json_and_not_utf8_name_their_line(served):
             clients["alice"].files.create(file=("bad.jsonl", body), purpose="fine-tune")
 
 
+def test_a_deeply_nested_or_non_object_row_is_a_400_naming_its_line(served):
+    _, _, clients, service = served
+    before = stored(service)
+    deep = b'{"messages": ' + b"[" * 20_000 + b"]" * 20_000 + b"}\n"  # past the JSON parser's recursion limit
+    for body, message in ((jsonl(CHAT) + deep, "line 3: JSON nested too deeply"),
+                          (b'[{"messages": []}]\n', "line 1: a row is a JSON object such as {\"messages\": [...]}, "
+                                                    "not a list")):
+        with pytest.raises(openai.BadRequestError) as caught:
+            clients["alice"].files.create(file=("bad.jsonl", body), purpose="fine-tune")
+        assert message in caught.value.body["message"] and caught.value.body["param"] == "file"
+    assert clients["alice"].files.list().data is not None  # the connection and the server are still fine
+    assert stored(service) == before
+
+
 def test_a_wrong_purpose_or_no_file_is_a_400(served):
     url, keys, clients, service = served
     with pytest.raises(openai.BadRequestError, match="purpose 'batch'"):

@@ -210,6 +210,8 @@ def check_rows(path: Path, max_rows: int) -> tuple[int, str]:
                 raise DataError(f"line {line_no}: not UTF-8 text.") from None
             except json.JSONDecodeError as exc:
                 raise DataError(f"line {line_no}: not valid JSON (column {exc.colno}): {exc.msg}.") from None
+            except RecursionError:  # `[[[[...` a few thousand deep: the parser's own stack, not a server fault
+                raise DataError(f"line {line_no}: JSON nested too deeply to be a fine-tuning row.") from None
             row_kind = _row_kind(row, line_no)
             if kind is not None and row_kind != kind:
                 raise DataError(f"line {line_no}: a {row_kind} row in a file of {kind} rows; every row takes one "
@@ -225,6 +227,9 @@ def check_rows(path: Path, max_rows: int) -> tuple[int, str]:
 
 
 def _row_kind(row: Any, line_no: int) -> str:
+    if not isinstance(row, dict):
+        raise DataError(f"line {line_no}: a row is a JSON object such as {{\"messages\": [...]}}, not a "
+                        f"{type(row).__name__}.")
     if isinstance(row, dict) and "messages" in row:
         return "chat"
     if isinstance(row, dict) and "input" in row:
