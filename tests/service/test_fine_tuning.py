@@ -189,6 +189,13 @@ def test_a_malformed_request_is_openais_400_naming_the_field(served):
          "at most 2, got 2.5"),
         (dict(hyperparameters={"learning_rate_multiplier": 0}), "hyperparameters.learning_rate_multiplier",
          "must be positive"),
+        # a misspelt or mismatched key of `method` took its hyperparameters with it: the job trained on "auto"
+        (dict(method={"type": "supervised", "supervized": {"hyperparameters": {"n_epochs": 1}}}),
+         "method.supervized", "method.supervized is not a field of method. Did you mean 'supervised'?"),
+        (dict(method={"type": "supervised", "dpo": {"hyperparameters": {"beta": 1}}}), "method.dpo",
+         "method.dpo is given but method.type is 'supervised'"),
+        (dict(method={"type": "dpo", "dpo": {"hyperparameter": {"beta": 1}}}), "method.dpo.hyperparameter",
+         "Did you mean 'hyperparameters'?"),
     ]
     for arguments, param, message in refusals:
         with pytest.raises(openai.BadRequestError, match=re.escape(message)) as caught:
