@@ -69,6 +69,21 @@ def test_upload_list_get_content_delete(served):
         alice.files.retrieve(made.id)
 
 
+def test_files_are_paged_with_after_and_a_stale_cursor_is_a_400(served):
+    _, _, clients, _ = served
+    alice = clients["alice"]
+    made = [alice.files.create(file=(f"{i}.jsonl", jsonl(CHAT)), purpose="fine-tune").id for i in range(3)]
+    assert [f.id for f in alice.files.list().data][:3] == made[::-1]  # newest first, within one second too
+    page = alice.files.list(limit=1, after=made[2])
+    assert [f.id for f in page.data] == [made[1]] and page.has_more
+    alice.files.delete(made[0])
+    with pytest.raises(openai.BadRequestError, match="after: .* is not in this list") as caught:
+        alice.files.list(after=made[0])  # deleted since the last page: it started over from the newest, a loop
+    assert caught.value.body["param"] == "after"
+    for file_id in made[1:]:
+        alice.files.delete(file_id)
+
+
 def test_preference_rows_for_dpo_are_taken(served):
     _, _, clients, _ = served
     made = clients["alice"].files.create(file=("prefs.jsonl", jsonl(PREFERENCE)), purpose="fine-tune")

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -164,7 +165,9 @@ class Upload:
         try:
             self._out.close()
             rows, kind = check_rows(self.temp, self.files.limits.max_rows)
-            file_id = f"file-{secrets.token_hex(12)}"
+            # nanoseconds first, as job ids: "newest first" is the order of the ids, even within one second (a
+            # random id left files uploaded in the same second listed in any order)
+            file_id = f"file-{time.time_ns():016x}{secrets.token_hex(4)}"
             db = self.files.db
             with db.session(write=True) as session:
                 if self.owner.user_id is not None:
