@@ -84,6 +84,14 @@ def test_files_are_paged_with_after_and_a_stale_cursor_is_a_400(served):
         alice.files.delete(file_id)
 
 
+def test_chat_rows_with_tools_are_taken(served):
+    _, _, clients, _ = served
+    tool = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}
+    made = clients["alice"].files.create(file=("tools.jsonl", jsonl([{**CHAT[1], "tools": [tool]}])),
+                                         purpose="fine-tune")
+    clients["alice"].files.delete(made.id)
+
+
 def test_preference_rows_for_dpo_are_taken(served):
     _, _, clients, _ = served
     made = clients["alice"].files.create(file=("prefs.jsonl", jsonl(PREFERENCE)), purpose="fine-tune")
@@ -122,6 +130,10 @@ def test_another_users_file_is_a_404_everywhere_and_unlisted(served):
     ([{**PREFERENCE[0], "non_preferred_output": [{"role": "user", "content": "x"}]}],
      "line 1: non_preferred_output[0].role must be 'assistant'"),
     ([CHAT[0], PREFERENCE[0]], "line 2: a preference row in a file of chat rows"),
+    # training reads `tools` too: a bad list uploaded, then failed the job once a worker reached it
+    ([CHAT[1], {**CHAT[1], "tools": "get_time"}], "line 2: tools is not a valid tool list: is not valid JSON"),
+    ([{**CHAT[1], "tools": [{"type": "function", "function": {"parameters": {}}}]}],
+     "line 1: tools is not a valid tool list: [0] has no function name"),
     ([CHAT[1]] * 51, "line 51: more than the server's limit of 50 rows"),
     ([], "no rows"),
 ])

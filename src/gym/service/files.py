@@ -27,6 +27,7 @@ from sqlalchemy import func, select
 
 from gym.core.errors import DataError, GymError
 from gym.data.messages import ASSISTANT, OPENAI, MessageProblem, read_conversation
+from gym.data.tools import ToolError, parse_tools
 from gym.service.db import ACTIVE_STATES, Database, Job, StoredFile, now
 from gym.service.keys import Principal
 from gym.service.limits import FileLimits
@@ -247,6 +248,11 @@ def _check_row(row: dict[str, Any], kind: str) -> None:
         _, messages = read_conversation(row["messages"], OPENAI, "messages")
         if not any(m["role"] == ASSISTANT for m in messages):
             raise MessageProblem("messages", "has no assistant message: there is nothing to learn from.")
+        if row.get("tools") is not None:  # training reads them as this does: a bad list failed the job, not the upload
+            try:
+                parse_tools(row["tools"])
+            except ToolError as exc:
+                raise MessageProblem("tools", f"is not a valid tool list: {exc}.") from None
         return
     given = row["input"]
     if not isinstance(given, dict):
