@@ -284,6 +284,30 @@ def test_workers_respect_the_running_quota_and_dead_workers_jobs_are_requeued(db
     assert service.jobs.get(alice, claimed.spec.job_id)["status"] == "running"
 
 
+def test_a_worker_stopped_by_ctrl_c_leaves_its_job_to_resume(db_url, monkeypatch):
+    """Ctrl-C at the server's terminal reaches its workers: training saves a checkpoint and raises RunStopped. The
+    worker recorded that as the job failing and removed the folder with the checkpoint; the job is not over."""
+    from gym.core.errors import RunStopped
+    from gym.service import jobs as job_library
+    from gym.service.worker import run_one
+
+    service, alice, file = service_with_a_file(db_url, max_running=1)
+    job = service.jobs.create(alice, model="m", training_file=file)
+    claimed = service.jobs.claim("host:1")
+    checkpoint = claimed.work_dir / "run" / "checkpoint-2"
+
+    def stopped(spec, store, work_dir, on_event=None, cancel=None):
+        checkpoint.mkdir(parents=True)
+        raise RunStopped("stopped at step 2 of 9 on request")
+
+    monkeypatch.setattr(job_library, "run_job", stopped)
+    with pytest.raises(RunStopped):
+        run_one(service.jobs, claimed, "host:1")
+    assert service.jobs.get(alice, job["id"])["status"] == "running" and checkpoint.is_dir()
+    assert service.jobs.requeue_dead(alive=lambda worker: False) == [job["id"]]  # the next start: queued, to resume
+    assert service.jobs.get(alice, job["id"])["status"] == "queued"
+
+
 def test_a_job_queued_under_looser_rules_fails_instead_of_stopping_the_queue(db_url):
     """A job queued before a rule tightened (a seed or n_epochs OpenAI's ranges refuse, stored by an older Gym) no
     longer makes a spec: the claim fails that job with its reason and takes the next, where it would otherwise
