@@ -84,8 +84,11 @@ def test_files_are_paged_with_after_and_a_stale_cursor_is_a_400(served):
         alice.files.delete(file_id)
 
 
-def test_chat_rows_with_tools_are_taken(served):
+def test_chat_rows_with_tools_or_weight_1_are_taken(served):
     _, _, clients, _ = served
+    weighted = {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "x", "weight": 1}]}
+    clients["alice"].files.delete(clients["alice"].files.create(file=("w.jsonl", jsonl([weighted])),
+                                                                purpose="fine-tune").id)
     tool = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}
     made = clients["alice"].files.create(file=("tools.jsonl", jsonl([{**CHAT[1], "tools": [tool]}])),
                                          purpose="fine-tune")
@@ -130,6 +133,11 @@ def test_another_users_file_is_a_404_everywhere_and_unlisted(served):
     ([{**PREFERENCE[0], "non_preferred_output": [{"role": "user", "content": "x"}]}],
      "line 1: non_preferred_output[0].role must be 'assistant'"),
     ([CHAT[0], PREFERENCE[0]], "line 2: a preference row in a file of chat rows"),
+    # OpenAI's weight 0 means "not trained on"; training ignored it and trained on the message anyway
+    ([{"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "x", "weight": 0}]}],
+     "line 1: messages[1].weight is 0, which this server cannot honour"),
+    ([{"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "x", "weight": "1"}]}],
+     "line 1: messages[1].weight must be 0 or 1, got '1'."),
     # training reads `tools` too: a bad list uploaded, then failed the job once a worker reached it
     ([CHAT[1], {**CHAT[1], "tools": "get_time"}], "line 2: tools is not a valid tool list: is not valid JSON"),
     ([{**CHAT[1], "tools": [{"type": "function", "function": {"parameters": {}}}]}],

@@ -248,6 +248,8 @@ def _check_row(row: dict[str, Any], kind: str) -> None:
         _, messages = read_conversation(row["messages"], OPENAI, "messages")
         if not any(m["role"] == ASSISTANT for m in messages):
             raise MessageProblem("messages", "has no assistant message: there is nothing to learn from.")
+        for i, message in enumerate(row["messages"]):
+            _check_weight(message, f"messages[{i}].weight")
         if row.get("tools") is not None:  # training reads them as this does: a bad list failed the job, not the upload
             try:
                 parse_tools(row["tools"])
@@ -267,6 +269,19 @@ def _check_row(row: dict[str, Any], kind: str) -> None:
                 raise MessageProblem(f"{key}[{i}].role", "must be 'assistant'.")
             if not isinstance(message.get("content"), str) and not message.get("tool_calls"):
                 raise MessageProblem(f"{key}[{i}].content", "must be a string.")
+
+
+def _check_weight(message: Any, field: str) -> None:
+    """OpenAI's per-message `weight` (0: not trained on). Training trains every assistant message, so a 0 would be
+    trained on regardless: refused, as a feature the server does not have, rather than silently ignored."""
+    if not isinstance(message, dict) or "weight" not in message:
+        return
+    weight = message["weight"]
+    if isinstance(weight, bool) or weight not in (0, 1):
+        raise MessageProblem(field, f"must be 0 or 1, got {weight!r}.")
+    if weight == 0:
+        raise MessageProblem(field, "is 0, which this server cannot honour: it trains on every assistant message. "
+                                    "Remove the message (or the conversation after it) not to train on it.")
 
 
 def _info(row: StoredFile) -> FileInfo:
