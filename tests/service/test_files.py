@@ -69,6 +69,32 @@ def test_upload_list_get_content_delete(served):
         alice.files.retrieve(made.id)
 
 
+def test_files_are_paged_with_after_and_a_stale_cursor_is_a_400(served):
+    _, _, clients, _ = served
+    alice = clients["alice"]
+    made = [alice.files.create(file=(f"{i}.jsonl", jsonl(CHAT)), purpose="fine-tune").id for i in range(3)]
+    assert [f.id for f in alice.files.list().data][:3] == made[::-1]  # newest first, within one second too
+    page = alice.files.list(limit=1, after=made[2])
+    assert [f.id for f in page.data] == [made[1]] and page.has_more
+    alice.files.delete(made[0])
+    with pytest.raises(openai.BadRequestError, match="after: .* is not in this list") as caught:
+        alice.files.list(after=made[0])  # deleted since the last page: it started over from the newest, a loop
+    assert caught.value.body["param"] == "after"
+    for file_id in made[1:]:
+        alice.files.delete(file_id)
+
+
+def test_chat_rows_with_tools_or_weight_1_are_taken(served):
+    _, _, clients, _ = served
+    weighted = {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "x", "weight": 1}]}
+    clients["alice"].files.delete(clients["alice"].files.create(file=("w.jsonl", jsonl([weighted])),
+                                                                purpose="fine-tune").id)
+    tool = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}
+    made = clients["alice"].files.create(file=("tools.jsonl", jsonl([{**CHAT[1], "tools": [tool]}])),
+                                         purpose="fine-tune")
+    clients["alice"].files.delete(made.id)
+
+
 def test_preference_rows_for_dpo_are_taken(served):
     _, _, clients, _ = served
     made = clients["alice"].files.create(file=("prefs.jsonl", jsonl(PREFERENCE)), purpose="fine-tune")
@@ -107,6 +133,15 @@ def test_another_users_file_is_a_404_everywhere_and_unlisted(served):
     ([{**PREFERENCE[0], "non_preferred_output": [{"role": "user", "content": "x"}]}],
      "line 1: non_preferred_output[0].role must be 'assistant'"),
     ([CHAT[0], PREFERENCE[0]], "line 2: a preference row in a file of chat rows"),
+    # OpenAI's weight 0 means "not trained on"; training ignored it and trained on the message anyway
+    ([{"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "x", "weight": 0}]}],
+     "line 1: messages[1].weight is 0, which this server cannot honour"),
+    ([{"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "x", "weight": "1"}]}],
+     "line 1: messages[1].weight must be 0 or 1, got '1'."),
+    # training reads `tools` too: a bad list uploaded, then failed the job once a worker reached it
+    ([CHAT[1], {**CHAT[1], "tools": "get_time"}], "line 2: tools is not a valid tool list: is not valid JSON"),
+    ([{**CHAT[1], "tools": [{"type": "function", "function": {"parameters": {}}}]}],
+     "line 1: tools is not a valid tool list: [0] has no function name"),
     ([CHAT[1]] * 51, "line 51: more than the server's limit of 50 rows"),
     ([], "no rows"),
 ])
@@ -125,6 +160,20 @@ def test_invalid_json_and_not_utf8_name_their_line(served):
     for body, message in ((jsonl(CHAT) + b"{nope\n", "line 3: not valid JSON"), (b"\xff\xfe\n", "line 1: not UTF-8")):
         with pytest.raises(openai.BadRequestError, match=message):
             clients["alice"].files.create(file=("bad.jsonl", body), purpose="fine-tune")
+
+
+def test_a_deeply_nested_or_non_object_row_is_a_400_naming_its_line(served):
+    _, _, clients, service = served
+    before = stored(service)
+    deep = b'{"messages": ' + b"[" * 20_000 + b"]" * 20_000 + b"}\n"  # past the JSON parser's recursion limit
+    for body, message in ((jsonl(CHAT) + deep, "line 3: JSON nested too deeply"),
+                          (b'[{"messages": []}]\n', "line 1: a row is a JSON object such as {\"messages\": [...]}, "
+                                                    "not a list")):
+        with pytest.raises(openai.BadRequestError) as caught:
+            clients["alice"].files.create(file=("bad.jsonl", body), purpose="fine-tune")
+        assert message in caught.value.body["message"] and caught.value.body["param"] == "file"
+    assert clients["alice"].files.list().data is not None  # the connection and the server are still fine
+    assert stored(service) == before
 
 
 def test_a_wrong_purpose_or_no_file_is_a_400(served):

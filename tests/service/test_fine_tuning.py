@@ -189,6 +189,13 @@ def test_a_malformed_request_is_openais_400_naming_the_field(served):
          "at most 2, got 2.5"),
         (dict(hyperparameters={"learning_rate_multiplier": 0}), "hyperparameters.learning_rate_multiplier",
          "must be positive"),
+        # a misspelt or mismatched key of `method` took its hyperparameters with it: the job trained on "auto"
+        (dict(method={"type": "supervised", "supervized": {"hyperparameters": {"n_epochs": 1}}}),
+         "method.supervized", "method.supervized is not a field of method. Did you mean 'supervised'?"),
+        (dict(method={"type": "supervised", "dpo": {"hyperparameters": {"beta": 1}}}), "method.dpo",
+         "method.dpo is given but method.type is 'supervised'"),
+        (dict(method={"type": "dpo", "dpo": {"hyperparameter": {"beta": 1}}}), "method.dpo.hyperparameter",
+         "Did you mean 'hyperparameters'?"),
     ]
     for arguments, param, message in refusals:
         with pytest.raises(openai.BadRequestError, match=re.escape(message)) as caught:
@@ -275,6 +282,30 @@ def test_workers_respect_the_running_quota_and_dead_workers_jobs_are_requeued(db
     assert service.jobs.get(alice, claimed.spec.job_id)["status"] == "running"
     service.jobs.finish(claimed.spec.job_id, "host:other", "succeeded")  # not this worker's: ignored
     assert service.jobs.get(alice, claimed.spec.job_id)["status"] == "running"
+
+
+def test_a_worker_stopped_by_ctrl_c_leaves_its_job_to_resume(db_url, monkeypatch):
+    """Ctrl-C at the server's terminal reaches its workers: training saves a checkpoint and raises RunStopped. The
+    worker recorded that as the job failing and removed the folder with the checkpoint; the job is not over."""
+    from gym.core.errors import RunStopped
+    from gym.service import jobs as job_library
+    from gym.service.worker import run_one
+
+    service, alice, file = service_with_a_file(db_url, max_running=1)
+    job = service.jobs.create(alice, model="m", training_file=file)
+    claimed = service.jobs.claim("host:1")
+    checkpoint = claimed.work_dir / "run" / "checkpoint-2"
+
+    def stopped(spec, store, work_dir, on_event=None, cancel=None):
+        checkpoint.mkdir(parents=True)
+        raise RunStopped("stopped at step 2 of 9 on request")
+
+    monkeypatch.setattr(job_library, "run_job", stopped)
+    with pytest.raises(RunStopped):
+        run_one(service.jobs, claimed, "host:1")
+    assert service.jobs.get(alice, job["id"])["status"] == "running" and checkpoint.is_dir()
+    assert service.jobs.requeue_dead(alive=lambda worker: False) == [job["id"]]  # the next start: queued, to resume
+    assert service.jobs.get(alice, job["id"])["status"] == "queued"
 
 
 def test_a_job_queued_under_looser_rules_fails_instead_of_stopping_the_queue(db_url):

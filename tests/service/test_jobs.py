@@ -281,6 +281,34 @@ def test_a_job_cancelled_after_training_publishes_nothing(tmp_path, tiny_model_d
     assert VariantStore(tmp_path / "store").users() == []
 
 
+def test_a_job_stopped_by_ctrl_c_is_not_ended_and_resumes_from_its_checkpoint(tmp_path, tiny_model_dir):
+    # Ctrl-C at `gym api`'s terminal reaches its workers too: training saves a checkpoint and stops. That job failed
+    # ("stopped ... on request; the checkpoint is /server/path"), and its worker then removed the checkpoint.
+    from gym.core.errors import RunStopped
+
+    file = write_jsonl(tmp_path / "train.jsonl", [chat_row(q) for q in QUESTIONS])
+    spec = tiny_spec(tiny_model_dir, file, training={"cutoff_len": 128, "max_steps": 6}, delta_method="int8",
+                     delta_options={})
+    store, work = tmp_path / "store", tmp_path / "work"
+    events = Events()
+
+    def on_event(level, message, data):
+        events(level, message, data)
+        if data and data.get("step") == 2 and "train_loss" in data:
+            os.kill(os.getpid(), signal.SIGINT)  # the terminal's Ctrl-C, to this (the main) thread
+
+    with pytest.raises(RunStopped):
+        run_job(spec, store, work, on_event)
+    assert not any(m.startswith("Fine-tuning job failed") for m in events.messages())
+    saved = sorted(int(p.name.split("-")[1]) for p in (work / "run").glob("checkpoint-*"))
+    assert saved and 2 <= saved[-1] < 6 and VariantStore(store).users() == []
+
+    again = Events()
+    result = run_job(spec, store, work, again)
+    assert result.status is JobStatus.SUCCEEDED and result.resumed_from_step == saved[-1], result.error
+    assert [m["step"] for m in again.metrics()] == list(range(saved[-1] + 1, 7))
+
+
 WORKER = """
 import json, sys, time
 from gym.service.jobs import JobSpec, openai_event, run_job

@@ -56,7 +56,10 @@ def file_routes(files: FileStore) -> APIRouter:
         if order == "asc":
             found.reverse()
         ids = [f.id for f in found]
-        start = ids.index(after) + 1 if after in ids else 0
+        if after is not None and after not in ids:  # starting over from the top would send a pager round in a loop
+            raise ApiError(400, f"after: {after!r} is not in this list; page with an id a previous page gave.",
+                           param="after")
+        start = ids.index(after) + 1 if after is not None else 0
         page = found[start:start + limit]
         return {"object": "list", "data": [f.openai() for f in page], "has_more": start + limit < len(found),
                 "first_id": page[0].id if page else None, "last_id": page[-1].id if page else None}

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +27,7 @@ from sqlalchemy import func, select
 
 from gym.core.errors import DataError, GymError
 from gym.data.messages import ASSISTANT, OPENAI, MessageProblem, read_conversation
+from gym.data.tools import ToolError, parse_tools
 from gym.service.db import ACTIVE_STATES, Database, Job, StoredFile, now
 from gym.service.keys import Principal
 from gym.service.limits import FileLimits
@@ -164,7 +166,9 @@ class Upload:
         try:
             self._out.close()
             rows, kind = check_rows(self.temp, self.files.limits.max_rows)
-            file_id = f"file-{secrets.token_hex(12)}"
+            # nanoseconds first, as job ids: "newest first" is the order of the ids, even within one second (a
+            # random id left files uploaded in the same second listed in any order)
+            file_id = f"file-{time.time_ns():016x}{secrets.token_hex(4)}"
             db = self.files.db
             with db.session(write=True) as session:
                 if self.owner.user_id is not None:
@@ -210,6 +214,8 @@ def check_rows(path: Path, max_rows: int) -> tuple[int, str]:
                 raise DataError(f"line {line_no}: not UTF-8 text.") from None
             except json.JSONDecodeError as exc:
                 raise DataError(f"line {line_no}: not valid JSON (column {exc.colno}): {exc.msg}.") from None
+            except RecursionError:  # `[[[[...` a few thousand deep: the parser's own stack, not a server fault
+                raise DataError(f"line {line_no}: JSON nested too deeply to be a fine-tuning row.") from None
             row_kind = _row_kind(row, line_no)
             if kind is not None and row_kind != kind:
                 raise DataError(f"line {line_no}: a {row_kind} row in a file of {kind} rows; every row takes one "
@@ -225,6 +231,9 @@ def check_rows(path: Path, max_rows: int) -> tuple[int, str]:
 
 
 def _row_kind(row: Any, line_no: int) -> str:
+    if not isinstance(row, dict):
+        raise DataError(f"line {line_no}: a row is a JSON object such as {{\"messages\": [...]}}, not a "
+                        f"{type(row).__name__}.")
     if isinstance(row, dict) and "messages" in row:
         return "chat"
     if isinstance(row, dict) and "input" in row:
@@ -239,6 +248,13 @@ def _check_row(row: dict[str, Any], kind: str) -> None:
         _, messages = read_conversation(row["messages"], OPENAI, "messages")
         if not any(m["role"] == ASSISTANT for m in messages):
             raise MessageProblem("messages", "has no assistant message: there is nothing to learn from.")
+        for i, message in enumerate(row["messages"]):
+            _check_weight(message, f"messages[{i}].weight")
+        if row.get("tools") is not None:  # training reads them as this does: a bad list failed the job, not the upload
+            try:
+                parse_tools(row["tools"])
+            except ToolError as exc:
+                raise MessageProblem("tools", f"is not a valid tool list: {exc}.") from None
         return
     given = row["input"]
     if not isinstance(given, dict):
@@ -253,6 +269,19 @@ def _check_row(row: dict[str, Any], kind: str) -> None:
                 raise MessageProblem(f"{key}[{i}].role", "must be 'assistant'.")
             if not isinstance(message.get("content"), str) and not message.get("tool_calls"):
                 raise MessageProblem(f"{key}[{i}].content", "must be a string.")
+
+
+def _check_weight(message: Any, field: str) -> None:
+    """OpenAI's per-message `weight` (0: not trained on). Training trains every assistant message, so a 0 would be
+    trained on regardless: refused, as a feature the server does not have, rather than silently ignored."""
+    if not isinstance(message, dict) or "weight" not in message:
+        return
+    weight = message["weight"]
+    if isinstance(weight, bool) or weight not in (0, 1):
+        raise MessageProblem(field, f"must be 0 or 1, got {weight!r}.")
+    if weight == 0:
+        raise MessageProblem(field, "is 0, which this server cannot honour: it trains on every assistant message. "
+                                    "Remove the message (or the conversation after it) not to train on it.")
 
 
 def _info(row: StoredFile) -> FileInfo:

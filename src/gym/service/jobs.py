@@ -32,7 +32,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, Protocol
 
-from gym.core.errors import ConfigError, DataError, GymError, as_gym_error
+from gym.core.errors import ConfigError, DataError, GymError, RunStopped, as_gym_error
 from gym.service.db import JobStatus  # OpenAI's states, one definition; run_job returns the last three
 
 JOB_PREFIX = "ftjob-"
@@ -480,7 +480,8 @@ def run_job(spec: JobSpec, store_dir: str | Path, work_dir: str | Path, on_event
     """Run `spec` to its end: succeeded (its variant in the store at `store_dir`, the variant store of
     spec.model), failed (a user's error: the result carries it; a bug is raised after a failed event) or
     cancelled. `work_dir` is the job's own folder: run again on it after a crash, the job resumes. `cancel`: a
-    callable or an event, checked between steps."""
+    callable or an event, checked between steps. A run stopped by a signal (SIGINT: the step finishes and a
+    checkpoint is saved) raises RunStopped: the job has not ended, and a run on the same work_dir resumes it."""
     from gym.personalization.store import VariantStore
 
     emit: EventSink = on_event or (lambda level, message, data: None)
@@ -500,6 +501,10 @@ def run_job(spec: JobSpec, store_dir: str | Path, work_dir: str | Path, on_event
     except JobCancelled:
         result.status, result.fine_tuned_model, result.variant = JobStatus.CANCELLED, None, None
         emit("info", "Fine-tuning job cancelled", None)
+    except RunStopped:
+        # The process was asked to stop (Ctrl-C at a server's terminal reaches its workers too), not the job: it
+        # has not ended, and its checkpoint, just saved, is what a run on the same work_dir resumes from.
+        raise
     except Exception as exc:
         known = as_gym_error(exc)
         result.status, result.fine_tuned_model, result.variant = JobStatus.FAILED, None, None

@@ -27,6 +27,7 @@ from typing import Any
 from sqlalchemy import func, select, update
 
 from gym.core.errors import ConfigError, GymError
+from gym.core.names import did_you_mean
 from gym.service.db import Database, Job, JobEvent, JobStatus, StoredFile, now
 from gym.service.files import FileNotFound, FileStore
 from gym.service.jobs import (
@@ -357,9 +358,22 @@ def _method(method: dict[str, Any] | None, legacy: dict[str, Any] | None) -> tup
     kind = method["type"]
     if kind not in ("supervised", "dpo"):
         raise ConfigError(f"method.type {kind!r}: use supervised or dpo.")
+    # A misspelt or mismatched key would otherwise be dropped with the hyperparameters under it, and the job would
+    # train with "auto" ones without a word.
+    fields = ("type", *(m.value for m in Method))
+    for key in method:
+        if key not in fields:
+            raise ConfigError(f"method.{key} is not a field of method.{did_you_mean(str(key), fields)}")
+        if key not in ("type", kind):
+            raise ConfigError(f"method.{key} is given but method.type is {kind!r}; put the hyperparameters under "
+                              f"method.{kind}, or set method.type to {key!r}.")
     inner = method.get(kind) or {}
     if not isinstance(inner, dict):
         raise ConfigError(f"method.{kind}: give an object with hyperparameters.")
+    for key in inner:
+        if key != "hyperparameters":
+            raise ConfigError(f"method.{kind}.{key} is not a field of method.{kind} (it takes hyperparameters)."
+                              f"{did_you_mean(str(key), ['hyperparameters'])}")
     hyper = inner.get("hyperparameters") or {}
     if not isinstance(hyper, dict):
         raise ConfigError(f"method.{kind}.hyperparameters: give an object.")

@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gym.core.errors import ConfigError
+from gym.core.errors import ConfigError, RunStopped
 from gym.service.db import DatabaseUnavailable, JobStatus
 from gym.service.queue import Claimed, JobQueue, worker_id
 
@@ -67,6 +67,8 @@ def run_one(queue: JobQueue, claimed: Claimed, me: str) -> str:
         queue.finish(spec.job_id, me, status, fine_tuned_model=result.fine_tuned_model, error=result.error,
                      result={"hyperparameters": result.hyperparameters, "trained_steps": result.trained_steps,
                              "trained_tokens": result.trained_tokens})
+    except RunStopped:  # this worker was told to stop: the job stays running, its folder kept for the resume
+        raise
     except Exception as exc:  # a bug in training: run_job emitted the failed event; the job fails, the worker goes on
         logger.exception("Job %s failed", spec.job_id)
         status = JobStatus.FAILED.value
@@ -204,7 +206,10 @@ def main(argv: list[str]) -> int:
     stop = threading.Event()
     # SIGTERM from the pool: finish nothing, just end (the job is re-queued and resumes from its checkpoint)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    serve_jobs(service.jobs, args.base, options, stop=stop)
+    try:
+        serve_jobs(service.jobs, args.base, options, stop=stop)
+    except (RunStopped, KeyboardInterrupt):  # Ctrl-C: the job is re-queued, as after SIGTERM, and resumes
+        logger.info("Stopped; the job it ran resumes from its last checkpoint at the next start")
     return 0
 
 
