@@ -4,7 +4,9 @@ config that cannot run before any model or data loads, and the message names the
 from __future__ import annotations
 
 import pytest
+from tests.gym_cli import assert_one_line_error, gym_here
 
+from gym.config.data import TEMPLATE_NAMES
 from gym.config.parser import get_train_args
 from gym.config.stages.registry import registered_stages
 from gym.core.errors import ConfigError
@@ -33,6 +35,7 @@ ONLINE = {"reward_funcs": ["accuracy"], "per_device_train_batch_size": 4}
     ({"use_dora": True, "pissa_init": True}, "'use_dora' and 'pissa_init' cannot be combined"),
     ({"lora_rank": 0}, "'lora_rank' must be positive"),
     ({"cutoff_len": 0}, "'cutoff_len' must be positive"),
+    ({"template": "lama3"}, r"Unknown template 'lama3'\. Did you mean 'llama3'\? Known: alpaca, chatml"),
     ({"val_size": 0.1, "eval_dataset": "x"}, "either 'val_size' or 'eval_dataset'"),
     ({"bf16": True, "fp16": True}, "At most one of fp16 and bf16"),  # transformers' own check, as a ConfigError
     ({"learning_rate": -1}, "'learning_rate' must be >= 0"),
@@ -83,6 +86,26 @@ def test_every_door_refuses_it_before_anything_loads(monkeypatch):
     monkeypatch.setattr(workflow, "prepare", lambda *a, **k: pytest.fail("the run started"))
     with pytest.raises(ConfigError, match="'num_generations' must be at least 2"):
         TrainingConfig(stage="grpo", num_generations=1, reward_funcs=["accuracy"])
+
+
+def test_a_misspelt_template_is_refused_by_gym_train_before_the_tokenizer_loads(monkeypatch, tmp_path, train_config):
+    """It was refused only once the tokenizer had loaded (by the chat format), after the model was resolved."""
+    import yaml
+
+    import gym.train.workflow as workflow
+
+    monkeypatch.setattr(workflow, "resolve_model_path", lambda *a, **k: pytest.fail("the model was looked up"))
+    monkeypatch.setattr(workflow, "load_tokenizer", lambda *a, **k: pytest.fail("the tokenizer loaded"))
+    config = tmp_path / "cfg.yaml"
+    config.write_text(yaml.safe_dump(train_config(template="lama3")))
+    assert_one_line_error(gym_here("train", config), "Unknown template 'lama3'. Did you mean 'llama3'?")
+
+
+def test_every_named_template_is_known_to_the_config():
+    from gym.data.templates import TEMPLATES
+
+    assert sorted(TEMPLATE_NAMES) == sorted(TEMPLATES)
+    assert get_train_args({"template": "qwen3_vl_nothink"}).data.template == "qwen3_vl_nothink"
 
 
 def test_a_valid_config_of_every_stage_parses():

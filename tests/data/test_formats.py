@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import logging
 
 import pytest
 
@@ -235,6 +236,33 @@ def test_entry_values_of_the_wrong_type_are_refused(tmp_path, entry, message):
     _entry(tmp_path, entry, [ALPACA_ROW])
     with pytest.raises(DataError, match=message):
         get_dataset_attrs("d", tmp_path)
+
+
+@pytest.mark.parametrize("split, message", [
+    ("test", r"'d'\.split is 'test', but a local file \(file_name\) has only the train split; remove 'split'"),
+    ("train[:10]", r"'d'\.split is 'train\[:10\]': slicing a local file's rows is not supported"),
+])
+def test_a_local_file_has_only_the_train_split(tmp_path, split, message):
+    """LLaMA-Factory fails on such an entry (datasets: "Unknown split"); reading it whole trained on every row."""
+    _entry(tmp_path, {"split": split}, [ALPACA_ROW])
+    with pytest.raises(DataError, match=message):
+        get_dataset_attrs("d", tmp_path)
+    _entry(tmp_path, {"split": "train"}, [ALPACA_ROW])
+    assert get_dataset_attrs("d", tmp_path)[0].split == "train"
+
+
+def test_a_subset_on_a_local_file_warns_that_it_has_no_effect(tmp_path, caplog):
+    """LLaMA-Factory passes no subset to a local file's loader, so an entry with one still runs there: a warning,
+    not an error. On a hub dataset it chooses the configuration, and nothing is said."""
+    _entry(tmp_path, {"subset": "en"}, [ALPACA_ROW])
+    with caplog.at_level(logging.WARNING, logger="gym.data.registry"):
+        get_dataset_attrs("d", tmp_path)
+    assert "'d'.subset ('en') has no effect on a local file" in caplog.text
+    caplog.clear()
+    (tmp_path / "dataset_info.json").write_text(json.dumps({"h": {"hf_hub_url": "org/set", "subset": "en"}}))
+    with caplog.at_level(logging.WARNING, logger="gym.data.registry"):
+        assert get_dataset_attrs("h", tmp_path)[0].subset == "en"
+    assert "subset" not in caplog.text
 
 
 @pytest.mark.parametrize("kind", ["unsupervised", "labelled"])

@@ -1,11 +1,14 @@
 from __future__ import annotations
 
+import json
 import logging
 
 import pytest
 
+from gym.config.parser import get_train_args
 from gym.core.errors import ConfigError
 from gym.data.formats import Example
+from gym.data.loader import get_dataset
 from gym.data.processors import IGNORE_INDEX, encode_supervised
 from gym.data.templates import TEMPLATES, get_chat_format
 
@@ -38,6 +41,48 @@ def test_train_on_prompt_and_mask_history(tokenizer):
     last_only = encode_supervised(Example("t", CONVERSATION), chat, 512, mask_history=True)
     learned = [t for t, label in zip(last_only["input_ids"], last_only["labels"]) if label != IGNORE_INDEX]
     assert tokenizer.decode(learned) == "6.<|im_end|>\n"
+
+
+LONG_LAST_PROMPT = [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "yo"},
+                    {"from": "human", "value": "w " * 100}, {"from": "gpt", "value": "end"}]
+
+
+@pytest.mark.parametrize("mask_history", [True, False])
+def test_mask_history_keeps_the_last_answer_of_a_conversation_over_cutoff_len(tmp_path, tokenizer, mask_history):
+    """The end is cut from an over-long row; under mask_history that is the one answer it learns, so there the last
+    answer keeps its room and the conversation before it is cut instead (LLaMA-Factory reverses the turns)."""
+    (tmp_path / "chat.json").write_text(json.dumps([{"conversations": LONG_LAST_PROMPT}]))
+    (tmp_path / "dataset_info.json").write_text(json.dumps({"chat": {"file_name": "chat.json",
+                                                                     "formatting": "sharegpt"}}))
+    args = get_train_args({"dataset": "chat", "dataset_dir": str(tmp_path), "cutoff_len": 40,
+                           "mask_history": mask_history})
+    chat = get_chat_format(tokenizer)
+    [row] = get_dataset(args.data, chat, "supervised").train
+    learned = [t for t, label in zip(row["input_ids"], row["labels"]) if label != IGNORE_INDEX]
+    messages = [{"role": "user" if m["from"] == "human" else "assistant", "content": m["value"]}
+                for m in LONG_LAST_PROMPT]
+    whole = tokenizer.encode("".join(p + r for p, r in chat.render_pairs(messages)), add_special_tokens=False)
+    assert len(row["input_ids"]) == 40
+    if mask_history:
+        assert learned == tokenizer.encode("end<|im_end|>\n", add_special_tokens=False)
+        # the prompt's tail, so the answer follows its assistant header as when served
+        assert tokenizer.decode(row["input_ids"]).endswith("w <|im_end|>\n<|im_start|>assistant\nend<|im_end|>\n")
+        assert row["input_ids"] == whole[-40:]
+    else:  # unchanged: the first cutoff_len tokens, learning the first answer
+        assert row["input_ids"] == whole[:40]
+        assert tokenizer.decode(learned) == "yo<|im_end|>\n"
+
+
+def test_mask_history_splits_cutoff_len_between_the_last_prompt_and_answer_as_llamafactory(tokenizer):
+    chat = get_chat_format(tokenizer)
+    long_answer = [*CONVERSATION[:3], {"role": "assistant", "content": "six " * 200}]
+    pairs = chat.render_pairs(long_answer)
+    prompt_len = len(tokenizer.encode(pairs[-1][0], add_special_tokens=False))
+    row = encode_supervised(Example("t", long_answer), chat, 64, mask_history=True)
+    learned = [label for label in row["labels"] if label != IGNORE_INDEX]
+    assert prompt_len * 2 < 64  # a short prompt stays whole; the answer takes the rest
+    assert len(row["input_ids"]) == 64 and len(learned) == 64 - prompt_len
+    assert tokenizer.decode(row["input_ids"]).startswith("<|im_start|>user\nAnd 3+3?")
 
 
 def test_prompt_for_inference_matches_training_prefix(tokenizer):

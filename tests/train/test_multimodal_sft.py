@@ -200,12 +200,13 @@ def test_packing_with_images_is_refused_with_the_reason(tmp_path):
         run_exp(_sft(data, tmp_path / "out", packing=True))
 
 
-def test_a_cutoff_through_the_image_tokens_is_a_row_error(tmp_path):
+@pytest.mark.parametrize("mask_history", [False, True])  # mask_history cuts the row's start, not its end
+def test_a_cutoff_through_the_image_tokens_is_a_row_error(tmp_path, mask_history):
     from gym.workflows.training import run_exp
 
     data = write_two_image_dataset(tmp_path / "data")
     with pytest.raises(DataError, match=r"row 1: cutoff_len=8 would cut through the row's media tokens"):
-        run_exp(_sft(data, tmp_path / "out", cutoff_len=8))
+        run_exp(_sft(data, tmp_path / "out", cutoff_len=8, mask_history=mask_history))
 
 
 def test_image_pixel_limits_are_llamafactorys_keys(tmp_path):

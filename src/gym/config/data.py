@@ -15,6 +15,10 @@ if TYPE_CHECKING:
 
 # gym.data.tools' formats and aliases, spelled out here because config sits below data (a test keeps them equal)
 TOOL_FORMAT_NAMES = ("chatml", "default", "glm4", "hermes", "llama3", "mistral", "qwen")
+# gym.data.templates' TEMPLATES, likewise (a test keeps them equal): a misspelt template is refused with the config,
+# not after the tokenizer has loaded
+TEMPLATE_NAMES = ("alpaca", "chatml", "default", "gemma", "glm4", "llama3", "mistral", "moss_vl", "qwen", "qwen2_vl",
+                  "qwen3", "qwen3_nothink", "qwen3_vl", "qwen3_vl_nothink")
 
 
 @dataclass
@@ -105,6 +109,10 @@ class DataArguments:
     )
 
     def validate(self, args: TrainArgs[Any]) -> None:
+        if self.template is not None and self.template not in TEMPLATE_NAMES:
+            hint = did_you_mean(self.template, TEMPLATE_NAMES)
+            raise ConfigError(f"Unknown template '{self.template}'.{hint} Known: {', '.join(TEMPLATE_NAMES)}; "
+                              "or leave it unset for the tokenizer's own.")
         if self.tool_format is not None and self.tool_format not in TOOL_FORMAT_NAMES:
             hint = did_you_mean(self.tool_format, TOOL_FORMAT_NAMES)
             raise ConfigError(f"Unknown tool_format '{self.tool_format}'.{hint} Known: {', '.join(TOOL_FORMAT_NAMES)}.")

@@ -42,6 +42,8 @@ def encode_supervised(example: Example, chat: ChatFormat, cutoff_len: int, train
     tokenize = row_tokenizer or (lambda text: tokenizer.encode(text, add_special_tokens=False))
     input_ids: list[int] = []
     labels: list[int] = []
+    prompt_ids: list[int] = []
+    response_ids: list[int] = []
     for turn, (prompt, response) in enumerate(pairs):
         prompt_ids = tokenize(prompt)
         response_ids = tokenize(response)
@@ -51,19 +53,37 @@ def encode_supervised(example: Example, chat: ChatFormat, cutoff_len: int, train
         input_ids += prompt_ids + response_ids
         labels += (prompt_ids if train_on_prompt else [IGNORE_INDEX] * len(prompt_ids))
         labels += response_ids if learn_response else [IGNORE_INDEX] * len(response_ids)
+    start, end = 0, min(len(input_ids), cutoff_len)
+    if mask_history and len(input_ids) > cutoff_len:
+        # Cutting the end would cut the one answer mask_history learns and drop the row. As in LLaMA-Factory, the
+        # last turn gets the room first and earlier turns take what is left; unlike it, the row is one unbroken
+        # stretch ending at the answer, so the answer still follows its assistant header as when served.
+        kept = _answer_room(len(prompt_ids), len(response_ids), cutoff_len)
+        end = len(input_ids) - len(response_ids) + kept
+        start = max(0, end - cutoff_len)
     row: dict[str, Any] = {}
     if row_tokenizer is not None and media is not None:
-        if any(t in media.media_ids for t in input_ids[cutoff_len:]):
+        if any(t in media.media_ids for t in input_ids[:start] + input_ids[end:]):
             raise DataError(f"{example.source}: cutoff_len={cutoff_len} would cut through the row's media tokens "
                             f"(the row takes {len(input_ids)} tokens with its media expanded); raise cutoff_len.")
         labels = [IGNORE_INDEX if t in media.media_ids else label for t, label in zip(input_ids, labels)]
         row_tokenizer.finish()
         row.update(media_fields(example))
-    input_ids, labels = input_ids[:cutoff_len], labels[:cutoff_len]
+    input_ids, labels = input_ids[start:end], labels[start:end]
     labels[0] = IGNORE_INDEX
     if all(label == IGNORE_INDEX for label in labels):
         return None
     return {"input_ids": input_ids, "labels": labels, **row}
+
+
+def _answer_room(prompt_len: int, answer_len: int, cutoff_len: int) -> int:
+    """How many tokens of a turn's answer fit in cutoff_len beside its prompt (LLaMA-Factory's infer_seqlen): a
+    short answer whole; a long one after a short prompt, what the prompt leaves; otherwise each its share."""
+    if 2 * answer_len < cutoff_len:
+        return answer_len
+    if 2 * prompt_len < cutoff_len:
+        return min(answer_len, cutoff_len - prompt_len)
+    return min(answer_len, cutoff_len * answer_len // (prompt_len + answer_len))
 
 
 def encode_unsupervised(example: Example, chat: ChatFormat, cutoff_len: int, **_: Any) -> list[dict[str, list[int]]]:

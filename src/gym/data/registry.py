@@ -13,6 +13,7 @@ from __future__ import annotations
 import difflib
 import glob
 import json
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -20,6 +21,8 @@ from typing import Any, Literal
 from gym.core.errors import DataError
 from gym.core.names import did_you_mean, split_names
 from gym.data.readers import EXTENSIONS, first_row, text_encoding
+
+logger = logging.getLogger(__name__)
 
 ALPACA_COLUMNS = {
     "prompt": "instruction", "query": "input", "response": "output", "history": None, "system": None,
@@ -116,6 +119,8 @@ def _attr_from_info(name: str, info: dict[str, Any], dataset_dir: Path) -> Datas
     else:
         raise DataError(f"dataset_info.json: '{name}' needs 'file_name' or 'hf_hub_url' "
                         "(ms_hub_url, om_hub_url and script_url are not supported).")
+    if load_from == "file":
+        _check_local_split(name, info)
     columns = dict(ALPACA_COLUMNS if formatting == "alpaca" else SHAREGPT_COLUMNS)
     if formatting == "openai":
         # OpenAI/TRL rows keep their functions in `tools`; a row without the column simply offers none
@@ -132,6 +137,25 @@ def _attr_from_info(name: str, info: dict[str, Any], dataset_dir: Path) -> Datas
         split=info.get("split", "train"), subset=info.get("subset"), num_samples=num_samples,
         columns=columns, tags=tags, mapped=mapped,
     )
+
+
+def _check_local_split(name: str, info: dict[str, Any]) -> None:
+    """`split` and `subset` choose within a hub dataset; a local file is read whole. LLaMA-Factory loads a file with
+    datasets' json/csv/... builders, whose one split is "train": any other split fails there, and a subset is never
+    passed to them. Reading every row instead would train on the rows the entry meant to leave out."""
+    split = info.get("split", "train")
+    if split.startswith("train["):
+        raise DataError(f"dataset_info.json: '{name}'.split is {split!r}: slicing a local file's rows is not "
+                        "supported; remove 'split', and keep fewer rows with num_samples (a random draw) or "
+                        "max_samples (the first rows).")
+    if split != "train":
+        raise DataError(f"dataset_info.json: '{name}'.split is {split!r}, but a local file (file_name) has only the "
+                        "train split; remove 'split', or put those rows in a file of their own (for evaluation: "
+                        "eval_dataset).")
+    if "subset" in info:
+        logger.warning("dataset_info.json: '%s'.subset (%r) has no effect on a local file, which is read whole "
+                       "(LLaMA-Factory ignores it there too); remove it, or point file_name at that subset's file.",
+                       name, info["subset"])
 
 
 def read_dataset_info(dataset_dir: str | Path) -> dict[str, Any]:
