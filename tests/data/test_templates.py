@@ -150,3 +150,75 @@ def test_jinja_export_renders_exactly_what_the_named_template_renders(tokenizer,
         assert whole == "".join(p + r for p, r in chat.render_pairs(messages, system))
         prompt = tokenizer.apply_chat_template(hf[:-1], chat_template=jinja, tokenize=False, add_generation_prompt=True)
         assert prompt == chat.render_prompt(messages[:-1], system)
+
+
+# LLaMA-Factory's templates of the same names, written out by hand from its definitions (src/llamafactory/data/
+# template.py): (first prompt with the system "Be brief.", first prompt with no system given, second prompt, the
+# text after each answer). <EOS> stands for the tokenizer's EOS, which LLaMA-Factory writes as {"eos_token"}.
+LLAMAFACTORY_RENDERS = {
+    "llama2": ("<s>[INST] <<SYS>>\nBe brief.\n<</SYS>>\n\nWhat is 2+2? [/INST]", "<s>[INST] What is 2+2? [/INST]",
+               "<s>[INST] And 3+3? [/INST]", "<EOS>"),
+    "llama4": ("<|begin_of_text|><|header_start|>system<|header_end|>\n\nBe brief.<|eot|>"
+               "<|header_start|>user<|header_end|>\n\nWhat is 2+2?<|eot|><|header_start|>assistant<|header_end|>\n\n",
+               "<|begin_of_text|><|header_start|>user<|header_end|>\n\nWhat is 2+2?<|eot|>"
+               "<|header_start|>assistant<|header_end|>\n\n",
+               "<|header_start|>user<|header_end|>\n\nAnd 3+3?<|eot|><|header_start|>assistant<|header_end|>\n\n",
+               "<|eot|>"),
+    "gemma3": ("<bos><start_of_turn>user\nBe brief.\n\nWhat is 2+2?<end_of_turn>\n<start_of_turn>model\n",
+               "<bos><start_of_turn>user\nWhat is 2+2?<end_of_turn>\n<start_of_turn>model\n",
+               "<start_of_turn>user\nAnd 3+3?<end_of_turn>\n<start_of_turn>model\n", "<end_of_turn>\n"),
+    "vicuna": ("Be brief.USER: What is 2+2? ASSISTANT:",
+               "A chat between a curious user and an artificial intelligence assistant. The assistant gives helpful, "
+               "detailed, and polite answers to the user's questions.USER: What is 2+2? ASSISTANT:",
+               "USER: And 3+3? ASSISTANT:", "<EOS>"),
+    "zephyr": ("<|system|>\nBe brief.<EOS><|user|>\nWhat is 2+2?<EOS><|assistant|>\n",
+               "<|system|>\nYou are Zephyr, a helpful assistant.<EOS><|user|>\nWhat is 2+2?<EOS><|assistant|>\n",
+               "<|user|>\nAnd 3+3?<EOS><|assistant|>\n", "<EOS>"),
+    "phi": ("<|system|>\nBe brief.<|end|>\n<|user|>\nWhat is 2+2?<|end|>\n<|assistant|>\n",
+            "<|user|>\nWhat is 2+2?<|end|>\n<|assistant|>\n", "<|user|>\nAnd 3+3?<|end|>\n<|assistant|>\n",
+            "<|end|>\n"),
+    "phi4": ("<|im_start|>system<|im_sep|>Be brief.<|im_end|><|im_start|>user<|im_sep|>What is 2+2?<|im_end|>"
+             "<|im_start|>assistant<|im_sep|>",
+             "<|im_start|>user<|im_sep|>What is 2+2?<|im_end|><|im_start|>assistant<|im_sep|>",
+             "<|im_start|>user<|im_sep|>And 3+3?<|im_end|><|im_start|>assistant<|im_sep|>", "<|im_end|>"),
+    "deepseek": ("<｜begin▁of▁sentence｜>Be brief.\n\nUser: What is 2+2?\n\nAssistant:",
+                 "<｜begin▁of▁sentence｜>User: What is 2+2?\n\nAssistant:", "User: And 3+3?\n\nAssistant:", "<EOS>"),
+    "deepseek3": ("<｜begin▁of▁sentence｜>Be brief.<｜User｜>What is 2+2?<｜Assistant｜>",
+                  "<｜begin▁of▁sentence｜><｜User｜>What is 2+2?<｜Assistant｜>", "<｜User｜>And 3+3?<｜Assistant｜>",
+                  "<EOS>"),
+    "yi": ("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n",
+           "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n",
+           "<|im_start|>user\nAnd 3+3?<|im_end|>\n<|im_start|>assistant\n", "<|im_end|>\n"),
+    "cohere": ("<BOS_TOKEN><|START_OF_TURN_TOKEN|><|SYSTEM_TOKEN|>Be brief.<|END_OF_TURN_TOKEN|>"
+               "<|START_OF_TURN_TOKEN|><|USER_TOKEN|>What is 2+2?<|END_OF_TURN_TOKEN|><|START_OF_TURN_TOKEN|>"
+               "<|CHATBOT_TOKEN|>",
+               "<BOS_TOKEN><|START_OF_TURN_TOKEN|><|USER_TOKEN|>What is 2+2?<|END_OF_TURN_TOKEN|>"
+               "<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>",
+               "<|START_OF_TURN_TOKEN|><|USER_TOKEN|>And 3+3?<|END_OF_TURN_TOKEN|><|START_OF_TURN_TOKEN|>"
+               "<|CHATBOT_TOKEN|>", "<EOS>"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LLAMAFACTORY_RENDERS))
+@pytest.mark.parametrize("system", ["Be brief.", None])
+def test_templates_from_llamafactory_render_what_it_renders(tokenizer, name, system):
+    with_system, without_system, second, end = (text.replace("<EOS>", tokenizer.eos_token)
+                                                for text in LLAMAFACTORY_RENDERS[name])
+    chat = get_chat_format(tokenizer, name)
+    pairs = chat.render_pairs(CONVERSATION, system=system)
+    assert pairs == [(with_system if system else without_system, "4." + end), (second, "6." + end)]
+    assert chat.render_prompt(CONVERSATION[:3], system=system) == "".join(p + r for p, r in pairs[:1]) + second
+    # The prompts are masked and the answers learned, each with what ends it (EOS is appended to an answer when the
+    # test tokenizer does not know the template's end-of-turn token as special).
+    row = encode_supervised(Example("t", CONVERSATION, system=system), chat, cutoff_len=1024)
+    masked = [t for t, label in zip(row["input_ids"], row["labels"]) if label == IGNORE_INDEX]
+    learned = [t for t, label in zip(row["input_ids"], row["labels"]) if label != IGNORE_INDEX]
+    assert tokenizer.decode(masked) == pairs[0][0] + second
+    assert tokenizer.decode(learned).replace(tokenizer.eos_token, "") == ("4." + end + "6." + end).replace(
+        tokenizer.eos_token, "")
+
+
+def test_llama2_configs_name_their_template(tokenizer):
+    """`template: llama2` from a LLaMA-Factory config is read, not refused with "Did you mean 'llama3'?"."""
+    assert get_train_args({"template": "llama2"}).data.template == "llama2"
+    assert get_chat_format(tokenizer, "llama2").template is TEMPLATES["llama2"]

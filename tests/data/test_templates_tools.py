@@ -49,7 +49,7 @@ PARALLEL = [
     {"role": "assistant", "content": "Paris 21C, Rome 25C."},
 ]
 CONVERSATIONS = {"single": SINGLE, "text_then_call": TEXT_THEN_CALL, "parallel": PARALLEL}
-NAMED = ["qwen", "chatml", "qwen3", "llama3", "mistral", "glm4", "default"]
+NAMED = ["qwen", "chatml", "qwen3", "llama3", "llama4", "mistral", "glm4", "default"]
 
 
 def _hf(messages: list[dict[str, Any]], system: str | None, mapping_arguments: bool) -> list[dict[str, Any]]:

@@ -17,8 +17,9 @@ if TYPE_CHECKING:
 TOOL_FORMAT_NAMES = ("chatml", "default", "glm4", "hermes", "llama3", "mistral", "qwen")
 # gym.data.templates' TEMPLATES, likewise (a test keeps them equal): a misspelt template is refused with the config,
 # not after the tokenizer has loaded
-TEMPLATE_NAMES = ("alpaca", "chatml", "default", "gemma", "glm4", "llama3", "mistral", "moss_vl", "qwen", "qwen2_vl",
-                  "qwen3", "qwen3_nothink", "qwen3_vl", "qwen3_vl_nothink")
+TEMPLATE_NAMES = ("alpaca", "chatml", "cohere", "deepseek", "deepseek3", "default", "gemma", "gemma3", "glm4", "llama2",
+                  "llama3", "llama4", "mistral", "moss_vl", "phi", "phi4", "qwen", "qwen2_vl", "qwen3", "qwen3_nothink",
+                  "qwen3_vl", "qwen3_vl_nothink", "vicuna", "yi", "zephyr")
 
 
 @dataclass

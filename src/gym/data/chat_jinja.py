@@ -146,7 +146,8 @@ def jinja_chat_template(template: Template, eos: str, default_system: str | None
                  "{%- set after_result = not loop.first and turns[loop.index0 - 1]['role'] in result_roles -%}"
                  "{%- set before_result = not loop.last and turns[loop.index0 + 1]['role'] in result_roles -%}")
     if not t.system:
-        parts.append("{%- if loop.first and system_text -%}{%- set content = system_text ~ '\\n\\n' ~ content -%}"
+        parts.append("{%- if loop.first and system_text -%}"
+                     f"{{%- set content = {_jinja_turn(t.system_in_user, eos, 'system_text')} ~ content -%}}"
                      "{%- endif -%}")
     # Parallel results: one observation slot around all of them, the separator between them.
     parts.append("{%- if message['role'] != 'assistant' -%}{%- if is_result -%}"

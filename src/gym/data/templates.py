@@ -39,8 +39,8 @@ class Template:
     """A chat format. `{content}` marks where text goes; `{eos}` is the tokenizer's EOS token.
 
     `user` ends with the assistant header, so a rendered prompt is ready for the answer.
-    `system` empty means the format has no system turn: the system text is put before the first
-    user message instead.
+    `system` empty means the format has no system turn: the system text, written as `system_in_user`, opens the
+    first user message instead (LLaMA-Factory's Llama2Template: Llama 2's `<<SYS>>` block, Gemma's blank line).
 
     Tools, as LLaMA-Factory's templates define them per family: `tool_format` names the family's text for the
     offered tools (added after the system prompt) and for calls (gym.data.tools); `function` is the slot of an
@@ -60,6 +60,7 @@ class Template:
     function: str | None = None
     observation_separator: str = "\n"
     tool_format: str | None = None
+    system_in_user: str = "{content}\n\n"
 
 
 class _TemplateTurns(TypedDict):
@@ -132,6 +133,60 @@ TEMPLATES: dict[str, Template] = {
             system="{content}\n\n",
             default_system="Below is an instruction that describes a task. "
             "Write a response that appropriately completes the request.",
+        ),
+        # The templates below write what LLaMA-Factory's template of the same name writes, character for character,
+        # so configs brought from it train on the same text. Where that differs from the model's own chat template,
+        # the comment says how; `template:` unset keeps the tokenizer's own.
+        # Llama 2 puts the system prompt in the first [INST], and a BOS before every [INST]. The model's own
+        # template also puts a space on either side of each answer ("[/INST] 4. </s>").
+        Template("llama2", user="<s>[INST] {content} [/INST]", assistant="{content}{eos}",
+                 system_in_user="<<SYS>>\n{content}\n<</SYS>>\n\n"),
+        Template(
+            "llama4",
+            prefix="<|begin_of_text|>",
+            system="<|header_start|>system<|header_end|>\n\n{content}<|eot|>",
+            user="<|header_start|>user<|header_end|>\n\n{content}<|eot|><|header_start|>assistant<|header_end|>\n\n",
+            assistant="{content}<|eot|>",
+            observation="<|header_start|>ipython<|header_end|>\n\n{content}<|eot|>"
+            "<|header_start|>assistant<|header_end|>\n\n",
+            observation_separator="<|eot|><|header_start|>ipython<|header_end|>\n\n",
+            tool_format="llama3",
+        ),
+        # Gemma 3 writes text turns as Gemma does (the system text opens the first user turn); its images are the
+        # processor's to expand.
+        Template("gemma3", prefix="<bos>", user="<start_of_turn>user\n{content}<end_of_turn>\n<start_of_turn>model\n",
+                 assistant="{content}<end_of_turn>\n"),
+        # Vicuna v1.1 as FastChat writes it has spaces ("... questions. USER: Hi ASSISTANT: 4.</s>"); LLaMA-Factory
+        # writes none.
+        Template("vicuna", system="{content}", user="USER: {content} ASSISTANT:", assistant="{content}{eos}",
+                 default_system="A chat between a curious user and an artificial intelligence assistant. "
+                 "The assistant gives helpful, detailed, and polite answers to the user's questions."),
+        # Zephyr's own template ends each turn with "</s>\n"; LLaMA-Factory's with "</s>".
+        Template("zephyr", system="<|system|>\n{content}{eos}", user="<|user|>\n{content}{eos}<|assistant|>\n",
+                 assistant="{content}{eos}", default_system="You are Zephyr, a helpful assistant."),
+        # Phi-3, without the BOS some revisions of its template write (as LLaMA-Factory).
+        Template("phi", system="<|system|>\n{content}<|end|>\n", user="<|user|>\n{content}<|end|>\n<|assistant|>\n",
+                 assistant="{content}<|end|>\n"),
+        Template("phi4", system="<|im_start|>system<|im_sep|>{content}<|im_end|>",
+                 user="<|im_start|>user<|im_sep|>{content}<|im_end|><|im_start|>assistant<|im_sep|>",
+                 assistant="{content}<|im_end|>"),
+        # DeepSeek LLM (V1, V2). Its own template writes "Assistant: " before a past answer and "Assistant:" before
+        # the next one; LLaMA-Factory "Assistant:" before both.
+        Template("deepseek", prefix="<｜begin▁of▁sentence｜>", system="{content}\n\n",
+                 user="User: {content}\n\nAssistant:", assistant="{content}{eos}"),
+        # DeepSeek V3: the system text right after the BOS, with nothing between it and the first user turn.
+        Template("deepseek3", prefix="<｜begin▁of▁sentence｜>", system="{content}",
+                 user="<｜User｜>{content}<｜Assistant｜>", assistant="{content}{eos}"),
+        # Yi writes ChatML; tool results are a plain user turn (Qwen's <tool_response> blocks are Qwen's).
+        Template("yi", system=_CHATML["system"], user=_CHATML["user"], assistant=_CHATML["assistant"]),
+        # Command R: the answer ends with EOS, which is <|END_OF_TURN_TOKEN|> in its tokenizer.
+        Template(
+            "cohere",
+            prefix="<BOS_TOKEN>",
+            system="<|START_OF_TURN_TOKEN|><|SYSTEM_TOKEN|>{content}<|END_OF_TURN_TOKEN|>",
+            user="<|START_OF_TURN_TOKEN|><|USER_TOKEN|>{content}<|END_OF_TURN_TOKEN|>"
+            "<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>",
+            assistant="{content}{eos}",
         ),
     ]
 }
@@ -318,7 +373,7 @@ class ChatFormat:
             else:
                 content, slot = query["content"], t.user
             if i == 0 and system_text and not t.system:
-                content = f"{system_text}\n\n{content}"
+                content = _fill(t.system_in_user, system_text, eos) + content
             prompt = (head if i == 0 else "") + _fill(slot, content, eos)
             calls = tool_calls(answer)
             response = _answer_text(fmt, answer["content"], calls) if calls and fmt else answer["content"]

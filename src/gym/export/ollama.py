@@ -41,7 +41,8 @@ def go_chat_template(template: Template, eos: str, bos: str | None = None, enabl
     content = "{{ $m.Content }}"
     first_user = content
     if not t.system:  # formats without a system turn put the system text before the first user message
-        first_user = "{{ if and (eq $i 0) $.System }}{{ $.System }}\n\n{{ end }}" + content
+        first_user = ("{{ if and (eq $i 0) $.System }}" + _turn(t.system_in_user, eos, "{{ $.System }}") + "{{ end }}"
+                      + content)
     user = _turn(t.user, eos, first_user)
     if t.thinking and not enable_thinking:
         user += EMPTY_THOUGHT
