@@ -25,7 +25,7 @@ from gym.core.files import make_folder, refuse_overwrite, remove_stale_temps, te
 from gym.core.names import split_names
 from gym.export.config import ExportArguments
 from gym.export.gguf_file import arch_of, encode_tensor, permute_for_llama
-from gym.export.spelling import option
+from gym.export.spelling import current_spelling, option
 from gym.infer.config import resolve_inference_config
 from gym.models.adapters import ADAPTER_WEIGHTS, adapter_weights
 from gym.models.loader import resolve_model_path
@@ -34,7 +34,7 @@ ADAPTER_TYPES = ("f32", "f16", "bf16", "q8_0")
 
 
 def _adapter_folder(config: dict[str, Any]) -> tuple[Path, str]:
-    resolved = resolve_inference_config(config, untrained="refuse")
+    resolved = resolve_inference_config(config, untrained="refuse", how=current_spelling().untrained)
     adapters = split_names(resolved.get("adapter_name_or_path"))
     if len(adapters) != 1:
         raise ConfigError("gguf-lora exports one LoRA adapter: give adapter_name_or_path (or the output_dir of a "
