@@ -3,6 +3,8 @@ gives the merged model's GGUF weights."""
 
 from __future__ import annotations
 
+import logging
+
 import gguf
 import numpy as np
 import pytest
@@ -51,3 +53,18 @@ def test_adapters_that_gguf_cannot_carry_are_refused(train_config, tmp_path, cap
                  str(tmp_path / "a.gguf")]) == 2
     assert "DoRA adapter, which a GGUF adapter cannot carry" in capsys.readouterr().err
     assert not (tmp_path / "a.gguf").exists()
+
+
+def test_a_q8_0_adapter_says_once_which_matrices_are_f16(trained_run, tmp_path, caplog):
+    # Each B (rows of the rank's width, under q8_0's 32) logged a warning of its own, all alike.
+    caplog.set_level(logging.INFO)
+    out = tmp_path / "adapter.gguf"
+    assert main(["export", "--output_dir", str(trained_run), "--format", "gguf-lora", "--type", "q8_0",
+                 "--export_dir", str(out)]) == 0
+    stored = [t for t in gguf.GGUFReader(out).tensors if t.tensor_type == gguf.GGMLQuantizationType.F16]
+    rank = int(stored[0].shape[0])  # GGUF lists a matrix's shape row width first
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and "another type" in r.msg]
+    assert warnings == [f"GGUF adapter q8_0: {len(stored)} tensors are stored in another type than asked, their rows "
+                        "not a whole number of its blocks (256 values for a K type, 32 for the other quantized types): "
+                        f"{len(stored)} Q8_0 -> F16 (rows of {rank})."]
+    assert all(t.name.endswith(".lora_b") for t in stored)

@@ -3,11 +3,15 @@ _M mixes' choice of type per tensor."""
 
 from __future__ import annotations
 
+import logging
+from collections import Counter
+
 import gguf
 import numpy as np
 import pytest
 import torch
 
+from gym.cli import main
 from gym.export.gguf_file import _more_bits, mix_type
 from gym.export.kquants import quantize_k
 
@@ -128,3 +132,45 @@ def test_k_quant_file_of_a_model_with_256_wide_rows(tokenizer, tmp_path, quantiz
         p = torch.softmax(model(ids).logits[0, -1], -1)
         q = torch.softmax(rebuilt(ids).logits[0, -1], -1)
     assert float((p * (p.log() - q.log())).sum()) < 0.05  # KL(source || export) per token, in nats
+
+
+@pytest.fixture(scope="module")
+def narrow_model_dir(tokenizer, tmp_path_factory):
+    """A 2-layer Llama 40 wide (its MLP 96): no row fills a 256-value K block, and 40-value rows no 32-value one."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=40, intermediate_size=96, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
+    path = tmp_path_factory.mktemp("narrow-llama")
+    LlamaForCausalLM(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def _fallback_warnings(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records
+            if r.name == "gym.export.gguf_file" and r.levelno == logging.WARNING]
+
+
+def test_fallbacks_are_one_warning_per_export_saying_how_many_went_where(narrow_model_dir, tmp_path, caplog):
+    # The K fallbacks logged nothing, and each F16 fallback a warning of its own, all alike.
+    caplog.set_level(logging.INFO)
+    out = tmp_path / "m.gguf"
+    assert main(["export", str(narrow_model_dir), "--format", "gguf", "--type", "q4_k_m",
+                 "--export_dir", str(out)]) == 0
+    [warning] = _fallback_warnings(caplog)
+    # Layer 1 (of 2) is one of the _M mix's Q6_K layers for attn_v and ffn_down; the tied embedding is Q6_K too.
+    assert warning.startswith("GGUF q4_k_m: 15 tensors are stored in another type than asked, their rows not a "
+                              "whole number of its blocks (256 values for a K type, 32 for the other"), warning
+    assert warning.endswith(": 11 Q4_K -> F16 (rows of 40); 2 Q6_K -> F16 (rows of 40); 1 Q4_K -> Q5_0 (rows of 96); "
+                            "1 Q6_K -> Q8_0 (rows of 96)."), warning
+    stored = Counter(t.tensor_type.name for t in gguf.GGUFReader(out).tensors if len(t.shape) == 2)
+    assert stored == {"F16": 13, "Q5_0": 1, "Q8_0": 1}  # what the line counts is what the file holds
+
+    caplog.clear()
+    assert main(["export", str(narrow_model_dir), "--format", "gguf", "--type", "q8_0", "--export_dir",
+                 str(tmp_path / "q8.gguf")]) == 0
+    assert _fallback_warnings(caplog) == [
+        "GGUF q8_0: 13 tensors are stored in another type than asked, their rows not a whole number of its blocks "
+        "(256 values for a K type, 32 for the other quantized types): 13 Q8_0 -> F16 (rows of 40)."]

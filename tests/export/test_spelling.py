@@ -3,6 +3,7 @@ Trainer.export's keywords (`format='hf'`) from Python, even when the error is ra
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -57,3 +58,31 @@ def test_the_command_line_is_told_flags(gpt2_dir, tiny_model_dir, tmp_path):
                           "--format ollama writes a folder (the GGUF and its Modelfile): give --export_dir a folder.")
     assert_one_line_error(gym_here("export", tiny_model_dir, "--export_format", "ollama", "--export_dir",
                                    tmp_path / "o.gguf"), "error: --export_format ollama writes a folder")
+
+
+def test_python_callers_are_told_to_train_a_run_not_trained_yet(tiny_model_dir, data_dir, tmp_path):
+    # Raised below the export, where the run is resolved, it named the CLI's --model_name_or_path.
+    untrained = Trainer(TrainingConfig(tiny_sft_config(tiny_model_dir, data_dir, tmp_path / "nowhere")))
+    with pytest.raises(ConfigError, match=r"nowhere holds no finished run: train it first \(Trainer\.train\(\)\)") \
+            as caught:
+        untrained.export(tmp_path / "m.gguf")
+    assert "--" not in str(caught.value)
+    assert not (tmp_path / "m.gguf").exists()
+
+
+def test_python_callers_are_told_the_keyword_for_an_adapters_own_base(tiny_model_dir, narrow_adapter, data_dir,
+                                                                      tmp_path):
+    trained_on = narrow_adapter.parent / "base"
+    # Raised where the adapter is merged, below the export, it named the CLI's --model_name_or_path.
+    hint = re.escape(f"It was trained on {trained_on}: pass model_name_or_path='{trained_on}'.")
+    with pytest.raises(ConfigError, match=hint + "$"):
+        _trainer(tiny_model_dir, data_dir, tmp_path).export(tmp_path / "merged",
+                                                            adapter_name_or_path=str(narrow_adapter))
+
+
+def test_the_command_line_is_told_the_flag_for_a_run_not_trained_yet(tiny_model_dir, data_dir, tmp_path):
+    config = tmp_path / "untrained.yaml"
+    config.write_text(f"model_name_or_path: {tiny_model_dir}\noutput_dir: {tmp_path / 'nowhere'}\n")
+    assert_one_line_error(gym_here("export", config, "--export_dir", tmp_path / "out"),
+                          "holds no finished run: train it first (gym train CONFIG), or export the base itself with "
+                          "--model_name_or_path (and no config).")

@@ -135,6 +135,19 @@ def test_a_delta_whose_shapes_do_not_fit_the_base_is_refused(files, tmp_path, ca
     assert VariantStore(store).users() == ["alice"]
 
 
+def test_a_user_id_equal_to_an_existing_one_ignoring_case_is_refused(files, tmp_path, capsys):
+    # `Alice` beside `alice` made a second variant; on macOS the two share one folder, so it replaced alice's.
+    store = tmp_path / "store"
+    assert _add(store, "alice", capsys, "--delta", str(files["good"]))[0] == 0
+    before = _snapshot(store, "alice")
+    for args in (["--delta", str(files["good2"])], ["--delta", str(files["good2"]), "--replace"]):
+        status, err = _add(store, "Alice", capsys, *args)
+        assert status == 2 and err.count("\n") == 1, err
+        assert "User 'Alice' differs from the existing user 'alice'" in err and "Use 'alice'" in err
+    assert VariantStore(store).users() == ["alice"] and _snapshot(store, "alice") == before
+    assert _add(store, "alice", capsys, "--delta", str(files["good2"]), "--replace")[0] == 0  # her own id still works
+
+
 # -- 3. what add accepts, the server can load: adapters are checked against the base too ------------------------------
 def test_an_adapter_of_a_wider_base_is_refused_at_add(files, tmp_path, capsys):
     store = tmp_path / "store"

@@ -123,6 +123,38 @@ def test_a_concurrent_create_of_the_same_user_is_refused(tmp_path):
     _variant(store, "bob")  # another user was never blocked
 
 
+def test_ids_equal_ignoring_case_are_one_user_to_create_and_delete(tmp_path):
+    store = VariantStore(tmp_path)
+    _variant(store, "alice")
+    with pytest.raises(VariantError, match="'Alice' differs from the existing user 'alice' .* only in case"):
+        _variant(store, "Alice")  # create_variant's way in
+    with pytest.raises(VariantError, match="'ALICE' differs from the existing user 'alice'"):
+        store.delete("ALICE")  # where case is ignored, it would have deleted alice's
+    assert store.users() == ["alice"] and store.get("alice").user == "alice"
+
+
+def test_a_store_already_holding_ids_equal_ignoring_case_keeps_both(tmp_path, monkeypatch):
+    store = VariantStore(tmp_path)
+    _variant(store, "alice")
+    with monkeypatch.context() as before_the_rule:
+        before_the_rule.setattr(VariantStore, "_refuse_case_twin", lambda *args: None)
+        _variant(store, "Alice")
+    _variant(store, "Alice", replace=True)
+    store.delete("alice")
+    assert store.users() == ["Alice"]
+
+
+def test_a_create_of_an_id_equal_to_one_being_created_ignoring_case_is_refused(tmp_path):
+    # Neither is listed yet, so only a lock both take keeps the second out.
+    store = VariantStore(tmp_path)
+    with store.creating("alice") as folder:
+        with pytest.raises(VariantError, match="'Alice' is being created"):
+            _variant(store, "Alice")
+        save_delta(folder / DELTA_FILE, {NORM: torch.ones(64)}, {"method": "dense", "base": BASE})
+        write_manifest(folder, VariantRecord("alice", BASE, "dense", 1, now(), 0.0))
+    assert store.users() == ["alice"]
+
+
 def test_a_variant_of_another_base_is_refused(tmp_path):
     store = VariantStore(tmp_path)
     _variant(store, "alice")

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from gym.core.errors import ConfigError
-from gym.models.adapters import attach_adapter
+from gym.models.adapters import BaseOption, attach_adapter
 from gym.models.loader import load_causal_lm, require_safetensors, resolve_model_path
 from gym.models.vision import is_multimodal
 
@@ -24,7 +24,7 @@ logger = logging.getLogger(__name__)
 LINEAR, EMBEDDING, OTHER = "linear", "embedding", "other"
 
 
-def merge_adapter(model: Any, folder: str | Path, base_ref: str | None, flag: str = "--base") -> Any:
+def merge_adapter(model: Any, folder: str | Path, base_ref: str | None, flag: BaseOption = "--base") -> Any:
     """`model` with the LoRA adapter at `folder` merged in; one line naming the tensor if it does not fit."""
     return attach_adapter(model, folder, base_ref, flag=flag)
 

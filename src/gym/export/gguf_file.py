@@ -20,6 +20,7 @@ gguf package's writer and quantizers.
 from __future__ import annotations
 
 import logging
+from collections import Counter, defaultdict
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -180,29 +181,59 @@ def _more_bits(layer: int, layers: int) -> bool:
     return layer < layers // 8 or layer >= 7 * layers // 8 or (layer - layers // 8) % 3 == 2
 
 
-def mix_type(gguf_type: str, name: str, row: int, layers: int, tied: bool) -> gguf.GGMLQuantizationType:
-    """The type of one matrix in a K-quant file, by llama-quantize's rules for Q4_K_M / Q5_K_M / Q6_K:
-    - the output matrix (the embedding, when tied) gets Q6_K, or Q8_0 when its rows do not fill 256 blocks;
+def preset_type(gguf_type: str, name: str, layers: int, tied: bool) -> gguf.GGMLQuantizationType:
+    """The K type llama-quantize's Q4_K_M / Q5_K_M / Q6_K give one matrix, before its rows are looked at:
+    - the output matrix (the embedding, when tied) gets Q6_K;
     - in the _M mixes, attn_v and ffn_down get Q6_K in the layers `_more_bits` picks;
-    - everything else gets the preset's type; then a K type whose rows do not fill 256 blocks falls back to
-      Q5_0 (for Q4_K), Q5_1 (Q5_K) or Q8_0 (Q6_K)."""
-    default = TYPES[gguf_type][0]
-    chosen = default
+    - everything else gets the preset's type."""
     if name == "output.weight" or (tied and name == "token_embd.weight"):
-        chosen = Q.Q6_K if row % 256 == 0 else Q.Q8_0
-    elif gguf_type.endswith("_m") and name.startswith("blk."):
+        return Q.Q6_K
+    if gguf_type.endswith("_m") and name.startswith("blk."):
         layer = int(name.split(".")[1])
         if (".attn_v." in name or ".ffn_down." in name) and _more_bits(layer, layers):
-            chosen = Q.Q6_K
-    if chosen in K_TYPES and row % 256:
-        chosen = K_FALLBACK[chosen]
-    return chosen
+            return Q.Q6_K
+    return TYPES[gguf_type][0]
+
+
+def mix_type(gguf_type: str, name: str, row: int, layers: int, tied: bool) -> gguf.GGMLQuantizationType:
+    """The type of one matrix in a K-quant file: its `preset_type`, unless that is a K type whose 256-value blocks
+    its rows do not fill, which falls back to Q5_0 (for Q4_K), Q5_1 (Q5_K) or Q8_0 (Q6_K) as in llama-quantize."""
+    chosen = preset_type(gguf_type, name, layers, tied)
+    return K_FALLBACK[chosen] if chosen in K_TYPES and row % 256 else chosen
+
+
+class Fallbacks:
+    """The matrices of one export stored in another type than the one asked for, because their rows do not fill
+    its blocks: counted, for one warning at the end. llama-quantize writes a line per tensor, which buries the rest
+    of the log (a 30-layer model whose width is not a multiple of 256 takes a fallback in most of its matrices)."""
+
+    def __init__(self) -> None:
+        self.count: Counter[tuple[gguf.GGMLQuantizationType, gguf.GGMLQuantizationType]] = Counter()
+        self.widths: defaultdict[tuple[gguf.GGMLQuantizationType, gguf.GGMLQuantizationType], set[int]] = \
+            defaultdict(set)
+
+    def note(self, tensor: torch.Tensor, asked: gguf.GGMLQuantizationType,
+             stored: gguf.GGMLQuantizationType) -> None:
+        if tensor.ndim >= 2 and stored != asked:  # a 1-D tensor is F32 by design, not for want of blocks
+            self.count[asked, stored] += 1
+            self.widths[asked, stored].add(int(tensor.shape[-1]))
+
+    def warn(self, what: str) -> None:
+        if not self.count:
+            return
+        moves = []
+        for (asked, stored), n in sorted(self.count.items(), key=lambda item: (-item[1], item[0])):
+            widths = ", ".join(map(str, sorted(self.widths[asked, stored])))
+            moves.append(f"{n} {asked.name} -> {stored.name} (rows of {widths})")
+        logger.warning("%s: %d tensors are stored in another type than asked, their rows not a whole number of its "
+                       "blocks (256 values for a K type, 32 for the other quantized types): %s.",
+                       what, sum(self.count.values()), "; ".join(moves))
 
 
 def encode_tensor(tensor: torch.Tensor, qtype: gguf.GGMLQuantizationType
                   ) -> tuple[np.ndarray, gguf.GGMLQuantizationType]:
     """The bytes (or array) to store and their type: 1-D tensors stay F32; a matrix whose rows do not fill whole
-    blocks of the type is stored as F16."""
+    blocks of the type is stored as F16 (the caller counts it in its `Fallbacks`)."""
     data = tensor.numpy().astype(np.float32)
     if data.ndim < 2 or qtype == Q.F32:
         return data, Q.F32
@@ -212,8 +243,6 @@ def encode_tensor(tensor: torch.Tensor, qtype: gguf.GGMLQuantizationType
         return quantize_k(data, qtype.name), qtype
     block = gguf.GGML_QUANT_SIZES[qtype][0]
     if data.shape[-1] % block:
-        logger.warning("A row of %d values is not a whole number of %s blocks (%d): stored as F16.",
-                       data.shape[-1], qtype.name, block)
         return data.astype(np.float16), Q.F16
     return gguf.quants.quantize(data, qtype), qtype
 
@@ -228,12 +257,16 @@ def write_gguf(model: Any, tokenizer: Any, tokenizer_dir: Path, path: Path, gguf
     _write_hparams(writer, model.config, name, file_type)
     _write_vocab(writer, tokenizer, tokenizer_dir, model.config)
     tied = bool(getattr(model.config, "tie_word_embeddings", False))
+    fallbacks = Fallbacks()
     for tensor_name, tensor in _tensors(model, arch):
-        wanted = qtype
+        asked = wanted = qtype
         if qtype in K_TYPES and tensor.ndim == 2:
+            asked = preset_type(gguf_type, tensor_name, model.config.num_hidden_layers, tied)
             wanted = mix_type(gguf_type, tensor_name, tensor.shape[-1], model.config.num_hidden_layers, tied)
         data, stored = encode_tensor(tensor, wanted)
+        fallbacks.note(tensor, asked, stored)
         writer.add_tensor(tensor_name, data, raw_dtype=stored if stored not in (Q.F32, Q.F16) else None)
+    fallbacks.warn(f"GGUF {gguf_type}")
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

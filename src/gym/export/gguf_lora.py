@@ -24,8 +24,8 @@ from gym.core.errors import ConfigError
 from gym.core.files import make_folder, refuse_overwrite, remove_stale_temps, temp_path
 from gym.core.names import split_names
 from gym.export.config import ExportArguments
-from gym.export.gguf_file import arch_of, encode_tensor, permute_for_llama
-from gym.export.spelling import option
+from gym.export.gguf_file import Fallbacks, arch_of, encode_tensor, permute_for_llama
+from gym.export.spelling import current_spelling, option
 from gym.infer.config import resolve_inference_config
 from gym.models.adapters import ADAPTER_WEIGHTS, adapter_weights
 from gym.models.loader import resolve_model_path
@@ -34,7 +34,7 @@ ADAPTER_TYPES = ("f32", "f16", "bf16", "q8_0")
 
 
 def _adapter_folder(config: dict[str, Any]) -> tuple[Path, str]:
-    resolved = resolve_inference_config(config, untrained="refuse")
+    resolved = resolve_inference_config(config, untrained="refuse", how=current_spelling().untrained)
     adapters = split_names(resolved.get("adapter_name_or_path"))
     if len(adapters) != 1:
         raise ConfigError("gguf-lora exports one LoRA adapter: give adapter_name_or_path (or the output_dir of a "
@@ -121,6 +121,7 @@ def write_gguf_lora(adapter_dir: Path, base_path: str, path: Path, gguf_type: st
     writer.add_string(gguf.Keys.Adapter.TYPE, "lora")
     writer.add_float32(gguf.Keys.Adapter.LORA_ALPHA, float(adapter["lora_alpha"]))
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    fallbacks = Fallbacks()
     for module, name, lora_a, lora_b in pairs:
         wanted, applied = _module_scale(adapter, module, lora_a.shape[0])
         lora_b = lora_b * (wanted / applied)
@@ -130,8 +131,10 @@ def write_gguf_lora(adapter_dir: Path, base_path: str, path: Path, gguf_type: st
             lora_b = permute_for_llama(lora_b, config.num_key_value_heads or config.num_attention_heads)
         for suffix, tensor in ((".lora_a", lora_a), (".lora_b", lora_b)):
             data, stored = encode_tensor(tensor, qtype)
+            fallbacks.note(tensor, qtype, stored)
             writer.add_tensor(name + suffix, data, raw_dtype=stored if stored not in (
                 gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16) else None)
+    fallbacks.warn(f"GGUF adapter {gguf_type}")  # a B of rank under 32 never fills a q8_0 block
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

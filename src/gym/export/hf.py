@@ -36,7 +36,7 @@ from gym.delta.bitdelta import BitDeltaConfig, BitDeltaQuantizer
 from gym.delta.format import load_delta
 from gym.delta.weights import merge_adapter
 from gym.export.config import ExportArguments
-from gym.export.spelling import option
+from gym.export.spelling import current_spelling, option
 from gym.infer.config import resolve_inference_config
 from gym.models import vision
 from gym.models.loader import generation_defaults, load_causal_lm, load_tokenizer, resolve_model_path
@@ -74,7 +74,7 @@ class Merged:
 def load_merged(config: dict[str, Any], delta: str | None = None, bitdelta: bool = False) -> Merged:
     """The model with every adapter merged in, and what prompts it. `bitdelta`: the merged model replaced by base +
     its BitDelta (what a personalized variant of this fine-tune serves)."""
-    resolved = resolve_inference_config(config, untrained="refuse")
+    resolved = resolve_inference_config(config, untrained="refuse", how=current_spelling().untrained)
     # A run's saved config holds every key, the quantization ones at their defaults: only quantization_bit says
     # the base was quantized while it trained (QLoRA).
     trained_bits = resolved.get("quantization_bit")
@@ -94,7 +94,8 @@ def load_merged(config: dict[str, Any], delta: str | None = None, bitdelta: bool
         tokenizer = load_tokenizer(model_path, model_args)
         model = load_causal_lm(model_path, model_args, dtype=torch.float32)
     for adapter in split_names(model_args.adapter_name_or_path):
-        model = merge_adapter(model, adapter, model_args.model_name_or_path, flag="--model_name_or_path")
+        model = merge_adapter(model, adapter, model_args.model_name_or_path,
+                              flag=lambda base: option("model_name_or_path", base))
     if delta is not None:
         entries, header = load_delta(delta)
         apply_delta(model, entries, header, delta)

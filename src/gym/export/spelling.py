@@ -17,6 +17,8 @@ class Spelling:
     flags: bool
     names: Mapping[str, str] = field(default_factory=dict)
     """ExportArguments field -> the door's name for it (a field not here is named as itself)."""
+    untrained: str = "train it first"
+    """What the door's caller does with a run not trained yet, in its words: the refusal to export one says it."""
 
     def option(self, key: str, value: object = None) -> str:
         name = self.names.get(key, key)
@@ -30,8 +32,13 @@ class Spelling:
 
 
 CLI = Spelling(flags=True, names={"export_format": "format", "export_type": "type", "export_dtype": "dtype",
-                                  "export_overwrite": "overwrite"})
-PYTHON = Spelling(flags=False, names={"export_format": "format", "export_dir": "path"})  # Trainer.export's keywords
+                                  "export_overwrite": "overwrite"},
+               untrained="train it first (gym train CONFIG), or export the base itself with --model_name_or_path "
+                         "(and no config)")
+# Trainer.export's keywords. It exports its own config's run, so the way on is training it: a model_name_or_path=
+# beside that run's output_dir would still find no run there.
+PYTHON = Spelling(flags=False, names={"export_format": "format", "export_dir": "path"},
+                  untrained="train it first (Trainer.train()): Trainer.export exports what training writes there")
 
 # The spelling of the export running now. The writers' errors (an architecture GGUF cannot hold, a tokenizer Ollama
 # cannot template) are raised far below the door, which alone knows how its caller named the options.

@@ -30,6 +30,9 @@ _INHERITED = ("template", "default_system", "enable_thinking", "do_sample", "tem
               "quantization_group_size")
 
 
+_TRAIN_FIRST = "train it first (gym train CONFIG), or export the base itself with --model_name_or_path"
+
+
 def _finished_output(config: dict[str, Any]) -> Path | None:
     out = config.get("output_dir")
     if out and not config.get("adapter_name_or_path") and (Path(out) / MANIFEST_FILE).is_file():
@@ -37,10 +40,12 @@ def _finished_output(config: dict[str, Any]) -> Path | None:
     return None
 
 
-def resolve_inference_config(config: ConfigSource, *, untrained: str = "warn") -> Config:
+def resolve_inference_config(config: ConfigSource, *, untrained: str = "warn",
+                             how: str = _TRAIN_FIRST) -> Config:
     """A user config -> the complete inference config: which model, adapters, template and decoding. `untrained`:
     what a training config whose run is not there gets: "warn" (chat, eval: the base answers, and it is said) or
-    "refuse" (export: a copy of the base under the run's name is never what was meant)."""
+    "refuse" (export: a copy of the base under the run's name is never what was meant), saying `how` to go on in
+    the caller's words (Trainer.export's caller trains with trainer.train(), not `gym train`)."""
     config = as_config_dict(config)
     for key in ("model_name_or_path", "model"):
         ref = config.get(key)
@@ -60,8 +65,7 @@ def resolve_inference_config(config: ConfigSource, *, untrained: str = "warn") -
         # A training config whose run is not there (not trained yet, or another output_dir): what answers is the
         # base, and a score or a chat would otherwise pass for the fine-tune's.
         if untrained == "refuse":
-            raise ConfigError(f"output_dir {config['output_dir']} holds no finished run: train it first (gym train "
-                              "CONFIG), or export the base itself with --model_name_or_path.")
+            raise ConfigError(f"output_dir {config['output_dir']} holds no finished run: {how}.")
         logger.warning("output_dir %s holds no finished run (train it first: gym train CONFIG); using the base "
                        "model %s as it is.", config["output_dir"],
                        config.get("model_name_or_path") or config.get("model") or "smollm2-135m")

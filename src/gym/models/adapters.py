@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -106,7 +107,17 @@ def load_peft_adapter(model: Any, folder: str | Path, **options: Any) -> Any:
     return attached
 
 
-def _check_adapter_folder(folder: str | Path, flag: str) -> None:
+# How the caller names the base option with a value, in the hints below: a flag followed by the value
+# (`--base saves/m`), or a function of the value for a door whose callers write keywords (Trainer.export's
+# `model_name_or_path='saves/m'`), which this layer cannot know.
+BaseOption = str | Callable[[str], str]
+
+
+def _base_option(flag: BaseOption, value: str | Path) -> str:
+    return f"{flag} {value}" if isinstance(flag, str) else flag(str(value))
+
+
+def _check_adapter_folder(folder: str | Path, flag: BaseOption) -> None:
     """What is at `folder`, when it is no adapter: peft would say "can't find adapter_config.json", which the
     caller then reported as an adapter that does not fit the base."""
     path = Path(folder).expanduser()
@@ -116,7 +127,7 @@ def _check_adapter_folder(folder: str | Path, flag: str) -> None:
     if path.is_dir() and not (path / "adapter_config.json").is_file():
         if (path / "config.json").is_file():
             raise ConfigError(f"{folder} is a model folder, not an adapter (it has no adapter_config.json): pass it "
-                              f"as {flag} {folder}.")
+                              f"as {_base_option(flag, folder)}.")
         raise ConfigError(f"{folder} holds no adapter_config.json: not a LoRA adapter folder.")
     local = str(folder).startswith((".", "/", "~")) or str(folder).count("/") != 1 or path.parent.is_dir()
     if not path.exists() and local:  # `saves/nope` beside an existing saves/: a folder, not a hub adapter's id
@@ -124,7 +135,7 @@ def _check_adapter_folder(folder: str | Path, flag: str) -> None:
 
 
 def attach_adapter(model: Any, folder: str | Path, base_ref: str | None, *, merge: bool = True,
-                   flag: str = "model_name_or_path") -> Any:
+                   flag: BaseOption = "model_name_or_path") -> Any:
     """`model` with the LoRA adapter at `folder` merged in (or beside it, `merge=False`, for a quantized base). An
     adapter trained on another base (other shapes, other modules) is a ConfigError naming the first tensor that
     differs and, where known, the base to use (`flag`: how the command names the base), not peft's traceback:
@@ -138,7 +149,7 @@ def attach_adapter(model: Any, folder: str | Path, base_ref: str | None, *, merg
         detail = next((line.strip() for line in text.splitlines() if "mismatch" in line or "Missing" in line),
                       text.splitlines()[0] if text else type(exc).__name__)
         trained_on = trained_base(folder)
-        hint = f" It was trained on {trained_on}: pass {flag} {trained_on}." if trained_on else ""
+        hint = f" It was trained on {trained_on}: pass {_base_option(flag, trained_on)}." if trained_on else ""
         raise ConfigError(f"The adapter {folder} does not fit the base {base_ref} ({detail}).{hint}") from None
 
 

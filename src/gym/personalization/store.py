@@ -7,7 +7,8 @@
           delta.safetensors     the user's compressed delta (gym.delta.format: BitDelta or DeltaQuant)
           adapter/              or: a LoRA adapter folder (adapter_config.json, adapter_model.safetensors)
           manifest.json         user, base, method, bytes, created, training keys, gain kept, seconds
-      .<user>.gym-lock          held (pid and host) while that user's variant is written or deleted
+      .<user>.gym-lock          held (pid and host) while that user's variant is written or deleted (<user> in
+                                lower case: ids that differ only in case share it)
       .<user>.tmp-<pid>/        a variant being built by process <pid>
 
 A variant is built in a temporary folder, read whole and checked (every tensor finite, every changed
@@ -15,7 +16,9 @@ parameter one of the base's with its shape, the base's fingerprint) and becomes 
 is switched to it by one rename, so a reader finds the old variant or the new one, never none. The version
 before stays until the next write of that user, for a reader that followed the link just before the switch.
 One writer per user: a second is refused while the first lives; a killed writer's lock is taken over and its
-temporary folder removed (gym.core.files). User ids are names, never paths. The store's base is set by its first
+temporary folder removed (gym.core.files). User ids are names, never paths, and a new one may not equal an
+existing one ignoring case (`Alice` beside `alice`): on a case-insensitive filesystem (macOS, Windows) the two
+would be one folder, so one user's write would replace the other's variant. The store's base is set by its first
 variant, exclusively (of two first variants at once, one makes store.json and the other is checked against it);
 a variant of another base is refused by name.
 """
@@ -171,13 +174,27 @@ class VariantStore:
     def list(self) -> list[VariantRecord]:
         return [self.get(user) for user in self.users()]
 
+    def _refuse_case_twin(self, user_id: str, doing: str) -> None:
+        """A VariantError when another user's id equals `user_id` ignoring case, and `user_id` itself is not one:
+        on a case-insensitive filesystem both name one folder, so `doing` would touch that user's variant. A store
+        that holds both already (made on a case-sensitive one) keeps serving and replacing each."""
+        users = self.users()
+        twin = next((user for user in users if user.lower() == user_id.lower() and user != user_id), None)
+        if twin is not None and user_id not in users:
+            raise VariantError(f"User {user_id!r} differs from the existing user {twin!r} in {self.root} only in "
+                               "case; where case is ignored (macOS, Windows) the two are one folder, and "
+                               f"{doing} {user_id!r} would change {twin!r}'s variant. Use {twin!r} for that user, "
+                               "or choose another id.")
+
     # -- writing -----------------------------------------------------------------------------------
     @contextmanager
     def _writing(self, user_id: str) -> Iterator[None]:
         """This process is `user_id`'s one writer until the block ends (OutputLock: a lock file with pid and host;
         a live writer's is refused, a dead one's taken over). What dead writers left half-built goes first."""
         created = self._make_root()
-        lock = OutputLock(self.path(user_id), what="variant create", file=True)
+        # Lower-cased, so that `alice` and `Alice` take one lock: two new ids equal ignoring case, written at once,
+        # would otherwise both pass the check for an existing one.
+        lock = OutputLock(self.root / check_user_id(user_id).lower(), what="variant create", file=True)
         try:
             lock.acquire()
         except OutputError as exc:
@@ -209,6 +226,7 @@ class VariantStore:
         refused, and so is an existing variant unless `replace`."""
         check_user_id(user_id)
         with self._writing(user_id):
+            self._refuse_case_twin(user_id, "creating")  # before exists(), which a case-insensitive disk answers
             if self.exists(user_id) and not replace:
                 raise VariantError(f"User {user_id!r} already has a variant in {self.root}; delete it first "
                                    "(or replace it: --replace, or replace_existing=True in create_variant, "
@@ -272,6 +290,7 @@ class VariantStore:
         source = Path(given).expanduser()
         check_user_id(user_id)
         refuse_file_in_path(self.root)  # where it goes, before minutes of reading what goes there
+        self._refuse_case_twin(user_id, "adding")  # checked again under the lock
         # Checked here first, so that errors name the user's own file; the copy is checked again when committed.
         if delta is not None:
             deltas, header = deltas_from_file(source)
@@ -294,6 +313,7 @@ class VariantStore:
         return record
 
     def delete(self, user_id: str) -> None:
+        self._refuse_case_twin(user_id, "deleting")  # where case is ignored, exists() would find the other's
         if not self.exists(user_id):
             raise VariantError(f"No variant for user {user_id!r} in {self.root}.")
         with self._writing(user_id):
