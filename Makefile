@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.gym-installed
 
 export HF_HUB_DISABLE_TELEMETRY := 1
 
-.PHONY: setup browser demo lint test bench bench-llamacpp test-llamacpp clean
+.PHONY: setup browser demo lint test bench bench-llamacpp test-llamacpp test-arm clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -81,6 +81,11 @@ bench-llamacpp: setup
 test-llamacpp: setup
 	$(PY) -m pip install -q "llama-cpp-python>=0.3.30"
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q tests/infer/test_llamacpp_engine.py tests/export/test_llamacpp_reads.py
+
+# Opt-in: the fast engine's kernels as ARM (aarch64) builds them, cross-compiled and tested under qemu-user against
+# the float64 reference (Debian, as root; ~1.5 GB into $$GYM_HOME/arm64 the first time, then ~3 minutes).
+test-arm: setup
+	bash .ci/arm-emulated
 
 # Opt-in: every shipped DeepSpeed config (examples/deepspeed) trains on 2 CPU processes (~3 minutes: the offload
 # configs compile DeepSpeed's CPU Adam the first time). make test runs ZeRO-3 only.

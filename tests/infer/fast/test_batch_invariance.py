@@ -18,10 +18,10 @@ PROBE = Path(__file__).with_name("batch_invariance_probe.py")
 
 
 def _has_avx512() -> bool:
-    try:
-        return "avx512f" in Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
+    from gym.infer.fast.kernels import runnable_isas
+
+    # the kernels' own check (CPUID and the OS's register support): /proc/cpuinfo is the host's under qemu-user
+    return any(isa.startswith("avx512") for isa in runnable_isas())
 
 
 # The engine's own checks (scheduling, prefix cache) run on the best path; the arithmetic on every path.
@@ -36,7 +36,7 @@ PATHS = {
 @pytest.mark.parametrize("path", list(PATHS))
 def test_a_rows_logits_do_not_depend_on_its_batch(path, tiny_model_dir, tmp_path):
     if path == "avx2" and not _has_avx512():
-        pytest.skip("this CPU runs no better variant than AVX2")
+        pytest.skip("the AVX2 variant is checked on its own only where the CPU runs a better one")
     env = {**os.environ, **PATHS[path]}
     done = subprocess.run([sys.executable, str(PROBE), str(tiny_model_dir), str(tmp_path)], env=env,
                           capture_output=True, text=True, timeout=900)

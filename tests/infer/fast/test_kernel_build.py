@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import json
+import os
 import platform
 import re
 import shutil
@@ -51,13 +52,17 @@ def test_an_installed_package_loads_its_prebuilt_kernels_with_no_compiler_on_pat
                                  capture_output=True, text=True, check=True).stdout.strip())
     # the package as a wheel installs it (sources, csrc and the built library); its dependencies from here
     shutil.copytree(PACKAGE, target / "gym", ignore=shutil.ignore_patterns("__pycache__"))
-    (target / "dependencies.pth").write_text("\n".join(site.getsitepackages()) + "\n")
+    # PYTHONPATH's folders too, all but the checkout's own (make test-arm keeps the dependencies in one)
+    extra = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and not (Path(p) / "gym").is_dir()]
+    (target / "dependencies.pth").write_text("\n".join([*site.getsitepackages(), *extra]) + "\n")
     empty = tmp_path / "bin"
     empty.mkdir()
     probe = ("import json, gym\nfrom gym.infer.fast import kernels\n"
              "print(json.dumps({'file': gym.__file__, 'status': kernels.kernel_status(), "
              "'origin': kernels.kernel_origin(), 'isa': kernels.kernel_isa()}))")
     env = {"PATH": str(empty), "HOME": str(tmp_path), "GYM_HOME": str(tmp_path / "home"), "HF_HUB_OFFLINE": "1"}
+    if "QEMU_LD_PREFIX" in os.environ:  # an aarch64 Python under qemu-user (make test-arm) finds its loader there
+        env["QEMU_LD_PREFIX"] = os.environ["QEMU_LD_PREFIX"]
     done = subprocess.run([str(python), "-c", probe], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])
