@@ -308,6 +308,36 @@ def test_a_worker_stopped_by_ctrl_c_leaves_its_job_to_resume(db_url, monkeypatch
     assert service.jobs.get(alice, job["id"])["status"] == "queued"
 
 
+def test_a_worker_records_no_server_path_where_the_jobs_owner_reads(db_url, monkeypatch, caplog):
+    """A bug's message reaches the worker as it was raised (run_job hides only what it knows of): it named the
+    job's folder, the store and the uploaded file's path in the job's error and events, which its owner reads."""
+    import logging
+
+    from gym.service import jobs as job_library
+    from gym.service.worker import run_one
+
+    service, alice, file = service_with_a_file(db_url, max_running=1)
+    job = service.jobs.create(alice, model="m", training_file=file)["id"]
+    claimed = service.jobs.claim("host:1")
+    store = str(Path(service.store).resolve())
+
+    def broken(spec, store_dir, work_dir, on_event=None, cancel=None):
+        on_event("warning", f"Disk almost full at {work_dir}/run", {"where": [str(work_dir), spec.training_file]})
+        raise RuntimeError(f"could not write {work_dir}/run/trainer_state.json (training file {spec.training_file}, "
+                           f"store {store_dir})")
+
+    monkeypatch.setattr(job_library, "run_job", broken)
+    with caplog.at_level(logging.INFO):
+        assert run_one(service.jobs, claimed, "host:1") == "failed"
+    error = service.jobs.get(alice, job)["error"]
+    assert error["code"] == "server_error"
+    assert error["message"] == (f"could not write {job}/run/trainer_state.json (training file {file}, store the "
+                                "variant store)")
+    shown = json.dumps([error, service.jobs.events(alice, job)])
+    assert store not in shown and str(service.store) not in shown and ".service" not in shown
+    assert f"Disk almost full at {job}/run" in shown and f"{store}/.service/jobs/{job}/run" in caplog.text
+
+
 def test_a_job_queued_under_looser_rules_fails_instead_of_stopping_the_queue(db_url):
     """A job queued before a rule tightened (a seed or n_epochs OpenAI's ranges refuse, stored by an older Gym) no
     longer makes a spec: the claim fails that job with its reason and takes the next, where it would otherwise

@@ -198,6 +198,43 @@ def test_a_bad_file_fails_the_job_with_an_event(tmp_path):
     assert VariantStore(tmp_path / "store").users() == []
 
 
+def test_a_failed_jobs_error_and_events_name_no_server_path(tmp_path, monkeypatch, caplog):
+    """Out of space while saving a checkpoint: the error named the job's folder inside the server's store. The
+    tenant reads the job id in its place (and no other folder of the server's); the server's log keeps the path."""
+    import errno
+    import logging
+
+    from gym.service import jobs as job_library
+
+    monkeypatch.setenv("GYM_HOME", str(tmp_path / "gym-home"))
+    store, work = tmp_path / "store", tmp_path / "store" / ".service" / "jobs" / "ftjob-1"
+    file = write_jsonl(tmp_path / "file-1", [chat_row(q) for q in QUESTIONS])
+    full = str(work / "run" / "checkpoint-3" / "model.safetensors")
+
+    def no_space(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device", full)
+
+    monkeypatch.setattr(job_library, "_train_and_publish", no_space)
+    events = Events()
+    with caplog.at_level(logging.WARNING, logger="gym.service.jobs"):
+        result = run_job(JobSpec(job_id="ftjob-1", user_id="alice", model="m", training_file=file), store, work,
+                         events)
+    assert result.status is JobStatus.FAILED and result.error["code"] == "training_failed"
+    assert "No space left on the device (ftjob-1/run/checkpoint-3/model.safetensors)" in result.error["message"]
+    shown = json.dumps([result.error, events.seen])
+    assert str(tmp_path) not in shown and ".service" not in shown
+    assert full in caplog.text  # the operator still sees where
+
+    for leak, name in ((tmp_path / "gym-home" / "models" / "tiny", "Gym's cache"), (store / "bob+x+ftjob-2", "the "
+                       "variant store"), (Path("/etc/gym/secret.yaml"), "a server path")):
+        def failing(*args, leak=leak, **kwargs):
+            raise DataError(f"cannot read {leak}/config.json")
+
+        monkeypatch.setattr(job_library, "_train_and_publish", failing)
+        result = run_job(JobSpec(job_id="ftjob-1", user_id="alice", model="m", training_file=file), store, work)
+        assert result.error["message"] == f"cannot read {name}", result.error
+
+
 # -- jobs that train --------------------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_a_supervised_job_teaches_a_name_and_publishes_the_variant(tmp_path, embedded_dir):

@@ -21,12 +21,14 @@ the result); `cancel` stops it between steps and leaves no variant. Events go to
 from __future__ import annotations
 
 import json
+import logging
 import math
+import os
 import random
 import re
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -34,6 +36,8 @@ from typing import Any, Protocol
 
 from gym.core.errors import ConfigError, DataError, GymError, RunStopped, as_gym_error
 from gym.service.db import JobStatus  # OpenAI's states, one definition; run_job returns the last three
+
+logger = logging.getLogger(__name__)
 
 JOB_PREFIX = "ftjob-"
 MAX_SUFFIX = 64  # OpenAI's limit on a fine-tuned model's suffix
@@ -466,13 +470,72 @@ def _error(exc: GymError) -> dict[str, Any]:
     return {"code": code, "message": str(exc), "param": "training_file" if isinstance(exc, DataError) else None}
 
 
-def _as_the_client_names_it(text: str, spec: JobSpec) -> str:
+# A path a client reads: an absolute one, starting where a word or a quoted string does (not inside a URL's `//`,
+# a fraction's `1/2` or a relative path already shown as its tail).
+_ABSOLUTE_PATH = re.compile(r"(?:^|(?<=[\s'\"(\[=,:]))/(?!/)[^\s'\"()\[\],:]+")
+SERVER_PATH = "a server path"  # what a tenant reads in place of a path of the server's no folder below names
+
+
+def _machine_folders() -> list[tuple[Path, str, bool]]:
+    """This machine's caches, which any job's error may name (a model's download, a converted model)."""
+    from gym.core.home import gym_home
+
+    hf_home = Path(os.environ.get("HF_HOME") or Path.home() / ".cache" / "huggingface").expanduser()
+    folders = [(gym_home(), "Gym's cache", False), (hf_home, "the model cache", False)]
+    folders += [(Path(os.environ[v]).expanduser(), "the model cache", False)
+                for v in ("HF_HUB_CACHE", "TRANSFORMERS_CACHE") if os.environ.get(v)]
+    return folders
+
+
+def hide_server_paths(value: Any, folders: Iterable[tuple[str | Path, str, bool]] = ()) -> Any:
+    """`value` (text, or a job event's data: lists and objects of it) as a tenant may read it: no path of the
+    server's. Each of `folders` is (folder, name, keep_below): the folder, as given and resolved, becomes `name`,
+    and with keep_below what follows it under the folder is kept (`STORE/.service/jobs/<id>/run` -> `<id>/run`;
+    an empty name keeps that part alone: `STORE/.service/files/file-1` -> `file-1`);
+    this machine's caches are named too, and any other absolute path becomes SERVER_PATH. A message names the store
+    layout, the user running the server and other tenants' variants through a path; the server's log keeps it
+    whole."""
+    if isinstance(value, dict):
+        return {key: hide_server_paths(item, folders) for key, item in value.items()}
+    if isinstance(value, list):
+        return [hide_server_paths(item, folders) for item in value]
+    if not isinstance(value, str):
+        return value
+    names: dict[str, tuple[str, bool]] = {}
+    for folder, name, keep_below in [*folders, *_machine_folders()]:
+        for form in {str(folder), str(Path(folder).expanduser().resolve())}:
+            if form != "/" and "/" in form:  # a bare relative name ("store") would be taken out of plain words
+                names.setdefault(form.rstrip("/"), (name, keep_below))
+
+    def rename(match: re.Match[str]) -> str:
+        name, keep_below = names[match.group(1)]
+        below = match.group(2) or ""
+        if keep_below and below.strip("/"):
+            return name + below if name else below.lstrip("/")
+        return name or SERVER_PATH
+
+    if names:  # the longest first: a job's folder is inside the store, and is named before the store is
+        alternatives = "|".join(re.escape(form) for form in sorted(names, key=len, reverse=True))
+        value = re.sub(rf"(?<![\w.~/-])({alternatives})(/[^\s'\"()\[\],:]*)?(?![\w.-])", rename, value)
+    return _ABSOLUTE_PATH.sub(SERVER_PATH, value)
+
+
+def _as_the_client_names_it(text: str, spec: JobSpec, store_dir: str | Path | None = None,
+                            work_dir: str | Path | None = None) -> str:
     """The server's paths of the job's files as their ids (file-...): what the tenant uploaded and knows, not where
-    the server keeps it."""
-    for path in (spec.training_file, getattr(spec, "validation_file", None)):
-        if path:
-            text = text.replace(str(path), Path(path).name)
-    return text
+    the server keeps it; the job's folder as the job id, the base's folder as the model's name, every other path
+    of the server's hidden (hide_server_paths)."""
+    folders: list[tuple[str | Path, str, bool]] = [
+        (path, Path(path).name, False) for path in (spec.training_file, getattr(spec, "validation_file", None))
+        if path]
+    if work_dir is not None:
+        folders.append((work_dir, str(getattr(spec, "job_id", "the job's folder")), True))
+    base_path = getattr(spec, "base_path", None)
+    if base_path and Path(base_path).expanduser().exists():
+        folders.append((base_path, str(spec.model), False))
+    if store_dir is not None:
+        folders.append((store_dir, "the variant store", False))
+    return str(hide_server_paths(text, folders))
 
 
 def run_job(spec: JobSpec, store_dir: str | Path, work_dir: str | Path, on_event: EventSink | None = None,
@@ -510,7 +573,9 @@ def run_job(spec: JobSpec, store_dir: str | Path, work_dir: str | Path, on_event
         result.status, result.fine_tuned_model, result.variant = JobStatus.FAILED, None, None
         result.error = _error(known) if known is not None else {"code": "server_error", "message": str(exc),
                                                                 "param": None}
-        result.error["message"] = _as_the_client_names_it(result.error["message"], spec)
+        if known is not None:  # whole, for the operator (a bug is raised, and logged with its traceback)
+            logger.warning("Job %s failed: %s", result.job_id, result.error["message"])
+        result.error["message"] = _as_the_client_names_it(result.error["message"], spec, store_dir, work_dir)
         data: dict[str, Any] = {"error": result.error}
         decision = getattr(known, "decision", None)  # a safety gate's refusal: its numbers, as the event's data
         if decision is not None:
@@ -595,5 +660,5 @@ def _train_and_publish(spec: JobSpec, store: Any, work: Path, emit: EventSink, c
 
 
 __all__ = ["FineTunedModel", "Hyperparameters", "JobCancelled", "JobResult", "JobSpec", "JobStatus", "Method",
-           "check_job_options", "new_job_id", "openai_event", "parse_fine_tuned_model", "read_training_file",
-           "run_job", "training_keys"]
+           "check_job_options", "hide_server_paths", "new_job_id", "openai_event", "parse_fine_tuned_model",
+           "read_training_file", "run_job", "training_keys"]
