@@ -221,6 +221,24 @@ def test_a_malformed_request_is_openais_400_naming_the_field(served):
         alice.fine_tuning.jobs.cancel(job.id)
 
 
+def test_a_body_that_is_not_a_json_object_is_named_as_such_on_every_route(served):
+    """A top-level array (or a string, or null) has no field to name: the 400 read ": Input should be a valid
+    dictionary or object to extract fields from", after an empty field name."""
+    url, keys, _, _, _ = served
+    routes = ("/v1/fine_tuning/jobs", "/v1/chat/completions", "/v1/completions", "/tokenize", "/v1/moderations")
+    with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {keys['alice']}"}, timeout=60) as http:
+        for route in routes:
+            for body in (b"[1]", b'"jobs"', b"null"):
+                answer = http.post(route, content=body, headers={"Content-Type": "application/json"})
+                assert answer.status_code == 400, (route, body, answer.text)
+                assert answer.json()["error"] == {
+                    "message": "The request body must be a JSON object (sent as Content-Type: application/json).",
+                    "type": "invalid_request_error", "param": None, "code": None}, (route, body)
+            answer = http.post(route, headers={"Content-Type": "application/json"})
+            assert answer.status_code == 400
+            assert answer.json()["error"]["message"] == "The request body is missing; send a JSON object.", route
+
+
 def test_a_revoked_key_gets_401(served, tmp_path):
     url, _, _, service, db = served
     on_db = ["--db", db] if db else []
