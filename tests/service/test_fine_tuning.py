@@ -213,7 +213,17 @@ def test_a_malformed_request_is_openais_400_naming_the_field(served):
             error = answer.json()["error"]
             assert error["param"] == "limit" and error["type"] == "invalid_request_error"
             assert error["message"].startswith("limit: Input should be a valid integer"), error
+        # JSON has no inf, but 1e400 parses as one, and a 400-digit integer overflowed a float: a 500
+        for value in ("1e400", "-1e400", "NaN", "1" + "0" * 400):
+            answer = http.post("/v1/fine_tuning/jobs", headers={"Content-Type": "application/json"},
+                               content=f'{{"model": "tiny", "training_file": "{file}", "hyperparameters": '
+                                       f'{{"learning_rate_multiplier": {value}}}}}')
+            assert answer.status_code == 400, (value, answer.text)
+            assert answer.json()["error"]["param"] == "hyperparameters.learning_rate_multiplier", answer.text
     assert len(alice.fine_tuning.jobs.list(limit=100).data) == before  # nothing stored
+    huge = alice.fine_tuning.jobs.create(model="tiny", training_file=file,
+                                         hyperparameters={"learning_rate_multiplier": 1e308})  # finite: taken
+    alice.fine_tuning.jobs.cancel(huge.id)
 
     for seed in (0, 2**31 - 1):  # OpenAI's bounds themselves are taken
         job = alice.fine_tuning.jobs.create(model="tiny", training_file=file, seed=seed)

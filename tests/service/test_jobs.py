@@ -145,7 +145,15 @@ def test_bad_specs_are_one_clear_error(tmp_path):
     (dict(hyperparameters={"n_epochs": 2.0}), "hyperparameters.n_epochs: give \"auto\" or an integer"),
     (dict(hyperparameters={"batch_size": 257}), "hyperparameters.batch_size is at most 256"),
     (dict(hyperparameters={"learning_rate_multiplier": 0}), "learning_rate_multiplier must be positive"),
-    (dict(hyperparameters={"learning_rate_multiplier": float("inf")}), "learning_rate_multiplier must be positive"),
+    # not numbers training can use: inf and NaN (1e400 in a JSON body parses as inf), and an integer past a float's
+    # range, which raised OverflowError (a 500) where it was compared
+    (dict(hyperparameters={"learning_rate_multiplier": float("inf")}),
+     "hyperparameters.learning_rate_multiplier must be a finite positive number, got inf."),
+    (dict(hyperparameters={"learning_rate_multiplier": float("nan")}),
+     "hyperparameters.learning_rate_multiplier must be a finite positive number, got nan."),
+    (dict(hyperparameters={"learning_rate_multiplier": 10**400}),
+     "hyperparameters.learning_rate_multiplier must be a finite positive number, got an integer of 1329 bits."),
+    (dict(hyperparameters={"n_epochs": 10**400}), "hyperparameters.n_epochs is at most 50, got an integer of 1329"),
     (dict(method="dpo", hyperparameters={"beta": 2.5}), "hyperparameters.beta is at most 2, got 2.5"),
     (dict(method="dpo", hyperparameters={"beta": 0}), "hyperparameters.beta must be positive"),
 ])
@@ -164,6 +172,21 @@ def test_openais_bounds_themselves_are_accepted():
     top = JobSpec(**base, hyperparameters={"n_epochs": 50, "batch_size": 256, "learning_rate_multiplier": 100})
     assert top.hyperparameters.n_epochs == 50 and top.hyperparameters.batch_size == 256
     assert JobSpec(**base, method="dpo", hyperparameters={"beta": 2}).hyperparameters.beta == 2
+
+
+def test_any_finite_multiplier_is_taken_while_the_learning_rate_it_makes_is_finite(monkeypatch):
+    """OpenAI takes any positive multiplier; the run's rate is it times the method's base rate, and one that overflows
+    to inf would train every weight to NaN: refused naming the multiplier, as the job is made."""
+    from gym.service import jobs as job_library
+
+    base = dict(job_id="ftjob-1", user_id="alice", model="smollm2-135m", training_file="t.jsonl")
+    huge = JobSpec(**base, hyperparameters={"learning_rate_multiplier": 1e308})
+    assert training_keys(huge, 20)["learning_rate"] == pytest.approx(1e308 * 5e-4)
+    monkeypatch.setitem(job_library.BASE_LEARNING_RATE, "supervised", 10.0)  # a base rate above 1: the product is inf
+    with pytest.raises(ConfigError, match=re.escape("hyperparameters.learning_rate_multiplier 1e+308 makes the "
+                                                    "learning rate 10 x 1e+308 = inf, which training cannot use")):
+        JobSpec(**base, hyperparameters={"learning_rate_multiplier": 1e308})
+    assert JobSpec(**base, method="dpo", hyperparameters={"learning_rate_multiplier": 1e308})  # dpo's base: finite
 
 
 def test_training_files_are_checked_with_file_and_line(tmp_path):

@@ -81,18 +81,35 @@ MAX_EPOCHS, MAX_BATCH_SIZE, MAX_BETA = 50, 256, 2.0
 SEED_MAX = 2**31 - 1
 
 
+def _shown(value: Any) -> str:
+    """A value as a refusal quotes it: an integer too long to print (Python refuses past 4300 digits) by its size."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
+        return f"an integer of {value.bit_length()} bits"
+    return repr(value)
+
+
 def _auto_or(value: Any, name: str, kind: type, most: float | None = None) -> None:
-    """`value` is "auto", or a `kind` above 0 (and at most `most`), or a ConfigError naming hyperparameters.`name`."""
+    """`value` is "auto", or a finite `kind` above 0 (and at most `most`), or a ConfigError naming
+    hyperparameters.`name`."""
     if value == "auto":
         return
     numeric = kind is float and isinstance(value, (int, float))
     if isinstance(value, bool) or not (isinstance(value, kind) or numeric):
         raise ConfigError(f"hyperparameters.{name}: give \"auto\" or a{'n integer' if kind is int else ' number'}, "
                           f"got {value!r}.")
-    if not (value > 0 and math.isfinite(value)):
-        raise ConfigError(f"hyperparameters.{name} must be positive, got {value!r}.")
+    # NaN and inf: JSON has neither, but 1e400 in a body parses as inf, and a Python caller passes either; an
+    # integer past a float's range (10**400) is as far from a number training can use, and float() of it raised
+    # OverflowError, a 500.
+    try:
+        finite = math.isfinite(value)
+    except OverflowError:
+        finite = kind is int  # an n_epochs of 10**400 is refused as past its most, below
+    if not finite:
+        raise ConfigError(f"hyperparameters.{name} must be a finite positive number, got {_shown(value)}.")
+    if not value > 0:
+        raise ConfigError(f"hyperparameters.{name} must be positive, got {_shown(value)}.")
     if most is not None and value > most:
-        raise ConfigError(f"hyperparameters.{name} is at most {most:g}, got {value!r}.")
+        raise ConfigError(f"hyperparameters.{name} is at most {most:g}, got {_shown(value)}.")
 
 
 @dataclass(frozen=True)
@@ -124,6 +141,16 @@ class Hyperparameters:
         _auto_or(self.beta, "beta", float, MAX_BETA)
         if self.beta != "auto" and method is Method.SUPERVISED:
             raise ConfigError("hyperparameters.beta is a dpo hyperparameter; remove it or use method dpo.")
+        multiplier = self.learning_rate_multiplier
+        if multiplier != "auto" and method is not None:
+            # The run's rate is the product: any finite multiplier is OpenAI's to take, but one that overflows it to
+            # inf (or underflows it to 0) would train on NaN weights, or not at all.
+            base = BASE_LEARNING_RATE[method.value]
+            rate = float(multiplier) * base
+            if not (math.isfinite(rate) and rate > 0):
+                raise ConfigError(f"hyperparameters.learning_rate_multiplier {_shown(multiplier)} makes the learning "
+                                  f"rate {base:g} x {_shown(multiplier)} = {rate:g}, which training cannot use; give "
+                                  f"a {'smaller' if rate > 0 else 'larger'} multiplier.")
 
 
 @dataclass(frozen=True)
