@@ -522,12 +522,6 @@ def hide_server_paths(value: Any, folders: Iterable[tuple[str | Path, str, bool]
     this machine's caches are named too, and any other absolute path becomes SERVER_PATH. A message names the store
     layout, the user running the server and other tenants' variants through a path; the server's log keeps it
     whole."""
-    if isinstance(value, dict):
-        return {key: hide_server_paths(item, folders) for key, item in value.items()}
-    if isinstance(value, list):
-        return [hide_server_paths(item, folders) for item in value]
-    if not isinstance(value, str):
-        return value
     names: dict[str, tuple[str, bool]] = {}
     for folder, name, keep_below in [*folders, *_machine_folders()]:
         for form in {str(folder), str(Path(folder).expanduser().resolve())}:
@@ -541,10 +535,20 @@ def hide_server_paths(value: Any, folders: Iterable[tuple[str | Path, str, bool]
             return name + below if name else below.lstrip("/")
         return name or SERVER_PATH
 
-    if names:  # the longest first: a job's folder is inside the store, and is named before the store is
-        alternatives = "|".join(re.escape(form) for form in sorted(names, key=len, reverse=True))
-        value = re.sub(rf"(?<![\w.~/-])({alternatives})(/[^\s'\"()\[\],:]*)?(?![\w.-])", rename, value)
-    return _ABSOLUTE_PATH.sub(SERVER_PATH, value)
+    # the longest first: a job's folder is inside the store, and is named before the store is
+    alternatives = "|".join(re.escape(form) for form in sorted(names, key=len, reverse=True))
+    named = re.compile(rf"(?<![\w.~/-])({alternatives})(/[^\s'\"()\[\],:]*)?(?![\w-]|\.[\w.])") if names else None
+
+    def hide(item: Any) -> Any:
+        if isinstance(item, dict):
+            return {key: hide(inner) for key, inner in item.items()}
+        if isinstance(item, list):
+            return [hide(inner) for inner in item]
+        if not isinstance(item, str):
+            return item
+        return _ABSOLUTE_PATH.sub(SERVER_PATH, named.sub(rename, item) if named is not None else item)
+
+    return hide(value)
 
 
 def _as_the_client_names_it(text: str, spec: JobSpec, store_dir: str | Path | None = None,
