@@ -23,19 +23,18 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import random
 import re
-import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from gym.core.errors import ConfigError, DataError, GymError, RunStopped, as_gym_error
 from gym.service.db import JobStatus  # OpenAI's states, one definition; run_job returns the last three
+from gym.service.events import EventSink, JobCancelled, cancel_check, hide_server_paths, job_callback, openai_event
 
 logger = logging.getLogger(__name__)
 
@@ -59,14 +58,6 @@ MAX_AUTO_EPOCHS = 25
 class Method(str, Enum):
     SUPERVISED = "supervised"
     DPO = "dpo"
-
-
-class EventSink(Protocol):
-    def __call__(self, level: str, message: str, data: dict[str, Any] | None) -> None: ...
-
-
-class JobCancelled(GymError):
-    """The job's cancel was requested: raised inside training so that nothing after it (the variant) happens."""
 
 
 # -- the spec ------------------------------------------------------------------------------------------------------
@@ -418,58 +409,6 @@ def _safety_gate(values: dict[str, Any] | None) -> Any:
     return SafetyGate.from_dict(values)
 
 
-# -- events --------------------------------------------------------------------------------------------------------
-def openai_event(level: str, message: str, data: dict[str, Any] | None = None, *,
-                 created_at: int | None = None) -> dict[str, Any]:
-    """An event as OpenAI's API returns it; a step's metrics (data with step and train_loss) are type "metrics"."""
-    metrics = data is not None and "step" in data and "train_loss" in data
-    return {"object": "fine_tuning.job.event", "id": f"ftevent-{uuid.uuid4().hex[:24]}",
-            "created_at": int(time.time()) if created_at is None else created_at, "level": level,
-            "message": message, "data": data or {}, "type": "metrics" if metrics else "message"}
-
-
-def _cancel_check(cancel: Callable[[], bool] | Any | None) -> Callable[[], bool]:
-    """A callable, or anything with is_set() (threading.Event, multiprocessing.Event), as one callable."""
-    if cancel is None:
-        return lambda: False
-    if hasattr(cancel, "is_set"):
-        return lambda: bool(cancel.is_set())
-    if callable(cancel):
-        return lambda: bool(cancel())
-    raise ConfigError(f"cancel must be a callable or an event, got {type(cancel).__name__}.")
-
-
-def _job_callback(emit: EventSink, cancelled: Callable[[], bool], progress: dict[str, Any]) -> Any:
-    """A Trainer callback: a metrics event per logged step, a checkpoint event per save, and the cancel check
-    between steps (it raises, so the run ends there and nothing after it, the variant included, happens)."""
-    from transformers import TrainerCallback
-
-    class JobCallback(TrainerCallback):
-        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            if cancelled():
-                raise JobCancelled(f"cancelled at step {state.global_step}")
-
-        def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None,
-                   **kwargs: Any) -> None:
-            if not state.is_world_process_zero or not logs or not isinstance(logs.get("loss"), (int, float)):
-                return
-            step, loss = int(state.global_step), float(logs["loss"])
-            progress["step"] = step
-            emit("info", f"Step {step}/{state.max_steps}: training loss={loss:.4f}",
-                 {"step": step, "train_loss": loss, "total_steps": int(state.max_steps)})
-
-        def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            if state.is_world_process_zero:
-                emit("info", f"Checkpoint created at step {state.global_step}",
-                     {"step": int(state.global_step), "checkpoint": f"checkpoint-{state.global_step}"})
-
-        def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            if cancelled():  # asked during the last step: still before the variant is made
-                raise JobCancelled(f"cancelled at step {state.global_step}")
-
-    return JobCallback()
-
-
 # -- running -------------------------------------------------------------------------------------------------------
 @dataclass
 class JobResult:
@@ -495,60 +434,6 @@ def _error(exc: GymError) -> dict[str, Any]:
     code = "invalid_training_file" if isinstance(exc, DataError) else \
         "invalid_request" if isinstance(exc, ConfigError) else "training_failed"
     return {"code": code, "message": str(exc), "param": "training_file" if isinstance(exc, DataError) else None}
-
-
-# A path a client reads: an absolute one, starting where a word or a quoted string does (not inside a URL's `//`,
-# a fraction's `1/2` or a relative path already shown as its tail).
-_ABSOLUTE_PATH = re.compile(r"(?:^|(?<=[\s'\"(\[=,:]))/(?!/)[^\s'\"()\[\],:]+")
-SERVER_PATH = "a server path"  # what a tenant reads in place of a path of the server's no folder below names
-
-
-def _machine_folders() -> list[tuple[Path, str, bool]]:
-    """This machine's caches, which any job's error may name (a model's download, a converted model)."""
-    from gym.core.home import gym_home
-
-    hf_home = Path(os.environ.get("HF_HOME") or Path.home() / ".cache" / "huggingface").expanduser()
-    folders = [(gym_home(), "Gym's cache", False), (hf_home, "the model cache", False)]
-    folders += [(Path(os.environ[v]).expanduser(), "the model cache", False)
-                for v in ("HF_HUB_CACHE", "TRANSFORMERS_CACHE") if os.environ.get(v)]
-    return folders
-
-
-def hide_server_paths(value: Any, folders: Iterable[tuple[str | Path, str, bool]] = ()) -> Any:
-    """`value` (text, or a job event's data: lists and objects of it) as a tenant may read it: no path of the
-    server's. Each of `folders` is (folder, name, keep_below): the folder, as given and resolved, becomes `name`,
-    and with keep_below what follows it under the folder is kept (`STORE/.service/jobs/<id>/run` -> `<id>/run`;
-    an empty name keeps that part alone: `STORE/.service/files/file-1` -> `file-1`);
-    this machine's caches are named too, and any other absolute path becomes SERVER_PATH. A message names the store
-    layout, the user running the server and other tenants' variants through a path; the server's log keeps it
-    whole."""
-    names: dict[str, tuple[str, bool]] = {}
-    for folder, name, keep_below in [*folders, *_machine_folders()]:
-        for form in {str(folder), str(Path(folder).expanduser().resolve())}:
-            if form != "/" and "/" in form:  # a bare relative name ("store") would be taken out of plain words
-                names.setdefault(form.rstrip("/"), (name, keep_below))
-
-    def rename(match: re.Match[str]) -> str:
-        name, keep_below = names[match.group(1)]
-        below = match.group(2) or ""
-        if keep_below and below.strip("/"):
-            return name + below if name else below.lstrip("/")
-        return name or SERVER_PATH
-
-    # the longest first: a job's folder is inside the store, and is named before the store is
-    alternatives = "|".join(re.escape(form) for form in sorted(names, key=len, reverse=True))
-    named = re.compile(rf"(?<![\w.~/-])({alternatives})(/[^\s'\"()\[\],:]*)?(?![\w-]|\.[\w.])") if names else None
-
-    def hide(item: Any) -> Any:
-        if isinstance(item, dict):
-            return {key: hide(inner) for key, inner in item.items()}
-        if isinstance(item, list):
-            return [hide(inner) for inner in item]
-        if not isinstance(item, str):
-            return item
-        return _ABSOLUTE_PATH.sub(SERVER_PATH, named.sub(rename, item) if named is not None else item)
-
-    return hide(value)
 
 
 def _as_the_client_names_it(text: str, spec: JobSpec, store_dir: str | Path | None = None,
@@ -579,7 +464,7 @@ def run_job(spec: JobSpec, store_dir: str | Path, work_dir: str | Path, on_event
     from gym.personalization.store import VariantStore
 
     emit: EventSink = on_event or (lambda level, message, data: None)
-    cancelled = _cancel_check(cancel)
+    cancelled = cancel_check(cancel)
     result = JobResult(job_id=getattr(spec, "job_id", "?"), status=JobStatus.RUNNING)
     try:
         spec.check()
@@ -660,7 +545,7 @@ def _train_and_publish(spec: JobSpec, store: Any, work: Path, emit: EventSink, c
     trainer = PersonalizedTrainer(spec.base_path or spec.model, _delta_config(spec.delta_method, spec.delta_options),
                                   store=store.root)
     gate = _safety_gate(spec.safety_gate)
-    with extra_callbacks(_job_callback(emit, cancelled, progress)):
+    with extra_callbacks(job_callback(emit, cancelled, progress)):
         try:
             if spec.method is Method.DPO:
                 record = trainer.create_variant(spec.variant, preferences=rows, work_dir=work, safety_gate=gate,

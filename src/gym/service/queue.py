@@ -30,6 +30,7 @@ from sqlalchemy import func, select, update
 from gym.core.errors import ConfigError, GymError
 from gym.core.names import did_you_mean
 from gym.service.db import Database, Job, JobEvent, JobStatus, StoredFile, now
+from gym.service.events import hide_server_paths, openai_event
 from gym.service.files import FileNotFound, FileStore
 from gym.service.jobs import (
     JOB_PREFIX,
@@ -38,8 +39,6 @@ from gym.service.jobs import (
     Hyperparameters,
     JobSpec,
     Method,
-    hide_server_paths,
-    openai_event,
     parse_fine_tuned_model,
 )
 from gym.service.keys import Principal
