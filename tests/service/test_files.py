@@ -162,6 +162,26 @@ def test_invalid_json_and_not_utf8_name_their_line(served):
             clients["alice"].files.create(file=("bad.jsonl", body), purpose="fine-tune")
 
 
+def test_nan_and_infinity_are_refused_naming_the_line_and_field(served):
+    """Python's json reads NaN and Infinity (and json.dumps writes them), no other JSON parser does, OpenAI's
+    included: a row holding one uploaded, and its float that is no number went on to the job."""
+    _, _, clients, service = served
+    before = stored(service)
+    tool = {"type": "function", "function": {"name": "get_time", "parameters": {
+        "type": "object", "properties": {"hours": {"type": "number", "default": float("nan")}}}}}
+    cases = [([CHAT[0], {**CHAT[1], "tools": [tool]}],
+              "line 2: tools[0].function.parameters.properties.hours.default is NaN, which is not valid JSON"),
+             ([{**CHAT[1], "score": float("inf")}], "line 1: score is Infinity"),
+             ([PREFERENCE[0], {**PREFERENCE[0], "input": {**PREFERENCE[0]["input"], "t": [1, -float("inf")]}}],
+              "line 2: input.t[1] is -Infinity")]
+    for rows, message in cases:
+        with pytest.raises(openai.BadRequestError) as caught:
+            clients["alice"].files.create(file=("nan.jsonl", jsonl(rows)), purpose="fine-tune")
+        assert caught.value.status_code == 400 and message in caught.value.body["message"], caught.value.body
+        assert caught.value.body["param"] == "file" and caught.value.body["type"] == "invalid_request_error"
+    assert stored(service) == before
+
+
 def test_a_deeply_nested_or_non_object_row_is_a_400_naming_its_line(served):
     _, _, clients, service = served
     before = stored(service)

@@ -213,12 +213,40 @@ def test_a_malformed_request_is_openais_400_naming_the_field(served):
             error = answer.json()["error"]
             assert error["param"] == "limit" and error["type"] == "invalid_request_error"
             assert error["message"].startswith("limit: Input should be a valid integer"), error
+        # JSON has no inf, but 1e400 parses as one, and a 400-digit integer overflowed a float: a 500
+        for value in ("1e400", "-1e400", "NaN", "1" + "0" * 400):
+            answer = http.post("/v1/fine_tuning/jobs", headers={"Content-Type": "application/json"},
+                               content=f'{{"model": "tiny", "training_file": "{file}", "hyperparameters": '
+                                       f'{{"learning_rate_multiplier": {value}}}}}')
+            assert answer.status_code == 400, (value, answer.text)
+            assert answer.json()["error"]["param"] == "hyperparameters.learning_rate_multiplier", answer.text
     assert len(alice.fine_tuning.jobs.list(limit=100).data) == before  # nothing stored
+    huge = alice.fine_tuning.jobs.create(model="tiny", training_file=file,
+                                         hyperparameters={"learning_rate_multiplier": 1e308})  # finite: taken
+    alice.fine_tuning.jobs.cancel(huge.id)
 
     for seed in (0, 2**31 - 1):  # OpenAI's bounds themselves are taken
         job = alice.fine_tuning.jobs.create(model="tiny", training_file=file, seed=seed)
         assert job.seed == seed
         alice.fine_tuning.jobs.cancel(job.id)
+
+
+def test_a_body_that_is_not_a_json_object_is_named_as_such_on_every_route(served):
+    """A top-level array (or a string, or null) has no field to name: the 400 read ": Input should be a valid
+    dictionary or object to extract fields from", after an empty field name."""
+    url, keys, _, _, _ = served
+    routes = ("/v1/fine_tuning/jobs", "/v1/chat/completions", "/v1/completions", "/tokenize", "/v1/moderations")
+    with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {keys['alice']}"}, timeout=60) as http:
+        for route in routes:
+            for body in (b"[1]", b'"jobs"', b"null"):
+                answer = http.post(route, content=body, headers={"Content-Type": "application/json"})
+                assert answer.status_code == 400, (route, body, answer.text)
+                assert answer.json()["error"] == {
+                    "message": "The request body must be a JSON object (sent as Content-Type: application/json).",
+                    "type": "invalid_request_error", "param": None, "code": None}, (route, body)
+            answer = http.post(route, headers={"Content-Type": "application/json"})
+            assert answer.status_code == 400
+            assert answer.json()["error"]["message"] == "The request body is missing; send a JSON object.", route
 
 
 def test_a_revoked_key_gets_401(served, tmp_path):
@@ -306,6 +334,36 @@ def test_a_worker_stopped_by_ctrl_c_leaves_its_job_to_resume(db_url, monkeypatch
     assert service.jobs.get(alice, job["id"])["status"] == "running" and checkpoint.is_dir()
     assert service.jobs.requeue_dead(alive=lambda worker: False) == [job["id"]]  # the next start: queued, to resume
     assert service.jobs.get(alice, job["id"])["status"] == "queued"
+
+
+def test_a_worker_records_no_server_path_where_the_jobs_owner_reads(db_url, monkeypatch, caplog):
+    """A bug's message reaches the worker as it was raised (run_job hides only what it knows of): it named the
+    job's folder, the store and the uploaded file's path in the job's error and events, which its owner reads."""
+    import logging
+
+    from gym.service import jobs as job_library
+    from gym.service.worker import run_one
+
+    service, alice, file = service_with_a_file(db_url, max_running=1)
+    job = service.jobs.create(alice, model="m", training_file=file)["id"]
+    claimed = service.jobs.claim("host:1")
+    store = str(Path(service.store).resolve())
+
+    def broken(spec, store_dir, work_dir, on_event=None, cancel=None):
+        on_event("warning", f"Disk almost full at {work_dir}/run", {"where": [str(work_dir), spec.training_file]})
+        raise RuntimeError(f"could not write {work_dir}/run/trainer_state.json (training file {spec.training_file}, "
+                           f"store {store_dir})")
+
+    monkeypatch.setattr(job_library, "run_job", broken)
+    with caplog.at_level(logging.INFO):
+        assert run_one(service.jobs, claimed, "host:1") == "failed"
+    error = service.jobs.get(alice, job)["error"]
+    assert error["code"] == "server_error"
+    assert error["message"] == (f"could not write {job}/run/trainer_state.json (training file {file}, store the "
+                                "variant store)")
+    shown = json.dumps([error, service.jobs.events(alice, job)])
+    assert store not in shown and str(service.store) not in shown and ".service" not in shown
+    assert f"Disk almost full at {job}/run" in shown and f"{store}/.service/jobs/{job}/run" in caplog.text
 
 
 def test_a_job_queued_under_looser_rules_fails_instead_of_stopping_the_queue(db_url):

@@ -145,7 +145,15 @@ def test_bad_specs_are_one_clear_error(tmp_path):
     (dict(hyperparameters={"n_epochs": 2.0}), "hyperparameters.n_epochs: give \"auto\" or an integer"),
     (dict(hyperparameters={"batch_size": 257}), "hyperparameters.batch_size is at most 256"),
     (dict(hyperparameters={"learning_rate_multiplier": 0}), "learning_rate_multiplier must be positive"),
-    (dict(hyperparameters={"learning_rate_multiplier": float("inf")}), "learning_rate_multiplier must be positive"),
+    # not numbers training can use: inf and NaN (1e400 in a JSON body parses as inf), and an integer past a float's
+    # range, which raised OverflowError (a 500) where it was compared
+    (dict(hyperparameters={"learning_rate_multiplier": float("inf")}),
+     "hyperparameters.learning_rate_multiplier must be a finite positive number, got inf."),
+    (dict(hyperparameters={"learning_rate_multiplier": float("nan")}),
+     "hyperparameters.learning_rate_multiplier must be a finite positive number, got nan."),
+    (dict(hyperparameters={"learning_rate_multiplier": 10**400}),
+     "hyperparameters.learning_rate_multiplier must be a finite positive number, got an integer of 1329 bits."),
+    (dict(hyperparameters={"n_epochs": 10**400}), "hyperparameters.n_epochs is at most 50, got an integer of 1329"),
     (dict(method="dpo", hyperparameters={"beta": 2.5}), "hyperparameters.beta is at most 2, got 2.5"),
     (dict(method="dpo", hyperparameters={"beta": 0}), "hyperparameters.beta must be positive"),
 ])
@@ -164,6 +172,21 @@ def test_openais_bounds_themselves_are_accepted():
     top = JobSpec(**base, hyperparameters={"n_epochs": 50, "batch_size": 256, "learning_rate_multiplier": 100})
     assert top.hyperparameters.n_epochs == 50 and top.hyperparameters.batch_size == 256
     assert JobSpec(**base, method="dpo", hyperparameters={"beta": 2}).hyperparameters.beta == 2
+
+
+def test_any_finite_multiplier_is_taken_while_the_learning_rate_it_makes_is_finite(monkeypatch):
+    """OpenAI takes any positive multiplier; the run's rate is it times the method's base rate, and one that overflows
+    to inf would train every weight to NaN: refused naming the multiplier, as the job is made."""
+    from gym.service import jobs as job_library
+
+    base = dict(job_id="ftjob-1", user_id="alice", model="smollm2-135m", training_file="t.jsonl")
+    huge = JobSpec(**base, hyperparameters={"learning_rate_multiplier": 1e308})
+    assert training_keys(huge, 20)["learning_rate"] == pytest.approx(1e308 * 5e-4)
+    monkeypatch.setitem(job_library.BASE_LEARNING_RATE, "supervised", 10.0)  # a base rate above 1: the product is inf
+    with pytest.raises(ConfigError, match=re.escape("hyperparameters.learning_rate_multiplier 1e+308 makes the "
+                                                    "learning rate 10 x 1e+308 = inf, which training cannot use")):
+        JobSpec(**base, hyperparameters={"learning_rate_multiplier": 1e308})
+    assert JobSpec(**base, method="dpo", hyperparameters={"learning_rate_multiplier": 1e308})  # dpo's base: finite
 
 
 def test_training_files_are_checked_with_file_and_line(tmp_path):
@@ -196,6 +219,43 @@ def test_a_bad_file_fails_the_job_with_an_event(tmp_path):
     shown = [result.error["message"], *(event["message"] for event in events.seen)]
     assert "few.jsonl" in result.error["message"] and not any(str(tmp_path) in text for text in shown)
     assert VariantStore(tmp_path / "store").users() == []
+
+
+def test_a_failed_jobs_error_and_events_name_no_server_path(tmp_path, monkeypatch, caplog):
+    """Out of space while saving a checkpoint: the error named the job's folder inside the server's store. The
+    tenant reads the job id in its place (and no other folder of the server's); the server's log keeps the path."""
+    import errno
+    import logging
+
+    from gym.service import jobs as job_library
+
+    monkeypatch.setenv("GYM_HOME", str(tmp_path / "gym-home"))
+    store, work = tmp_path / "store", tmp_path / "store" / ".service" / "jobs" / "ftjob-1"
+    file = write_jsonl(tmp_path / "file-1", [chat_row(q) for q in QUESTIONS])
+    full = str(work / "run" / "checkpoint-3" / "model.safetensors")
+
+    def no_space(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device", full)
+
+    monkeypatch.setattr(job_library, "_train_and_publish", no_space)
+    events = Events()
+    with caplog.at_level(logging.WARNING, logger="gym.service.jobs"):
+        result = run_job(JobSpec(job_id="ftjob-1", user_id="alice", model="m", training_file=file), store, work,
+                         events)
+    assert result.status is JobStatus.FAILED and result.error["code"] == "training_failed"
+    assert "No space left on the device (ftjob-1/run/checkpoint-3/model.safetensors)" in result.error["message"]
+    shown = json.dumps([result.error, events.seen])
+    assert str(tmp_path) not in shown and ".service" not in shown
+    assert full in caplog.text  # the operator still sees where
+
+    for leak, name in ((tmp_path / "gym-home" / "models" / "tiny", "Gym's cache"), (store / "bob+x+ftjob-2", "the "
+                       "variant store"), (Path("/etc/gym/secret.yaml"), "a server path")):
+        def failing(*args, leak=leak, **kwargs):
+            raise DataError(f"cannot read {leak}/config.json")
+
+        monkeypatch.setattr(job_library, "_train_and_publish", failing)
+        result = run_job(JobSpec(job_id="ftjob-1", user_id="alice", model="m", training_file=file), store, work)
+        assert result.error["message"] == f"cannot read {name}", result.error
 
 
 # -- jobs that train --------------------------------------------------------------------------------------------

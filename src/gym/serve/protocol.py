@@ -78,6 +78,13 @@ def invalid_request(problems: Sequence[Any], body: Any = None) -> ApiError:
         return ApiError(400, "The request body is not valid JSON.")
     if not problems:
         return ApiError(400, "The request is not valid.")
+    # The body as a whole (an array, a string, null, nothing): there is no field to name, and pydantic's own words
+    # ("Input should be a valid dictionary or object to extract fields from") came after an empty one.
+    whole = next((p for p in problems if tuple(p.get("loc", ())) == ("body",)), None)
+    if whole is not None:
+        if whole.get("type") == "missing":
+            return ApiError(400, "The request body is missing; send a JSON object.")
+        return ApiError(400, "The request body must be a JSON object (sent as Content-Type: application/json).")
     unknown = next((p for p in problems if p.get("type") == "extra_forbidden"), None)
     if unknown is not None:
         return unrecognized(_where(unknown), _fields_at(body, list(unknown.get("loc", ()))[1:-1]))

@@ -201,6 +201,12 @@ def check_rows(path: Path, max_rows: int) -> tuple[int, str]:
     """(number of rows, "chat" or "preference") for a JSONL file in one of OpenAI's fine-tuning formats; a
     DataError naming the line and the field of the first bad row."""
     rows, kind = 0, None
+    constants: list[str] = []
+
+    def constant(token: str) -> _NonStandardNumber:
+        constants.append(token)
+        return _NonStandardNumber(token)
+
     with path.open("rb") as handle:
         for line_no, raw in enumerate(handle, start=1):
             if not raw.strip():
@@ -209,13 +215,18 @@ def check_rows(path: Path, max_rows: int) -> tuple[int, str]:
             if rows > max_rows:
                 raise DataError(f"line {line_no}: more than the server's limit of {max_rows} rows.")
             try:
-                row = json.loads(raw.decode("utf-8"))
+                row = json.loads(raw.decode("utf-8"), parse_constant=constant)
             except UnicodeDecodeError:
                 raise DataError(f"line {line_no}: not UTF-8 text.") from None
             except json.JSONDecodeError as exc:
                 raise DataError(f"line {line_no}: not valid JSON (column {exc.colno}): {exc.msg}.") from None
             except RecursionError:  # `[[[[...` a few thousand deep: the parser's own stack, not a server fault
                 raise DataError(f"line {line_no}: JSON nested too deeply to be a fine-tuning row.") from None
+            found = _non_standard_number(row) if constants else None  # walked only for a row that has one
+            if found is not None:
+                where, token = found
+                raise DataError(f"line {line_no}: {where or 'the row'} is {token}, which is not valid JSON (JSON "
+                                "has no NaN or Infinity); give a number or null.")
             row_kind = _row_kind(row, line_no)
             if kind is not None and row_kind != kind:
                 raise DataError(f"line {line_no}: a {row_kind} row in a file of {kind} rows; every row takes one "
@@ -228,6 +239,26 @@ def check_rows(path: Path, max_rows: int) -> tuple[int, str]:
     if kind is None:
         raise DataError("The file has no rows: give JSON lines such as {\"messages\": [...]}.")
     return rows, kind
+
+
+class _NonStandardNumber(str):
+    """`NaN`, `Infinity` or `-Infinity` where a row had one: Python's json takes them, as no other JSON parser
+    does, and they would reach the job (a tool's schema, a message's weight) as floats that are no number."""
+
+
+def _non_standard_number(row: Any) -> tuple[str, str] | None:
+    """(the field, as `messages[1].weight`, and the token) of the first NaN or Infinity in a parsed row, or None.
+    A loop, not recursion: a row nested as deep as the parser allows would otherwise pass the stack's limit here."""
+    stack: list[tuple[Any, str]] = [(row, "")]
+    while stack:
+        value, where = stack.pop()
+        if isinstance(value, _NonStandardNumber):
+            return where, str(value)
+        if isinstance(value, dict):
+            stack += reversed([(item, f"{where}.{key}" if where else str(key)) for key, item in value.items()])
+        elif isinstance(value, list):
+            stack += reversed([(item, f"{where}[{i}]") for i, item in enumerate(value)])
+    return None
 
 
 def _row_kind(row: Any, line_no: int) -> str:

@@ -21,19 +21,22 @@ the result); `cancel` stops it between steps and leaves no variant. Events go to
 from __future__ import annotations
 
 import json
+import logging
 import math
 import random
 import re
-import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from gym.core.errors import ConfigError, DataError, GymError, RunStopped, as_gym_error
 from gym.service.db import JobStatus  # OpenAI's states, one definition; run_job returns the last three
+from gym.service.events import EventSink, JobCancelled, cancel_check, hide_server_paths, job_callback, openai_event
+
+logger = logging.getLogger(__name__)
 
 JOB_PREFIX = "ftjob-"
 MAX_SUFFIX = 64  # OpenAI's limit on a fine-tuned model's suffix
@@ -57,14 +60,6 @@ class Method(str, Enum):
     DPO = "dpo"
 
 
-class EventSink(Protocol):
-    def __call__(self, level: str, message: str, data: dict[str, Any] | None) -> None: ...
-
-
-class JobCancelled(GymError):
-    """The job's cancel was requested: raised inside training so that nothing after it (the variant) happens."""
-
-
 # -- the spec ------------------------------------------------------------------------------------------------------
 def new_job_id() -> str:
     return JOB_PREFIX + uuid.uuid4().hex[:24]
@@ -77,18 +72,35 @@ MAX_EPOCHS, MAX_BATCH_SIZE, MAX_BETA = 50, 256, 2.0
 SEED_MAX = 2**31 - 1
 
 
+def _shown(value: Any) -> str:
+    """A value as a refusal quotes it: an integer too long to print (Python refuses past 4300 digits) by its size."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
+        return f"an integer of {value.bit_length()} bits"
+    return repr(value)
+
+
 def _auto_or(value: Any, name: str, kind: type, most: float | None = None) -> None:
-    """`value` is "auto", or a `kind` above 0 (and at most `most`), or a ConfigError naming hyperparameters.`name`."""
+    """`value` is "auto", or a finite `kind` above 0 (and at most `most`), or a ConfigError naming
+    hyperparameters.`name`."""
     if value == "auto":
         return
     numeric = kind is float and isinstance(value, (int, float))
     if isinstance(value, bool) or not (isinstance(value, kind) or numeric):
         raise ConfigError(f"hyperparameters.{name}: give \"auto\" or a{'n integer' if kind is int else ' number'}, "
                           f"got {value!r}.")
-    if not (value > 0 and math.isfinite(value)):
-        raise ConfigError(f"hyperparameters.{name} must be positive, got {value!r}.")
+    # NaN and inf: JSON has neither, but 1e400 in a body parses as inf, and a Python caller passes either; an
+    # integer past a float's range (10**400) is as far from a number training can use, and float() of it raised
+    # OverflowError, a 500.
+    try:
+        finite = math.isfinite(value)
+    except OverflowError:
+        finite = kind is int  # an n_epochs of 10**400 is refused as past its most, below
+    if not finite:
+        raise ConfigError(f"hyperparameters.{name} must be a finite positive number, got {_shown(value)}.")
+    if not value > 0:
+        raise ConfigError(f"hyperparameters.{name} must be positive, got {_shown(value)}.")
     if most is not None and value > most:
-        raise ConfigError(f"hyperparameters.{name} is at most {most:g}, got {value!r}.")
+        raise ConfigError(f"hyperparameters.{name} is at most {most:g}, got {_shown(value)}.")
 
 
 @dataclass(frozen=True)
@@ -120,6 +132,16 @@ class Hyperparameters:
         _auto_or(self.beta, "beta", float, MAX_BETA)
         if self.beta != "auto" and method is Method.SUPERVISED:
             raise ConfigError("hyperparameters.beta is a dpo hyperparameter; remove it or use method dpo.")
+        multiplier = self.learning_rate_multiplier
+        if multiplier != "auto" and method is not None:
+            # The run's rate is the product: any finite multiplier is OpenAI's to take, but one that overflows it to
+            # inf (or underflows it to 0) would train on NaN weights, or not at all.
+            base = BASE_LEARNING_RATE[method.value]
+            rate = float(multiplier) * base
+            if not (math.isfinite(rate) and rate > 0):
+                raise ConfigError(f"hyperparameters.learning_rate_multiplier {_shown(multiplier)} makes the learning "
+                                  f"rate {base:g} x {_shown(multiplier)} = {rate:g}, which training cannot use; give "
+                                  f"a {'smaller' if rate > 0 else 'larger'} multiplier.")
 
 
 @dataclass(frozen=True)
@@ -387,58 +409,6 @@ def _safety_gate(values: dict[str, Any] | None) -> Any:
     return SafetyGate.from_dict(values)
 
 
-# -- events --------------------------------------------------------------------------------------------------------
-def openai_event(level: str, message: str, data: dict[str, Any] | None = None, *,
-                 created_at: int | None = None) -> dict[str, Any]:
-    """An event as OpenAI's API returns it; a step's metrics (data with step and train_loss) are type "metrics"."""
-    metrics = data is not None and "step" in data and "train_loss" in data
-    return {"object": "fine_tuning.job.event", "id": f"ftevent-{uuid.uuid4().hex[:24]}",
-            "created_at": int(time.time()) if created_at is None else created_at, "level": level,
-            "message": message, "data": data or {}, "type": "metrics" if metrics else "message"}
-
-
-def _cancel_check(cancel: Callable[[], bool] | Any | None) -> Callable[[], bool]:
-    """A callable, or anything with is_set() (threading.Event, multiprocessing.Event), as one callable."""
-    if cancel is None:
-        return lambda: False
-    if hasattr(cancel, "is_set"):
-        return lambda: bool(cancel.is_set())
-    if callable(cancel):
-        return lambda: bool(cancel())
-    raise ConfigError(f"cancel must be a callable or an event, got {type(cancel).__name__}.")
-
-
-def _job_callback(emit: EventSink, cancelled: Callable[[], bool], progress: dict[str, Any]) -> Any:
-    """A Trainer callback: a metrics event per logged step, a checkpoint event per save, and the cancel check
-    between steps (it raises, so the run ends there and nothing after it, the variant included, happens)."""
-    from transformers import TrainerCallback
-
-    class JobCallback(TrainerCallback):
-        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            if cancelled():
-                raise JobCancelled(f"cancelled at step {state.global_step}")
-
-        def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None,
-                   **kwargs: Any) -> None:
-            if not state.is_world_process_zero or not logs or not isinstance(logs.get("loss"), (int, float)):
-                return
-            step, loss = int(state.global_step), float(logs["loss"])
-            progress["step"] = step
-            emit("info", f"Step {step}/{state.max_steps}: training loss={loss:.4f}",
-                 {"step": step, "train_loss": loss, "total_steps": int(state.max_steps)})
-
-        def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            if state.is_world_process_zero:
-                emit("info", f"Checkpoint created at step {state.global_step}",
-                     {"step": int(state.global_step), "checkpoint": f"checkpoint-{state.global_step}"})
-
-        def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            if cancelled():  # asked during the last step: still before the variant is made
-                raise JobCancelled(f"cancelled at step {state.global_step}")
-
-    return JobCallback()
-
-
 # -- running -------------------------------------------------------------------------------------------------------
 @dataclass
 class JobResult:
@@ -466,13 +436,22 @@ def _error(exc: GymError) -> dict[str, Any]:
     return {"code": code, "message": str(exc), "param": "training_file" if isinstance(exc, DataError) else None}
 
 
-def _as_the_client_names_it(text: str, spec: JobSpec) -> str:
+def _as_the_client_names_it(text: str, spec: JobSpec, store_dir: str | Path | None = None,
+                            work_dir: str | Path | None = None) -> str:
     """The server's paths of the job's files as their ids (file-...): what the tenant uploaded and knows, not where
-    the server keeps it."""
-    for path in (spec.training_file, getattr(spec, "validation_file", None)):
-        if path:
-            text = text.replace(str(path), Path(path).name)
-    return text
+    the server keeps it; the job's folder as the job id, the base's folder as the model's name, every other path
+    of the server's hidden (hide_server_paths)."""
+    folders: list[tuple[str | Path, str, bool]] = [
+        (path, Path(path).name, False) for path in (spec.training_file, getattr(spec, "validation_file", None))
+        if path]
+    if work_dir is not None:
+        folders.append((work_dir, str(getattr(spec, "job_id", "the job's folder")), True))
+    base_path = getattr(spec, "base_path", None)
+    if base_path and Path(base_path).expanduser().exists():
+        folders.append((base_path, str(spec.model), False))
+    if store_dir is not None:
+        folders.append((store_dir, "the variant store", False))
+    return str(hide_server_paths(text, folders))
 
 
 def run_job(spec: JobSpec, store_dir: str | Path, work_dir: str | Path, on_event: EventSink | None = None,
@@ -485,7 +464,7 @@ def run_job(spec: JobSpec, store_dir: str | Path, work_dir: str | Path, on_event
     from gym.personalization.store import VariantStore
 
     emit: EventSink = on_event or (lambda level, message, data: None)
-    cancelled = _cancel_check(cancel)
+    cancelled = cancel_check(cancel)
     result = JobResult(job_id=getattr(spec, "job_id", "?"), status=JobStatus.RUNNING)
     try:
         spec.check()
@@ -510,7 +489,9 @@ def run_job(spec: JobSpec, store_dir: str | Path, work_dir: str | Path, on_event
         result.status, result.fine_tuned_model, result.variant = JobStatus.FAILED, None, None
         result.error = _error(known) if known is not None else {"code": "server_error", "message": str(exc),
                                                                 "param": None}
-        result.error["message"] = _as_the_client_names_it(result.error["message"], spec)
+        if known is not None:  # whole, for the operator (a bug is raised, and logged with its traceback)
+            logger.warning("Job %s failed: %s", result.job_id, result.error["message"])
+        result.error["message"] = _as_the_client_names_it(result.error["message"], spec, store_dir, work_dir)
         data: dict[str, Any] = {"error": result.error}
         decision = getattr(known, "decision", None)  # a safety gate's refusal: its numbers, as the event's data
         if decision is not None:
@@ -564,7 +545,7 @@ def _train_and_publish(spec: JobSpec, store: Any, work: Path, emit: EventSink, c
     trainer = PersonalizedTrainer(spec.base_path or spec.model, _delta_config(spec.delta_method, spec.delta_options),
                                   store=store.root)
     gate = _safety_gate(spec.safety_gate)
-    with extra_callbacks(_job_callback(emit, cancelled, progress)):
+    with extra_callbacks(job_callback(emit, cancelled, progress)):
         try:
             if spec.method is Method.DPO:
                 record = trainer.create_variant(spec.variant, preferences=rows, work_dir=work, safety_gate=gate,
@@ -595,5 +576,5 @@ def _train_and_publish(spec: JobSpec, store: Any, work: Path, emit: EventSink, c
 
 
 __all__ = ["FineTunedModel", "Hyperparameters", "JobCancelled", "JobResult", "JobSpec", "JobStatus", "Method",
-           "check_job_options", "new_job_id", "openai_event", "parse_fine_tuned_model", "read_training_file",
-           "run_job", "training_keys"]
+           "check_job_options", "hide_server_paths", "new_job_id", "openai_event", "parse_fine_tuned_model",
+           "read_training_file", "run_job", "training_keys"]

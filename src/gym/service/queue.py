@@ -15,6 +15,7 @@ until one ends).
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 import shutil
@@ -29,6 +30,7 @@ from sqlalchemy import func, select, update
 from gym.core.errors import ConfigError, GymError
 from gym.core.names import did_you_mean
 from gym.service.db import Database, Job, JobEvent, JobStatus, StoredFile, now
+from gym.service.events import hide_server_paths, openai_event
 from gym.service.files import FileNotFound, FileStore
 from gym.service.jobs import (
     JOB_PREFIX,
@@ -37,11 +39,12 @@ from gym.service.jobs import (
     Hyperparameters,
     JobSpec,
     Method,
-    openai_event,
     parse_fine_tuned_model,
 )
 from gym.service.keys import Principal
 from gym.service.limits import JobLimits
+
+logger = logging.getLogger(__name__)
 
 JOBS_DIR = Path(".service") / "jobs"
 ADMIN_OWNER = "admin"  # the user part of the model name of a job made with an admin's key (which has no user)
@@ -81,6 +84,14 @@ class JobQueue:
 
     def work_dir(self, job_id: str) -> Path:
         return self.store / JOBS_DIR / job_id
+
+    def for_client(self, job_id: str, value: Any) -> Any:
+        """`value` (an error message, an event's data) with no path of the server's in it: what the job's owner
+        reads. Every message a worker records passes here, a bug's traceback text included (run_job hides what it
+        knows of, but an exception it re-raises reaches the worker as it was)."""
+        return hide_server_paths(value, [(self.work_dir(job_id), job_id, True), (self.files.root, "", True),
+                                         (self.store / JOBS_DIR, "the jobs' folder", False),
+                                         (self.store, "the variant store", False)])
 
     # -- the routes' side ------------------------------------------------------------------------------------------
     def create(self, who: Principal, *, model: str, training_file: str, validation_file: str | None = None,
@@ -251,9 +262,11 @@ class JobQueue:
                 except ConfigError as exc:
                     # Queued under older, looser rules (a seed or n_epochs now out of range): failed here, or it
                     # would stay the oldest queued job and stop every worker's claim, and the queue, for good.
+                    logger.warning("Job %s failed when claimed: %s", job.id, exc)
+                    said = self.for_client(job.id, str(exc))
                     job.status, job.finished_at = JobStatus.FAILED.value, now()
-                    job.error = {"code": "invalid_request", "param": None, "message": str(exc)}
-                    session.add(JobEvent(job_id=job.id, level="error", message=f"Fine-tuning job failed: {exc}",
+                    job.error = {"code": "invalid_request", "param": None, "message": said}
+                    session.add(JobEvent(job_id=job.id, level="error", message=f"Fine-tuning job failed: {said}",
                                          created_at=now()))
                     continue
                 job.status, job.worker_id, job.heartbeat = JobStatus.RUNNING.value, worker_id, now()
@@ -263,8 +276,11 @@ class JobQueue:
         return None
 
     def add_event(self, job_id: str, level: str, message: str, data: dict[str, Any] | None) -> None:
+        shown, shown_data = self.for_client(job_id, message), self.for_client(job_id, data)
+        if shown != message:
+            logger.info("Job %s: %s", job_id, message)  # the operator's log keeps the paths the owner does not see
         with self.db.session() as session:
-            session.add(JobEvent(job_id=job_id, level=level, message=message, data=data, created_at=now()))
+            session.add(JobEvent(job_id=job_id, level=level, message=shown, data=shown_data, created_at=now()))
 
     def beat(self, job_id: str, worker_id: str) -> bool:
         """Refresh the job's heartbeat; True when its cancel was requested (or it is no longer this worker's)."""
@@ -281,7 +297,7 @@ class JobQueue:
             if job is None or job.worker_id != worker_id or job.status != JobStatus.RUNNING.value:
                 return  # re-queued meanwhile (this worker was thought dead): the job is another worker's now
             job.status, job.finished_at, job.heartbeat = status, now(), now()
-            job.fine_tuned_model, job.error, job.result = fine_tuned_model, error, result
+            job.fine_tuned_model, job.error, job.result = fine_tuned_model, self.for_client(job_id, error), result
 
     def remove_ended_work_dirs(self) -> list[str]:
         """Remove the folders of jobs that have ended; -> their ids. A worker removes its job's folder once it has
