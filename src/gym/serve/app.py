@@ -79,6 +79,9 @@ from gym.service.queue import JobQueue
 from gym.service.service import Service
 from gym.tfgrpo.library import ExperienceLibrary, with_experiences
 
+# How often a non-streaming request asks whether its client is still there: one that hung up frees its rows within this.
+HANG_UP_POLL_SECONDS = 0.05
+
 _STATUS_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
                  405: "invalid_request_error", 409: "invalid_request_error", 413: "invalid_request_error",
                  429: "rate_limit_error", 500: "server_error",
@@ -398,17 +401,23 @@ class _Server:
             return StreamingResponse(stream, media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         finished: dict[int, Finished] = {}
+        loop = asyncio.get_running_loop()
+        check_at = loop.time() + HANG_UP_POLL_SECONDS
         try:
             while len(finished) < len(jobs):
                 try:
-                    # Poll often: a client that hung up should free its rows within a decoding step.
-                    index, event = await asyncio.wait_for(events.get(), timeout=0.05)
+                    index, event = await asyncio.wait_for(events.get(), timeout=HANG_UP_POLL_SECONDS)
                 except asyncio.TimeoutError:
+                    pass
+                else:
+                    if isinstance(event, Finished):
+                        finished[index] = event
+                # By the clock, not only when no token came: pieces arrive every step, so a check made only in a
+                # quiet moment never ran, and a client that hung up held its rows until max_tokens.
+                if loop.time() >= check_at:
                     if await request.is_disconnected():
                         return None
-                    continue
-                if isinstance(event, Finished):
-                    finished[index] = event
+                    check_at = loop.time() + HANG_UP_POLL_SECONDS
         finally:
             for handle in handles:
                 handle.cancel()
