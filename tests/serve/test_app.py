@@ -168,6 +168,13 @@ def test_tokenize_returns_the_ids_chat_requests_are_generated_from(base_url, tin
     assert status == 200 and body["tokens"] == tiny_chat.render(HELLO) and body["max_model_len"] == 1024
 
 
+@pytest.mark.parametrize("body", [{"messages": []}, {"model": "tiny", "messages": []}])
+def test_tokenize_refuses_an_empty_messages_list_as_chat_does(base_url, body):
+    status, answer = raw(base_url, "/tokenize", json.dumps(body).encode())
+    assert status == 400 and answer["error"]["param"] == "messages", answer
+    assert "at least 1 item" in answer["error"]["message"]
+
+
 def test_sixty_four_concurrent_chats_all_succeed_in_bounded_memory(client, tiny_chat):
     """The load test: 64 clients at once on 8 batch rows; none fails, the queue absorbs the rest."""
     def ask(i: int) -> tuple[str, int]:

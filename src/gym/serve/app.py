@@ -68,6 +68,7 @@ from gym.serve.protocol import (
     CompletionRequest,
     TokenizeRequest,
     _Request,
+    conversation,
     image_urls,
     invalid_request,
 )
@@ -238,7 +239,7 @@ def create_app(chat_model: ChatModel, model_name: str, api_key: str | None = Non
         texts = [m.text() for m in body.messages or []] + ([body.prompt] if body.prompt else [])
         check_text_length([("messages" if body.messages else "prompt", t) for t in texts], server.context_length)
         if body.messages is not None:
-            messages, system = ChatCompletionRequest(model=model_name, messages=body.messages).conversation()
+            messages, system = conversation(body.messages)
             urls = image_urls(body.messages)
             images = await asyncio.to_thread(server.load_images, urls) if urls else []
             try:

@@ -370,7 +370,7 @@ class TokenizeRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     model: str | None = None
-    messages: list[Message] | None = None
+    messages: list[Message] | None = Field(default=None, min_length=1)  # as a chat request's: never empty
     prompt: str | None = None
     tools: list[Any] | None = None  # described in the prompt as a chat request with them would be
 
