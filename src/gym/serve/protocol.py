@@ -70,14 +70,22 @@ def unrecognized(name: str, known: Iterable[str]) -> ApiError:
     return ApiError(400, f"Unrecognized request argument supplied: {name}.{hint}", param=name)
 
 
-def invalid_request(problems: Sequence[Any], body: Any = None) -> ApiError:
+def invalid_request(problems: Sequence[Any], body: Any = None, content_type: str | None = None) -> ApiError:
     """A request FastAPI could not validate (its RequestValidationError's `errors()`: the body, the query, the
     path), as OpenAI answers one: a 400 naming the field at fault, an unknown field before any other. `body`: the
-    route's body model, whose fields an unknown one is matched against."""
+    route's body model, whose fields an unknown one is matched against; `content_type`: the request's header."""
     if any(p.get("type") == "json_invalid" for p in problems):
         return ApiError(400, "The request body is not valid JSON.")
     if not problems:
         return ApiError(400, "The request is not valid.")
+    if any(tuple(p.get("loc", ())) == ("body",) for p in problems):
+        # The body as a whole, not a field of it: none, a JSON array or null, or a body that was never read as JSON
+        # (`curl -d` sends form data): no field to name, so say what the body must be.
+        kind = (content_type or "").split(";")[0].strip().lower()
+        sent = "" if kind == "application/json" else \
+            f" It was sent as {kind!r}, not read as JSON: set the header Content-Type: application/json." if kind \
+            else " It was sent without a Content-Type: set the header Content-Type: application/json."
+        return ApiError(400, f"The request body must be a JSON object.{sent}")
     unknown = next((p for p in problems if p.get("type") == "extra_forbidden"), None)
     if unknown is not None:
         return unrecognized(_where(unknown), _fields_at(body, list(unknown.get("loc", ()))[1:-1]))
@@ -129,6 +137,18 @@ UNSUPPORTED_FIELDS = ("logit_bias", "prediction", "audio", "modalities", "web_se
                       "length_penalty", "guided_json", "guided_regex", "guided_choice", "guided_grammar")
 
 
+class StreamOptions(BaseModel):
+    """OpenAI's `stream_options`. A misspelt `include_usag` would otherwise stream without the usage chunk, and the
+    string "false" (truthy as it stood) with it: the keys are read as the body's are."""
+    model_config = ConfigDict(extra="allow")  # kept to be named, as the body's own unknown fields are
+
+    include_usage: bool = False
+    include_obfuscation: bool | None = None  # OpenAI's padding of chunks against length side channels: none here
+
+
+UNSUPPORTED_STREAM_OPTIONS = ("continuous_usage_stats",)  # vLLM's usage in every chunk
+
+
 class _Request(BaseModel):
     model_config = ConfigDict(extra="allow")  # kept to be named below, not dropped
 
@@ -139,7 +159,7 @@ class _Request(BaseModel):
     n: int = Field(default=1, ge=1, le=16)
     stop: str | list[str] | None = None
     stream: bool = False
-    stream_options: dict[str, Any] | None = None
+    stream_options: StreamOptions | None = None
     seed: int | None = Field(default=None, ge=SEED_MIN, le=SEED_MAX)
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
@@ -171,10 +191,15 @@ class _Request(BaseModel):
             raise ApiError(400, "logprobs are not supported by this server.", param="logprobs")
         if self.stream_options is not None and not self.stream:
             raise ApiError(400, "stream_options is only allowed when stream is true.", param="stream_options")
+        for name in (self.stream_options.model_extra or {}) if self.stream_options is not None else ():
+            if name in UNSUPPORTED_STREAM_OPTIONS:
+                raise ApiError(400, f"stream_options.{name} is not supported by this server.",
+                               param=f"stream_options.{name}")
+            raise unrecognized(f"stream_options.{name}", StreamOptions.model_fields)
 
     @property
     def include_usage(self) -> bool:
-        return bool((self.stream_options or {}).get("include_usage"))
+        return self.stream_options is not None and self.stream_options.include_usage
 
 
 class TextPart(BaseModel):
