@@ -124,6 +124,9 @@ def test_auth_is_required_when_a_key_is_set(base_url):
     ({"model": "tiny", "messages": HELLO, "tools": [{"type": "function"}]}, 400, "tools"),
     ({"model": "tiny", "messages": HELLO, "stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),
     ({"model": "tiny", "messages": HELLO, "logprobs": True}, 400, "logprobs"),
+    ({"model": "tiny", "messages": HELLO, "response_format": {"type": "json_schema", "json_schema": {
+        "name": "a", "schema": {"type": "object", "properties": {"a": {"type": "string"}}, "requried": ["a"]}}}},
+     400, "response_format"),
 ])
 def test_bad_chat_requests_get_openai_shaped_4xx(base_url, body, status, param):
     got, answer = raw(base_url, "/v1/chat/completions", json.dumps(body).encode())
