@@ -102,27 +102,29 @@ _SCHEMA_ONE = ("additionalProperties", "items", "not", "if", "then", "else", "co
 TYPO_CUTOFF = 0.8  # closer than this to a keyword: `requried`, `maxlength`, `propertes`, `enums`
 
 
-def check_keywords(schema: Any, where: str = "") -> None:
+def check_keywords(schema: Any) -> None:
     """Refuse a key of `schema` (or of any schema inside it) that is a misspelt keyword: JSON Schema ignores keys it
-    does not know, so `requried: [...]` required nothing and the answer left the property out, without a word."""
-    if not isinstance(schema, Mapping):
-        return
-    for key, value in schema.items():
-        path = f"{where}.{key}" if where else str(key)
-        if isinstance(key, str) and key not in SCHEMA_KEYWORDS and not key.startswith("x-"):
-            match = closest(key, SCHEMA_KEYWORDS, cutoff=TYPO_CUTOFF) or next(
-                (k for k in SCHEMA_KEYWORDS if k.lower() == key.lower()), None)
-            if match is not None:
-                raise ConfigError(f"Invalid JSON schema: {path!r} is not a JSON Schema keyword (one it does not "
-                                  f"know is ignored, so it would constrain nothing). Did you mean '{match}'?")
-        if key in _SCHEMA_MAPS and isinstance(value, Mapping):
-            for name, sub in value.items():
-                check_keywords(sub, f"{path}.{name}")
-        elif key in _SCHEMA_LISTS and isinstance(value, list):
-            for i, sub in enumerate(value):
-                check_keywords(sub, f"{path}.{i}")
-        elif key in _SCHEMA_ONE:
-            check_keywords(value, path)
+    does not know, so `requried: [...]` required nothing and the answer left the property out, without a word.
+    Walked with a stack, not recursion: a request's schema may nest as deep as its JSON parses."""
+    stack: list[tuple[Any, str]] = [(schema, "")]
+    while stack:
+        node, where = stack.pop()
+        if not isinstance(node, Mapping):
+            continue
+        for key, value in node.items():
+            path = f"{where}.{key}" if where else str(key)
+            if isinstance(key, str) and key not in SCHEMA_KEYWORDS and not key.startswith("x-"):
+                match = closest(key, SCHEMA_KEYWORDS, cutoff=TYPO_CUTOFF) or next(
+                    (k for k in SCHEMA_KEYWORDS if k.lower() == key.lower()), None)
+                if match is not None:
+                    raise ConfigError(f"Invalid JSON schema: {path!r} is not a JSON Schema keyword (one it does not "
+                                      f"know is ignored, so it would constrain nothing). Did you mean '{match}'?")
+            if key in _SCHEMA_MAPS and isinstance(value, Mapping):
+                stack.extend((sub, f"{path}.{name}") for name, sub in value.items())
+            elif key in _SCHEMA_LISTS and isinstance(value, list):
+                stack.extend((sub, f"{path}.{i}") for i, sub in enumerate(value))
+            elif key in _SCHEMA_ONE:
+                stack.append((value, path))
 
 
 def json_schema(schema: Mapping[str, Any]) -> Constraint:
