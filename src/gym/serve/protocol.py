@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from gym.core.errors import DataError
 from gym.core.names import did_you_mean
@@ -144,6 +144,11 @@ class StreamOptions(BaseModel):
 
     include_usage: bool = False
     include_obfuscation: bool | None = None  # OpenAI's padding of chunks against length side channels: none here
+
+    @model_validator(mode="before")
+    @classmethod
+    def _text(cls, value: Any) -> Any:
+        return valid_text(value)  # the keys too: an unknown one is named back in the error
 
 
 UNSUPPORTED_STREAM_OPTIONS = ("continuous_usage_stats",)  # vLLM's usage in every chunk
