@@ -154,6 +154,12 @@ def test_the_end_of_turn_token_is_allowed_only_where_the_grammar_accepts(tokeniz
     (lambda: grammar.json_schema({"type": "string", "pattern": "(("}), "regex"),
     (lambda: grammar.json_schema({"$ref": "#/$defs/missing"}), "missing"),
     (lambda: grammar.json_schema(["not", "an", "object"]), "must be an object"),
+    (lambda: grammar.json_schema({"type": "object", "properties": {"a": {"type": "string"}}, "requried": ["a"]}),
+     "'requried' is not a JSON Schema keyword"),
+    (lambda: grammar.json_schema({"type": "array", "items": {"type": "string", "maxlength": 3}}),
+     "'items.maxlength' is not a JSON Schema keyword (one it does not know is ignored, so it would constrain "
+     "nothing). Did you mean 'maxLength'?"),
+    (lambda: grammar.json_schema({"anyOf": [{"type": "object", "propertes": {}}]}), "Did you mean 'properties'?"),
     (lambda: grammar.lark("start: undefined_rule"), "undefined_rule"),
     (lambda: grammar.lark(""), "start"),
 ])
@@ -161,6 +167,13 @@ def test_bad_schemas_and_grammars_are_one_line_config_errors(make, words):
     with pytest.raises(ConfigError) as caught:
         make()
     assert words in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_a_misspelt_keyword_is_refused_but_names_and_annotations_are_not():
+    """A property may be called anything, and keys far from every keyword (OpenAPI's, `x-` extensions) are kept."""
+    schema = {"type": "object", "properties": {"requried": {"type": "string", "example": "x", "nullable": True}},
+              "required": ["requried"], "x-origin": "openapi", "summary": "a key near no keyword"}
+    assert grammar.json_schema(schema).kind is grammar.ConstraintKind.JSON_SCHEMA
 
 
 # Valid JSON Schema that no finite JSON matches: llguidance compiles it, then gives up at its item limit as soon as

@@ -124,6 +124,9 @@ def test_auth_is_required_when_a_key_is_set(base_url):
     ({"model": "tiny", "messages": HELLO, "tools": [{"type": "function"}]}, 400, "tools"),
     ({"model": "tiny", "messages": HELLO, "stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),
     ({"model": "tiny", "messages": HELLO, "logprobs": True}, 400, "logprobs"),
+    ({"model": "tiny", "messages": HELLO, "response_format": {"type": "json_schema", "json_schema": {
+        "name": "a", "schema": {"type": "object", "properties": {"a": {"type": "string"}}, "requried": ["a"]}}}},
+     400, "response_format"),
 ])
 def test_bad_chat_requests_get_openai_shaped_4xx(base_url, body, status, param):
     got, answer = raw(base_url, "/v1/chat/completions", json.dumps(body).encode())
@@ -166,6 +169,72 @@ def test_bad_json_unknown_routes_and_methods(base_url, client):
 def test_tokenize_returns_the_ids_chat_requests_are_generated_from(base_url, tiny_chat):
     status, body = raw(base_url, "/tokenize", json.dumps({"model": "tiny", "messages": HELLO}).encode())
     assert status == 200 and body["tokens"] == tiny_chat.render(HELLO) and body["max_model_len"] == 1024
+
+
+@pytest.mark.parametrize("body", [{"messages": []}, {"model": "tiny", "messages": []}])
+def test_tokenize_refuses_an_empty_messages_list_as_chat_does(base_url, body):
+    status, answer = raw(base_url, "/tokenize", json.dumps(body).encode())
+    assert status == 400 and answer["error"]["param"] == "messages", answer
+    assert "at least 1 item" in answer["error"]["message"]
+
+
+def test_a_completion_prompt_longer_than_the_context_is_named_as_prompt(base_url):
+    status, answer = raw(base_url, "/v1/completions", json.dumps({"model": "tiny", "prompt": list(range(100, 1200))})
+                         .encode())
+    assert status == 400 and answer["error"]["code"] == "context_length_exceeded"
+    assert answer["error"]["param"] == "prompt"  # a completion has no `messages` for a client to shorten
+
+
+def test_a_request_for_more_completions_than_the_queue_admits_is_a_400_not_a_429(base_url, tiny_chat):
+    # tiny_chat waits 64 at most: 65 prompts could never all be admitted, so "retry later" would never come true
+    body = {"model": "tiny", "prompt": ["Hi"] * 65, "max_tokens": 1}
+    status, answer = raw(base_url, "/v1/completions", json.dumps(body).encode())
+    assert status == 400 and answer["error"]["param"] == "prompt", answer
+    assert "at most 64 at once" in answer["error"]["message"]
+    assert tiny_chat.engine.load == {"running": 0, "waiting": 0}  # nothing was submitted
+    status, answer = raw(base_url, "/v1/completions", json.dumps({**body, "prompt": ["Hi"] * 4, "n": 16}).encode())
+    assert status == 200 and len(answer["choices"]) == 64  # exactly what the queue holds
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"include_usag": True}, "Unrecognized request argument supplied: stream_options.include_usag. Did you mean "
+                             "'include_usage'?"),
+    ({"continuous_usage_stats": True}, "stream_options.continuous_usage_stats is not supported by this server."),
+])
+def test_a_stream_option_the_server_would_ignore_is_refused_by_name(base_url, options, message):
+    body = {"model": "tiny", "messages": HELLO, "max_tokens": 2, "stream": True, "stream_options": options}
+    status, answer = raw(base_url, "/v1/chat/completions", json.dumps(body).encode())
+    assert status == 400 and answer["error"]["message"] == message
+    assert answer["error"]["param"] == f"stream_options.{next(iter(options))}"
+
+
+def test_include_usage_false_as_a_string_streams_no_usage(base_url):
+    body = {"model": "tiny", "messages": HELLO, "max_tokens": 2, "stream": True,
+            "stream_options": {"include_usage": "false"}}
+    request = urllib.request.Request(base_url + "/v1/chat/completions", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"})
+    with urllib.request.urlopen(request, timeout=60) as response:
+        events = [line[6:] for line in response.read().decode().splitlines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    assert all("usage" not in json.loads(event) for event in events[:-1])
+
+
+@pytest.mark.parametrize("content_type, said", [
+    ("text/plain", "It was sent as 'text/plain', not read as JSON: set the header Content-Type: application/json."),
+    ("application/x-www-form-urlencoded", "Content-Type: application/json"),  # what `curl -d` sends
+    ("application/json", ""),
+])
+def test_a_body_that_is_not_a_json_object_says_what_it_must_be(base_url, content_type, said):
+    whole = json.dumps({"model": "tiny", "messages": HELLO}).encode()  # valid JSON, unread under another type
+    data = b"[1, 2]" if content_type == "application/json" else whole
+    request = urllib.request.Request(base_url + "/v1/chat/completions", data=data,
+                                     headers={"Content-Type": content_type, "Authorization": f"Bearer {KEY}"})
+    with pytest.raises(urllib.error.HTTPError) as caught:
+        urllib.request.urlopen(request, timeout=60)
+    answer = json.loads(caught.value.read())
+    assert caught.value.code == 400
+    assert answer["error"]["message"].startswith("The request body must be a JSON object.")
+    assert said in answer["error"]["message"]
 
 
 def test_sixty_four_concurrent_chats_all_succeed_in_bounded_memory(client, tiny_chat):

@@ -122,3 +122,28 @@ def test_a_client_that_hangs_up_mid_stream_frees_its_row_within_a_step(base_url,
     assert tiny_chat.engine.load == {"running": 0, "waiting": 0}
     # A decoding step of the tiny model takes milliseconds; 3 s leaves room for a loaded CI machine.
     assert freed_after < 3.0, f"the row was held {freed_after:.2f} s after the client left"
+
+
+def test_a_client_that_hangs_up_before_a_whole_answer_frees_its_row_while_tokens_flow(base_url, tiny_chat):
+    """Without stream: the server's only chance to notice is to ask, and tokens arrive every step."""
+    ask = {"model": "tiny", "messages": HELLO, "max_tokens": 900, "temperature": 1.0, "seed": 1}
+    started = time.perf_counter()
+    status, whole = _chat(base_url, **{k: v for k, v in ask.items() if k != "model"})
+    full = time.perf_counter() - started
+    assert status == 200 and whole["usage"]["completion_tokens"] == 900  # no end token: it runs to max_tokens
+    url = urlparse(base_url)
+    connection = http.client.HTTPConnection(url.hostname, url.port, timeout=30)
+    connection.request("POST", "/v1/chat/completions", body=json.dumps(ask).encode(),
+                       headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})
+    deadline = time.perf_counter() + 10
+    while not tiny_chat.engine.load["running"] and time.perf_counter() < deadline:
+        time.sleep(0.005)
+    assert tiny_chat.engine.load["running"] == 1
+    connection.sock.close()  # hang up, waiting for nothing
+    connection.close()
+    hung_up = time.perf_counter()
+    while tiny_chat.engine.load["running"] and time.perf_counter() - hung_up < 30:
+        time.sleep(0.005)
+    freed_after = time.perf_counter() - hung_up
+    assert tiny_chat.engine.load == {"running": 0, "waiting": 0}
+    assert freed_after < full / 3, f"the row was held {freed_after:.2f} s of the {full:.2f} s a whole answer takes"

@@ -58,8 +58,10 @@ def test_a_wrong_value_or_query_names_its_field_and_is_a_400():
 def test_a_body_that_is_not_an_object_is_named_as_the_body():
     """No field is at fault, so none is named: the message began with ": Input should be a valid dictionary"."""
     array = invalid_request([{"type": "model_attributes_type", "loc": ("body",), "msg": "Input should be a valid "
-                              "dictionary or object to extract fields from", "input": [1]}], Body)
+                              "dictionary or object to extract fields from", "input": [1]}], Body,
+                            "application/json")
     assert (array.status, array.param) == (400, None)
-    assert array.message == "The request body must be a JSON object (sent as Content-Type: application/json)."
-    empty = invalid_request([{"type": "missing", "loc": ("body",), "msg": "Field required"}], Body)
-    assert empty.message == "The request body is missing; send a JSON object."
+    assert array.message == "The request body must be a JSON object."
+    empty = invalid_request([{"type": "missing", "loc": ("body",), "msg": "Field required"}], Body, None)
+    assert empty.message == ("The request body is missing; send a JSON object. It was sent without a Content-Type: "
+                             "set the header Content-Type: application/json.")

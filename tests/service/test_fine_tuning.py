@@ -242,7 +242,7 @@ def test_a_body_that_is_not_a_json_object_is_named_as_such_on_every_route(served
                 answer = http.post(route, content=body, headers={"Content-Type": "application/json"})
                 assert answer.status_code == 400, (route, body, answer.text)
                 assert answer.json()["error"] == {
-                    "message": "The request body must be a JSON object (sent as Content-Type: application/json).",
+                    "message": "The request body must be a JSON object.",
                     "type": "invalid_request_error", "param": None, "code": None}, (route, body)
             answer = http.post(route, headers={"Content-Type": "application/json"})
             assert answer.status_code == 400

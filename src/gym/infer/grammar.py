@@ -52,6 +52,7 @@ import numpy as np
 import torch
 
 from gym.core.errors import ConfigError, GymError
+from gym.core.names import closest
 from gym.models.quick_tokenizer import full_tokenizer
 
 if TYPE_CHECKING:
@@ -83,11 +84,55 @@ def json_object() -> Constraint:
                     llguidance.LLMatcher.grammar_from_json_schema({"type": "object"}, defaults=JSON_LAYOUT))
 
 
+# JSON Schema's keywords (draft 2020-12, the older `definitions`, `dependencies`, `additionalItems`, and OpenAPI's
+# `example` and `nullable`, which schemas written for OpenAPI carry): a key near one of them is taken for its typo.
+SCHEMA_KEYWORDS = frozenset((
+    "$schema", "$id", "$ref", "$anchor", "$dynamicRef", "$dynamicAnchor", "$vocabulary", "$comment", "$defs",
+    "definitions", "allOf", "anyOf", "oneOf", "not", "if", "then", "else", "dependentSchemas", "prefixItems", "items",
+    "contains", "properties", "patternProperties", "additionalProperties", "propertyNames", "unevaluatedItems",
+    "unevaluatedProperties", "additionalItems", "dependencies", "type", "enum", "const", "multipleOf", "maximum",
+    "exclusiveMaximum", "minimum", "exclusiveMinimum", "maxLength", "minLength", "pattern", "maxItems", "minItems",
+    "uniqueItems", "maxContains", "minContains", "maxProperties", "minProperties", "required", "dependentRequired",
+    "format", "contentEncoding", "contentMediaType", "contentSchema", "title", "description", "default",
+    "deprecated", "readOnly", "writeOnly", "examples", "example", "nullable"))
+_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")  # name -> schema
+_SCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems", "items")
+_SCHEMA_ONE = ("additionalProperties", "items", "not", "if", "then", "else", "contains", "propertyNames",
+               "unevaluatedItems", "unevaluatedProperties", "additionalItems", "contentSchema")
+TYPO_CUTOFF = 0.8  # closer than this to a keyword: `requried`, `maxlength`, `propertes`, `enums`
+
+
+def check_keywords(schema: Any) -> None:
+    """Refuse a key of `schema` (or of any schema inside it) that is a misspelt keyword: JSON Schema ignores keys it
+    does not know, so `requried: [...]` required nothing and the answer left the property out, without a word.
+    Walked with a stack, not recursion: a request's schema may nest as deep as its JSON parses."""
+    stack: list[tuple[Any, str]] = [(schema, "")]
+    while stack:
+        node, where = stack.pop()
+        if not isinstance(node, Mapping):
+            continue
+        for key, value in node.items():
+            path = f"{where}.{key}" if where else str(key)
+            if isinstance(key, str) and key not in SCHEMA_KEYWORDS and not key.startswith("x-"):
+                match = closest(key, SCHEMA_KEYWORDS, cutoff=TYPO_CUTOFF) or next(
+                    (k for k in SCHEMA_KEYWORDS if k.lower() == key.lower()), None)
+                if match is not None:
+                    raise ConfigError(f"Invalid JSON schema: {path!r} is not a JSON Schema keyword (one it does not "
+                                      f"know is ignored, so it would constrain nothing). Did you mean '{match}'?")
+            if key in _SCHEMA_MAPS and isinstance(value, Mapping):
+                stack.extend((sub, f"{path}.{name}") for name, sub in value.items())
+            elif key in _SCHEMA_LISTS and isinstance(value, list):
+                stack.extend((sub, f"{path}.{i}") for i, sub in enumerate(value))
+            elif key in _SCHEMA_ONE:
+                stack.append((value, path))
+
+
 def json_schema(schema: Mapping[str, Any]) -> Constraint:
     """JSON that validates against `schema` (draft 2020-12 as llguidance implements it; a keyword it does
-    not implement is an error, not silently ignored)."""
+    not implement is an error, not silently ignored, and so is a misspelt one: check_keywords)."""
     if not isinstance(schema, Mapping):
         raise ConfigError(f"A JSON schema must be an object, not {type(schema).__name__}.")
+    check_keywords(schema)
     try:
         source = json.dumps(schema)
         grammar = llguidance.LLMatcher.grammar_from_json_schema(source, defaults=JSON_LAYOUT)

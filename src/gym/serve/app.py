@@ -68,6 +68,7 @@ from gym.serve.protocol import (
     CompletionRequest,
     TokenizeRequest,
     _Request,
+    conversation,
     image_urls,
     invalid_request,
 )
@@ -78,6 +79,9 @@ from gym.service.keys import Principal
 from gym.service.queue import JobQueue
 from gym.service.service import Service
 from gym.tfgrpo.library import ExperienceLibrary, with_experiences
+
+# How often a non-streaming request asks whether its client is still there: one that hung up frees its rows within this.
+HANG_UP_POLL_SECONDS = 0.05
 
 _STATUS_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
                  405: "invalid_request_error", 409: "invalid_request_error", 413: "invalid_request_error",
@@ -134,7 +138,7 @@ def create_app(chat_model: ChatModel, model_name: str, api_key: str | None = Non
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
         route = request.scope.get("route")
         body = getattr(getattr(route, "body_field", None), "field_info", None)
-        error = invalid_request(exc.errors(), getattr(body, "annotation", None))
+        error = invalid_request(exc.errors(), getattr(body, "annotation", None), request.headers.get("content-type"))
         return JSONResponse(error.body(), status_code=error.status)
 
     @app.exception_handler(Exception)
@@ -208,7 +212,7 @@ def create_app(chat_model: ChatModel, model_name: str, api_key: str | None = Non
         except RequestFieldError as e:
             raise ApiError(400, str(e), param=e.field) from None
         params = server.params(body, len(turn.prompt), max_tokens=body.max_completion_tokens or body.max_tokens,
-                               variant=variant, constraint=turn.constraint)
+                               variant=variant, constraint=turn.constraint, prompt_field="messages")
         return await server.respond(body, [turn.prompt], params, request, turn=turn, contexts=[context])
 
     @app.post("/v1/completions")
@@ -223,7 +227,8 @@ def create_app(chat_model: ChatModel, model_name: str, api_key: str | None = Non
             contexts = [[{"role": "user", "content": chat_model.tokenizer.decode(p)}] for p in prompts]
             for i, context in enumerate(contexts):
                 await guard.check_input(context, "prompt" if len(prompts) == 1 else f"prompt.{i}")
-        params = server.params(body, max(len(p) for p in prompts), max_tokens=body.max_tokens, variant=variant)
+        params = server.params(body, max(len(p) for p in prompts), max_tokens=body.max_tokens, variant=variant,
+                               prompt_field="prompt")
         return await server.respond(body, prompts, params, request, contexts=contexts)
 
     @app.post("/tokenize")
@@ -235,7 +240,7 @@ def create_app(chat_model: ChatModel, model_name: str, api_key: str | None = Non
         texts = [m.text() for m in body.messages or []] + ([body.prompt] if body.prompt else [])
         check_text_length([("messages" if body.messages else "prompt", t) for t in texts], server.context_length)
         if body.messages is not None:
-            messages, system = ChatCompletionRequest(model=model_name, messages=body.messages).conversation()
+            messages, system = conversation(body.messages)
             urls = image_urls(body.messages)
             images = await asyncio.to_thread(server.load_images, urls) if urls else []
             try:
@@ -351,13 +356,15 @@ class _Server:
             raise ApiError(400, "A prompt encodes to no tokens.", param="prompt")
         return encoded
 
-    def params(self, body: _Request, prompt_len: int, max_tokens: int | None,
-               variant: str | None = None, constraint: Constraint | None = None) -> list[SamplingParams]:
-        """One SamplingParams per choice; with a seed, choice i samples with seed + i (distinct, reproducible)."""
+    def params(self, body: _Request, prompt_len: int, max_tokens: int | None, variant: str | None = None,
+               constraint: Constraint | None = None, prompt_field: str = "messages") -> list[SamplingParams]:
+        """One SamplingParams per choice; with a seed, choice i samples with seed + i (distinct, reproducible).
+        `prompt_field`: the field that holds the prompt (`messages`, or a completion's `prompt`), named when it
+        is too long."""
         room = self.context_length - prompt_len
         if room < 1:
             raise ApiError(400, f"The prompt is {prompt_len} tokens; this model's context is {self.context_length}.",
-                           param="messages", code="context_length_exceeded")
+                           param=prompt_field, code="context_length_exceeded")
         if max_tokens is not None and max_tokens > room:
             raise ApiError(400, f"This model's maximum context length is {self.context_length} tokens; the prompt "
                                 f"({prompt_len}) plus max_tokens ({max_tokens}) exceeds it.",
@@ -380,6 +387,12 @@ class _Server:
         `contexts`: each prompt's conversation, as the guard judges the answers (with one)."""
         chat = turn is not None
         jobs = [(prompt, p) for prompt in prompts for p in params]  # choice index = prompt index * n + j
+        admits = getattr(self.chat_model.engine, "max_waiting", None)
+        if isinstance(admits, int) and len(jobs) > admits:
+            # More than the queue ever admits at once: a 429's "retry later" would never come true.
+            raise ApiError(400, f"This request asks for {len(jobs)} completions ({len(prompts)} prompt(s) x n="
+                                f"{len(params)}); this server admits at most {admits} at once (its --max_waiting). "
+                                "Send fewer prompts or a smaller n.", param="n" if len(prompts) == 1 else "prompt")
         events, handles = self._submit(jobs, getattr(body, "constrained_by", None),
                                        media=turn.media if turn is not None else None)
         screening: asyncio.Task[None] | None = None
@@ -398,17 +411,23 @@ class _Server:
             return StreamingResponse(stream, media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         finished: dict[int, Finished] = {}
+        loop = asyncio.get_running_loop()
+        check_at = loop.time() + HANG_UP_POLL_SECONDS
         try:
             while len(finished) < len(jobs):
                 try:
-                    # Poll often: a client that hung up should free its rows within a decoding step.
-                    index, event = await asyncio.wait_for(events.get(), timeout=0.05)
+                    index, event = await asyncio.wait_for(events.get(), timeout=HANG_UP_POLL_SECONDS)
                 except asyncio.TimeoutError:
+                    pass
+                else:
+                    if isinstance(event, Finished):
+                        finished[index] = event
+                # By the clock, not only when no token came: pieces arrive every step, so a check made only in a
+                # quiet moment never ran, and a client that hung up held its rows until max_tokens.
+                if loop.time() >= check_at:
                     if await request.is_disconnected():
                         return None
-                    continue
-                if isinstance(event, Finished):
-                    finished[index] = event
+                    check_at = loop.time() + HANG_UP_POLL_SECONDS
         finally:
             for handle in handles:
                 handle.cancel()

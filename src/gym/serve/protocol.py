@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from gym.core.errors import DataError
 from gym.core.names import did_you_mean
@@ -70,21 +70,26 @@ def unrecognized(name: str, known: Iterable[str]) -> ApiError:
     return ApiError(400, f"Unrecognized request argument supplied: {name}.{hint}", param=name)
 
 
-def invalid_request(problems: Sequence[Any], body: Any = None) -> ApiError:
+def invalid_request(problems: Sequence[Any], body: Any = None, content_type: str | None = None) -> ApiError:
     """A request FastAPI could not validate (its RequestValidationError's `errors()`: the body, the query, the
     path), as OpenAI answers one: a 400 naming the field at fault, an unknown field before any other. `body`: the
-    route's body model, whose fields an unknown one is matched against."""
+    route's body model, whose fields an unknown one is matched against; `content_type`: the request's header."""
     if any(p.get("type") == "json_invalid" for p in problems):
         return ApiError(400, "The request body is not valid JSON.")
     if not problems:
         return ApiError(400, "The request is not valid.")
-    # The body as a whole (an array, a string, null, nothing): there is no field to name, and pydantic's own words
-    # ("Input should be a valid dictionary or object to extract fields from") came after an empty one.
     whole = next((p for p in problems if tuple(p.get("loc", ())) == ("body",)), None)
     if whole is not None:
+        # The body as a whole, not a field of it: none, a JSON array or null, or a body that was never read as JSON
+        # (`curl -d` sends form data): no field to name (pydantic's own words came after an empty one), so say what
+        # the body must be.
+        kind = (content_type or "").split(";")[0].strip().lower()
+        sent = "" if kind == "application/json" else \
+            f" It was sent as {kind!r}, not read as JSON: set the header Content-Type: application/json." if kind \
+            else " It was sent without a Content-Type: set the header Content-Type: application/json."
         if whole.get("type") == "missing":
-            return ApiError(400, "The request body is missing; send a JSON object.")
-        return ApiError(400, "The request body must be a JSON object (sent as Content-Type: application/json).")
+            return ApiError(400, f"The request body is missing; send a JSON object.{sent}")
+        return ApiError(400, f"The request body must be a JSON object.{sent}")
     unknown = next((p for p in problems if p.get("type") == "extra_forbidden"), None)
     if unknown is not None:
         return unrecognized(_where(unknown), _fields_at(body, list(unknown.get("loc", ()))[1:-1]))
@@ -136,6 +141,23 @@ UNSUPPORTED_FIELDS = ("logit_bias", "prediction", "audio", "modalities", "web_se
                       "length_penalty", "guided_json", "guided_regex", "guided_choice", "guided_grammar")
 
 
+class StreamOptions(BaseModel):
+    """OpenAI's `stream_options`. A misspelt `include_usag` would otherwise stream without the usage chunk, and the
+    string "false" (truthy as it stood) with it: the keys are read as the body's are."""
+    model_config = ConfigDict(extra="allow")  # kept to be named, as the body's own unknown fields are
+
+    include_usage: bool = False
+    include_obfuscation: bool | None = None  # OpenAI's padding of chunks against length side channels: none here
+
+    @model_validator(mode="before")
+    @classmethod
+    def _text(cls, value: Any) -> Any:
+        return valid_text(value)  # the keys too: an unknown one is named back in the error
+
+
+UNSUPPORTED_STREAM_OPTIONS = ("continuous_usage_stats",)  # vLLM's usage in every chunk
+
+
 class _Request(BaseModel):
     model_config = ConfigDict(extra="allow")  # kept to be named below, not dropped
 
@@ -146,7 +168,7 @@ class _Request(BaseModel):
     n: int = Field(default=1, ge=1, le=16)
     stop: str | list[str] | None = None
     stream: bool = False
-    stream_options: dict[str, Any] | None = None
+    stream_options: StreamOptions | None = None
     seed: int | None = Field(default=None, ge=SEED_MIN, le=SEED_MAX)
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
@@ -178,10 +200,15 @@ class _Request(BaseModel):
             raise ApiError(400, "logprobs are not supported by this server.", param="logprobs")
         if self.stream_options is not None and not self.stream:
             raise ApiError(400, "stream_options is only allowed when stream is true.", param="stream_options")
+        for name in (self.stream_options.model_extra or {}) if self.stream_options is not None else ():
+            if name in UNSUPPORTED_STREAM_OPTIONS:
+                raise ApiError(400, f"stream_options.{name} is not supported by this server.",
+                               param=f"stream_options.{name}")
+            raise unrecognized(f"stream_options.{name}", StreamOptions.model_fields)
 
     @property
     def include_usage(self) -> bool:
-        return bool((self.stream_options or {}).get("include_usage"))
+        return self.stream_options is not None and self.stream_options.include_usage
 
 
 class TextPart(BaseModel):
@@ -377,7 +404,7 @@ class TokenizeRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     model: str | None = None
-    messages: list[Message] | None = None
+    messages: list[Message] | None = Field(default=None, min_length=1)  # as a chat request's: never empty
     prompt: str | None = None
     tools: list[Any] | None = None  # described in the prompt as a chat request with them would be
 
