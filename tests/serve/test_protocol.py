@@ -65,3 +65,21 @@ def test_a_body_that_is_not_an_object_is_named_as_the_body():
     empty = invalid_request([{"type": "missing", "loc": ("body",), "msg": "Field required"}], Body, None)
     assert empty.message == ("The request body is missing; send a JSON object. It was sent without a Content-Type: "
                              "set the header Content-Type: application/json.")
+
+
+def test_a_message_without_content_is_refused_unless_an_assistant_calls_tools():
+    """A user message with no content was read as an empty one, and the model answered a prompt never written."""
+    import pytest
+
+    from gym.serve.protocol import ApiError, Message, conversation
+
+    for role in ("user", "system", "tool"):
+        with pytest.raises(ApiError, match=f"messages.0: a {role} message needs content") as refused:
+            conversation([Message(role=role), Message(role="user", content="Hi")])
+        assert (refused.value.status, refused.value.param) == (400, "messages.0.content")
+    with pytest.raises(ApiError, match="messages.1: an assistant message needs content or tool_calls"):
+        conversation([Message(role="user", content="Hi"), Message(role="assistant"), Message(role="user", content="?")])
+    call = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    turns, _ = conversation([Message(role="user", content="Hi"), Message(role="assistant", tool_calls=[call]),
+                             Message(role="tool", tool_call_id="call_1", content="42")])
+    assert turns

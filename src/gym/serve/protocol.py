@@ -283,6 +283,12 @@ def conversation(messages: list[Message]) -> tuple[list[InternalMessage], str | 
         if m.role != "user" and m.image_urls(i):
             raise ApiError(400, f"messages.{i}: images go in user messages; a {m.role} message holds text only.",
                            param=f"messages.{i}.content")
+        # As OpenAI: only an assistant message that calls tools may leave its content out. Without this a message
+        # with no content was read as an empty one, and the model answered a prompt the client never wrote.
+        if m.content is None and not (m.role == "assistant" and m.tool_calls):
+            need = "an assistant message needs content or tool_calls" if m.role == "assistant" else \
+                f"a {m.role} message needs content"
+            raise ApiError(400, f"messages.{i}: {need}.", param=f"messages.{i}.content")
     _check_tool_results(messages)
     system = [m.text() for m in messages if m.role in ("system", "developer")]
     # The system prompt stays first, so an error's message index is the client's when it sent one system message
