@@ -28,7 +28,7 @@ def _parse(tokens: list[str], at: int = 0) -> tuple[list, int, str | None]:
                 nodes.append(("text", token))
             continue
         action = token[2:-2].strip()
-        if action == "end" or action.startswith("else if "):
+        if action in ("end", "else") or action.startswith("else if "):
             return nodes, at, action
         if action.startswith("if "):
             branches, condition = [], action[3:]
@@ -37,7 +37,7 @@ def _parse(tokens: list[str], at: int = 0) -> tuple[list, int, str | None]:
                 branches.append((condition, body))
                 if stop == "end":
                     break
-                condition = stop[len("else if "):]
+                condition = "true" if stop == "else" else stop[len("else if "):]
             nodes.append(("if", branches))
         elif action == "range $i, $m := .Messages":
             body, at, _ = _parse(tokens, at)
@@ -49,6 +49,8 @@ def _parse(tokens: list[str], at: int = 0) -> tuple[list, int, str | None]:
 
 def _value(expr: str, env: dict):
     expr = expr.strip()
+    if expr == "true":
+        return True
     if expr.startswith("(") and expr.endswith(")"):
         return _value(expr[1:-1], env)
     if expr.startswith("and "):
@@ -108,6 +110,20 @@ def test_go_template_renders_the_trained_prompt(tokenizer, name, thinking):
             continue  # Go templates cannot test for "<think>" in a past answer (docs/export.md)
         expected = chat.render_prompt(messages, system)
         assert render_go(go, system or TEMPLATES[name].default_system, messages) == expected, (name, messages)
+
+
+def test_a_bos_opening_every_user_turn_is_left_to_llama_cpp_on_the_first(tokenizer):
+    """Llama 2 opens every user turn with <s>: at the prompt's start llama.cpp adds its own, and the Modelfile wrote a
+    second one; later turns keep theirs (Ollama's Llama 2 template writes </s><s> after each answer)."""
+    chat = ChatFormat(tokenizer, TEMPLATES["llama2"], None)
+    go = go_chat_template(TEMPLATES["llama2"], "</s>", "<s>")
+    for messages, system in CONVERSATIONS[:2]:
+        expected = chat.render_prompt(messages, system).replace(tokenizer.eos_token, "</s>")
+        assert expected.startswith("<s>[INST] ") and render_go(go, system, messages) == expected[len("<s>"):]
+    assert render_go(go, None, CONVERSATIONS[1][0]).count("<s>[INST]") == 1  # the second turn's
+    # ChatML opens its turns with SmolLM2's BOS text, but after its system turn: nothing is taken from it.
+    assert go_chat_template(TEMPLATES["chatml"], tokenizer.eos_token, tokenizer.bos_token) == \
+        go_chat_template(TEMPLATES["chatml"], tokenizer.eos_token, None)
 
 
 def test_ollama_export_writes_the_gguf_and_its_modelfile(trained_run, tmp_path, tokenizer):

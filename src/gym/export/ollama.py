@@ -7,7 +7,9 @@ that renders exactly what the tokenizer's own template renders: gym.data.templat
 `.Messages` in its user / tool / assistant turn. The user turn ends with the assistant header, so a prompt
 ending with a user message asks for the answer. SYSTEM holds the default system prompt; PARAMETER stop the
 end-of-turn tokens; the other PARAMETERs the decoding settings training saved.
-A BOS the prefix would write is left to llama.cpp, which adds it per the GGUF's add_bos_token.
+A BOS the prefix would write is left to llama.cpp, which adds it per the GGUF's add_bos_token; so is the one a
+format with neither prefix nor system turn opens every user turn with (Llama 2's `<s>[INST]`): the first user
+turn goes without it, later ones keep it, as Ollama's own Llama 2 template writes them.
 """
 
 from __future__ import annotations
@@ -44,6 +46,9 @@ def go_chat_template(template: Template, eos: str, bos: str | None = None, enabl
         first_user = ("{{ if and (eq $i 0) $.System }}" + _turn(t.system_in_user, eos, "{{ $.System }}") + "{{ end }}"
                       + content)
     user = _turn(t.user, eos, first_user)
+    if bos and not t.prefix and not t.system and user.startswith(bos):
+        # The first user turn opens the prompt, where llama.cpp puts its own BOS: a second one would follow it.
+        user = "{{ if eq $i 0 }}" + user[len(bos):] + "{{ else }}" + user + "{{ end }}"
     if t.thinking and not enable_thinking:
         user += EMPTY_THOUGHT
     parts = [t.prefix if t.prefix and t.prefix != bos else ""]
