@@ -113,15 +113,21 @@ def test_a_client_that_hangs_up_mid_stream_frees_its_row_within_a_step(base_url,
     for _ in range(6):  # the role chunk, then generated text: the request is decoding
         response.readline()
     assert tiny_chat.engine.load["running"] == 1
-    connection.sock.close()  # hang up
-    connection.close()
-    hung_up = time.perf_counter()
-    while tiny_chat.engine.load["running"] and time.perf_counter() - hung_up < 10:
-        time.sleep(0.01)
-    freed_after = time.perf_counter() - hung_up
-    assert tiny_chat.engine.load == {"running": 0, "waiting": 0}
+    freed_after = _hang_up(connection, tiny_chat, wait=10)
     # A decoding step of the tiny model takes milliseconds; 3 s leaves room for a loaded CI machine.
     assert freed_after < 3.0, f"the row was held {freed_after:.2f} s after the client left"
+
+
+def _hang_up(connection: http.client.HTTPConnection, tiny_chat, wait: float) -> float:
+    """Close the client's side mid-answer; the seconds until the engine freed every row (at most `wait`)."""
+    connection.sock.close()
+    connection.close()
+    hung_up = time.perf_counter()
+    while tiny_chat.engine.load["running"] and time.perf_counter() - hung_up < wait:
+        time.sleep(0.005)
+    freed_after = time.perf_counter() - hung_up
+    assert tiny_chat.engine.load == {"running": 0, "waiting": 0}
+    return freed_after
 
 
 def test_a_client_that_hangs_up_before_a_whole_answer_frees_its_row_while_tokens_flow(base_url, tiny_chat):
@@ -139,11 +145,5 @@ def test_a_client_that_hangs_up_before_a_whole_answer_frees_its_row_while_tokens
     while not tiny_chat.engine.load["running"] and time.perf_counter() < deadline:
         time.sleep(0.005)
     assert tiny_chat.engine.load["running"] == 1
-    connection.sock.close()  # hang up, waiting for nothing
-    connection.close()
-    hung_up = time.perf_counter()
-    while tiny_chat.engine.load["running"] and time.perf_counter() - hung_up < 30:
-        time.sleep(0.005)
-    freed_after = time.perf_counter() - hung_up
-    assert tiny_chat.engine.load == {"running": 0, "waiting": 0}
+    freed_after = _hang_up(connection, tiny_chat, wait=30)
     assert freed_after < full / 3, f"the row was held {freed_after:.2f} s of the {full:.2f} s a whole answer takes"
