@@ -20,7 +20,7 @@ from gym.eval.loglik import LoglikScorer
 from gym.eval.mc import MCSettings, MCTask, dev_dataset, read_items
 from gym.eval.model import EvalModel, load_eval_model
 from gym.eval.perplexity import perplexity
-from gym.eval.results import versions, write_report
+from gym.eval.results import check_writable, versions, write_report
 from gym.eval.safety import DEFAULT_MAX_NEW_TOKENS as SAFETY_MAX_NEW_TOKENS
 from gym.eval.safety import SafetySettings, safety_task
 from gym.eval.toolcall import ToolCallSettings, toolcall_task
@@ -130,6 +130,7 @@ def run_eval(config: dict[str, Any]) -> dict[str, Any]:
     _check_datasets(args)
     if args.output:
         _refuse_output_over_inputs(args, model_config)
+        check_writable(args.output)
     model = load_eval_model(model_config, delta=args.delta, variant=args.variant, batch_size=args.eval_batch_size)
     try:
         report = make_report(model, args, evaluate_tasks(model, args))
