@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from gym.core.errors import ConfigError
@@ -57,3 +59,14 @@ def test_a_task_named_twice_runs_once(tiny_model_dir, mc_dir, monkeypatch):
     report = run_eval({"model_name_or_path": str(tiny_model_dir), "tasks": ["mc:quiz", "mc:quiz"],
                        "dataset_dir": str(mc_dir), "n_shot": 0, "limit": 1})
     assert runs == ["mc:quiz"] and report["settings"]["tasks"] == ["mc:quiz"]
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("MMLU", "Unknown eval task 'MMLU'. Did you mean 'mmlu'?"),
+    ("GSM8K", "Did you mean 'gsm8k'?"),
+    ("mc_demo,arithmetic", "'mc_demo,arithmetic' names 2 tasks in one: give each its own --task"),
+])
+def test_a_task_in_capitals_or_a_comma_list_is_named_as_meant(spec, message):
+    # difflib compares case, so `MMLU` got no suggestion; a comma list was told it might mean its last task
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        parse_task(spec)

@@ -71,8 +71,22 @@ def parse_task(spec: str) -> EvalTask:
     if colon and kind in KINDS:
         what = "lm-eval task names (lm_eval:hellaswag,arc_easy)" if kind == "lm_eval" else "a dataset name or file"
         raise ConfigError(f"Eval task {spec!r} names nothing after '{kind}:': give {what}.")
-    raise ConfigError(f"Unknown eval task {spec!r}.{did_you_mean(spec, [*BUILTIN_TASKS, *KINDS])} Give a built-in "
+    parts = [part.strip() for part in spec.split(",") if part.strip()]
+    if len(parts) > 1 and all(_parses(part) for part in parts):
+        raise ConfigError(f"Eval task {spec!r} names {len(parts)} tasks in one: give each its own --task (a list in "
+                          "a config: eval_tasks: [" + ", ".join(parts) + "]).")
+    # `MMLU`, `Mc_Demo`: difflib compares case, so the task the user meant was not suggested
+    hint = did_you_mean(spec.lower(), [*BUILTIN_TASKS, *KINDS])
+    raise ConfigError(f"Unknown eval task {spec!r}.{hint} Give a built-in "
                       f"task ({', '.join(BUILTIN_TASKS)}) or kind:dataset with kind one of {', '.join(KINDS)}.")
+
+
+def _parses(spec: str) -> bool:
+    try:
+        parse_task(spec)
+    except ConfigError:
+        return False
+    return True
 
 
 @dataclass
