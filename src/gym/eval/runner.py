@@ -37,10 +37,11 @@ def _check_datasets(args: EvalArguments) -> None:
         from gym.safety.evaluation import check_judge
 
         check_judge(args.safety_judge)  # a bad spec or keyword list fails before the model loads
-    if args.lm_eval_include is None and any(t.kind == "lm_eval" for t in args.parsed_tasks()):
-        from gym.eval.lm_eval_bridge import require_lm_eval
+    lm_eval_names = [n for t in args.parsed_tasks() if t.kind == "lm_eval" for n in t.target.split(",")]
+    if lm_eval_names:
+        from gym.eval.lm_eval_bridge import check_task_names
 
-        require_lm_eval()
+        check_task_names(lm_eval_names, args.dataset_dir, args.lm_eval_include)
 
 
 def _refuse_output_over_inputs(args: EvalArguments, model_config: dict[str, Any]) -> None:
