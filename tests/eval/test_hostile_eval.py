@@ -143,6 +143,8 @@ def _row(choices, answer=0):
      "quiz.json, row 1, field 'answer': expected a letter (A-B) or a 0-based index (0-1), got True (bool)"),
     ([_row(["a", "b"], answer=None)], "got None (NoneType)"),
     ([_row(["a", "b"], answer=2.0)], "got 2.0 (float)"),
+    ([{"question": "Which?", "A": "x", "B": "y", "D": "z", "answer": "A"}],
+     "quiz.json, row 1: column C is missing but D is there"),
 ])
 def test_bad_multiple_choice_rows_name_file_row_and_field(tmp_path, rows, fragment):
     with pytest.raises(DataError, match=re.escape(fragment)):

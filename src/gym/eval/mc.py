@@ -80,6 +80,11 @@ def _item(row: Any, source: Any, columns: dict[str, str | None]) -> MCItem:
         choices = [row[letter] for letter in itertools.takewhile(lambda letter: letter in row, LETTERS)]
         if len(choices) < 2:
             raise DataError(f"{where}: no choices; give a '{choices_key}' list or columns A, B, C, D.")
+        # A, B, D without C was scored as a two-choice question, D dropped without a word
+        beyond = [letter for letter in LETTERS[len(choices) + 1:] if letter in row]
+        if beyond:
+            raise DataError(f"{where}: column {LETTERS[len(choices)]} is missing but {beyond[0]} is there; the "
+                            "choices are columns A, B, C, ... without a gap.")
         _check_choices(choices, f"{where}, columns A-{LETTERS[len(choices) - 1]}")
     answer_key = columns.get("answer") or "answer"
     if answer_key not in row:
