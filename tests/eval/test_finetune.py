@@ -56,3 +56,15 @@ def test_answer_key_fine_tune_beats_chance_and_base(train_config, data_dir, tmp_
     assert cached[0].stat().st_mtime_ns == stamp
     second = json.loads((tmp_path / "second" / "eval_base.json").read_text())
     assert second["results"]["mc_demo"]["metrics"]["acc"] == base_acc
+
+
+@pytest.mark.parametrize("task, message", [("mc_dmeo", "Did you mean 'mc_demo'?"), ("ppl:nowhere", "nowhere")])
+def test_a_misspelt_eval_task_fails_before_training(train_config, tmp_path, monkeypatch, task, message):
+    # It failed only once the run had trained, which may be hours.
+    from gym.core.errors import GymError
+    from gym.workflows import training
+
+    monkeypatch.setattr(training, "run_training", lambda args: pytest.fail("trained before the eval_tasks were read"))
+    with pytest.raises(GymError, match=message):
+        run_exp(train_config(eval_tasks=[task]))
+    assert not (tmp_path / "out").exists()

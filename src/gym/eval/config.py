@@ -158,6 +158,16 @@ def _unique_tasks(specs: list[str]) -> list[str]:
     return list(unique.values())
 
 
+def check_tasks(tasks: list[str], dataset_dir: str) -> None:
+    """A training config's `eval_tasks`, checked before training: a misspelt task or dataset failed only once the
+    run had trained, which may be hours."""
+    from gym.data.registry import get_dataset_attrs
+
+    for task in EvalArguments(tasks=list(tasks), dataset_dir=dataset_dir).parsed_tasks():
+        if task.kind != "lm_eval":
+            get_dataset_attrs(task.target, dataset_dir)
+
+
 def parse_eval(config: dict[str, Any]) -> tuple[EvalArguments, dict[str, Any]]:
     """(the eval keys, the rest: the model keys of `gym chat`). A training YAML's `eval_tasks` are its tasks."""
     def as_list(key: Any, value: Any) -> Any:  # one --task is a list of one
