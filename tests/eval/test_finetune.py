@@ -68,3 +68,16 @@ def test_a_misspelt_eval_task_fails_before_training(train_config, tmp_path, monk
     with pytest.raises(GymError, match=message):
         run_exp(train_config(eval_tasks=[task]))
     assert not (tmp_path / "out").exists()
+
+
+def test_a_cache_that_cannot_be_written_still_gives_the_base_report(tiny_model_dir, mc_dir, tmp_path, monkeypatch):
+    # A read-only GYM_HOME failed the evaluation after training over the base's cache, a convenience.
+    from gym.eval import after_training
+    from gym.eval.config import EvalArguments
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setattr(after_training, "_cache_dir", lambda: blocker / "eval_cache")
+    args = EvalArguments(tasks=["mc:quiz"], dataset_dir=str(mc_dir), n_shot=0, limit=1)
+    report = after_training.base_report({"model_name_or_path": str(tiny_model_dir)}, args)
+    assert report["results"]["mc:quiz"]["items"] == 2

@@ -89,7 +89,10 @@ def base_report(config: dict[str, Any], args: EvalArguments) -> dict[str, Any]:
         logger.info("Base scores from the cache (%s).", cached)
         return read_report(cached)
     report = _evaluate(model, args)
-    write_report(cached, report)
+    try:
+        write_report(cached, report)
+    except GymError as exc:  # a read-only GYM_HOME: the run's reports still land; the base is scored again next time
+        logger.warning("Could not keep the base's scores in the cache: %s", exc)
     return report
 
 
