@@ -81,3 +81,19 @@ def test_a_cache_that_cannot_be_written_still_gives_the_base_report(tiny_model_d
     args = EvalArguments(tasks=["mc:quiz"], dataset_dir=str(mc_dir), n_shot=0, limit=1)
     report = after_training.base_report({"model_name_or_path": str(tiny_model_dir)}, args)
     assert report["results"]["mc:quiz"]["items"] == 2
+
+
+def test_the_base_cache_is_not_read_across_versions(tiny_model_dir, mc_dir, tmp_path, monkeypatch):
+    # Base scores kept by an earlier Gym were compared with the fine-tune's scores from the new one.
+    from gym.eval import after_training
+    from gym.eval.config import EvalArguments
+
+    monkeypatch.setattr(after_training, "_cache_dir", lambda: tmp_path / "eval_cache")
+    args = EvalArguments(tasks=["mc:quiz"], dataset_dir=str(mc_dir), n_shot=0, limit=1)
+    config = {"model_name_or_path": str(tiny_model_dir)}
+    after_training.base_report(config, args)
+    after_training.base_report(config, args)
+    assert len(list((tmp_path / "eval_cache").iterdir())) == 1  # the same versions: read back
+    monkeypatch.setattr("gym.core.version.__version__", "0.0.1-older")
+    after_training.base_report(config, args)
+    assert len(list((tmp_path / "eval_cache").iterdir())) == 2
