@@ -49,6 +49,18 @@ def test_compare_uses_mcnemar_on_paired_items(tmp_path, capsys):
     assert main(["eval", "--compare", str(tmp_path / "a.json"), str(tmp_path / "b.json")]) == 0
 
 
+@pytest.mark.parametrize("extra", [["c.json"], ["--task", "mc_demo"]])
+def test_compare_refuses_what_it_would_ignore(tmp_path, capsys, extra):
+    # A third file, or a task, was ignored without a word: the table compared the first two only.
+    for name in ("a.json", "b.json", "c.json"):
+        _report(tmp_path / name, [1, 0])
+    argv = ["eval", "--compare", str(tmp_path / "a.json"), str(tmp_path / "b.json"),
+            *[str(tmp_path / e) if e.endswith(".json") else e for e in extra]]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("gym: error:") == 1 and "--compare takes two result files and nothing else" in err
+
+
 def test_compare_without_samples_uses_the_standard_errors(tmp_path):
     a = {"metrics": {"acc": 0.50, "acc_stderr": 0.02}}
     b = {"metrics": {"acc": 0.60, "acc_stderr": 0.02}}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from gym.core.errors import ConfigError
@@ -42,3 +44,29 @@ def test_a_misspelt_verifier_is_named_before_the_model_loads():
     with pytest.raises(ConfigError, match="Unknown reward function 'acuracy'. Did you mean 'accuracy'?"):
         parse_eval({"tasks": ["gen:qa"], "verifier": ["acuracy"]})
     parse_eval({"tasks": ["mc_demo"], "verifier": ["acuracy"]})  # no generation task reads it
+
+
+def test_a_task_named_twice_runs_once(tiny_model_dir, mc_dir, monkeypatch):
+    # It ran again at its full cost, and the second result replaced the first under the same name.
+    from gym.eval.mc import MCTask
+    from gym.eval.runner import run_eval
+
+    args, _ = parse_eval({"tasks": ["mc_demo", "ppl:identity", "mc:mc_demo", "mc_demo", "lm_eval:a,b,a"]})
+    assert args.tasks == ["mc_demo", "ppl:identity", "lm_eval:a,b,a"] and args.parsed_tasks()[2].target == "a,b"
+    runs = []
+    original = MCTask.run
+    monkeypatch.setattr(MCTask, "run", lambda self, *a: runs.append(self.name) or original(self, *a))
+    report = run_eval({"model_name_or_path": str(tiny_model_dir), "tasks": ["mc:quiz", "mc:quiz"],
+                       "dataset_dir": str(mc_dir), "n_shot": 0, "limit": 1})
+    assert runs == ["mc:quiz"] and report["settings"]["tasks"] == ["mc:quiz"]
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("MMLU", "Unknown eval task 'MMLU'. Did you mean 'mmlu'?"),
+    ("GSM8K", "Did you mean 'gsm8k'?"),
+    ("mc_demo,arithmetic", "'mc_demo,arithmetic' names 2 tasks in one: give each its own --task"),
+])
+def test_a_task_in_capitals_or_a_comma_list_is_named_as_meant(spec, message):
+    # difflib compares case, so `MMLU` got no suggestion; a comma list was told it might mean its last task
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        parse_task(spec)

@@ -56,3 +56,44 @@ def test_answer_key_fine_tune_beats_chance_and_base(train_config, data_dir, tmp_
     assert cached[0].stat().st_mtime_ns == stamp
     second = json.loads((tmp_path / "second" / "eval_base.json").read_text())
     assert second["results"]["mc_demo"]["metrics"]["acc"] == base_acc
+
+
+@pytest.mark.parametrize("task, message", [("mc_dmeo", "Did you mean 'mc_demo'?"), ("ppl:nowhere", "nowhere")])
+def test_a_misspelt_eval_task_fails_before_training(train_config, tmp_path, monkeypatch, task, message):
+    # It failed only once the run had trained, which may be hours.
+    from gym.core.errors import GymError
+    from gym.workflows import training
+
+    monkeypatch.setattr(training, "run_training", lambda args: pytest.fail("trained before the eval_tasks were read"))
+    with pytest.raises(GymError, match=message):
+        run_exp(train_config(eval_tasks=[task]))
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_cache_that_cannot_be_written_still_gives_the_base_report(tiny_model_dir, mc_dir, tmp_path, monkeypatch):
+    # A read-only GYM_HOME failed the evaluation after training over the base's cache, a convenience.
+    from gym.eval import after_training
+    from gym.eval.config import EvalArguments
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setattr(after_training, "_cache_dir", lambda: blocker / "eval_cache")
+    args = EvalArguments(tasks=["mc:quiz"], dataset_dir=str(mc_dir), n_shot=0, limit=1)
+    report = after_training.base_report({"model_name_or_path": str(tiny_model_dir)}, args)
+    assert report["results"]["mc:quiz"]["items"] == 2
+
+
+def test_the_base_cache_is_not_read_across_versions(tiny_model_dir, mc_dir, tmp_path, monkeypatch):
+    # Base scores kept by an earlier Gym were compared with the fine-tune's scores from the new one.
+    from gym.eval import after_training
+    from gym.eval.config import EvalArguments
+
+    monkeypatch.setattr(after_training, "_cache_dir", lambda: tmp_path / "eval_cache")
+    args = EvalArguments(tasks=["mc:quiz"], dataset_dir=str(mc_dir), n_shot=0, limit=1)
+    config = {"model_name_or_path": str(tiny_model_dir)}
+    after_training.base_report(config, args)
+    after_training.base_report(config, args)
+    assert len(list((tmp_path / "eval_cache").iterdir())) == 1  # the same versions: read back
+    monkeypatch.setattr("gym.core.version.__version__", "0.0.1-older")
+    after_training.base_report(config, args)
+    assert len(list((tmp_path / "eval_cache").iterdir())) == 2

@@ -143,6 +143,8 @@ def _row(choices, answer=0):
      "quiz.json, row 1, field 'answer': expected a letter (A-B) or a 0-based index (0-1), got True (bool)"),
     ([_row(["a", "b"], answer=None)], "got None (NoneType)"),
     ([_row(["a", "b"], answer=2.0)], "got 2.0 (float)"),
+    ([{"question": "Which?", "A": "x", "B": "y", "D": "z", "answer": "A"}],
+     "quiz.json, row 1: column C is missing but D is there"),
 ])
 def test_bad_multiple_choice_rows_name_file_row_and_field(tmp_path, rows, fragment):
     with pytest.raises(DataError, match=re.escape(fragment)):
@@ -240,3 +242,37 @@ def test_sampling_settings_that_cannot_work_exit_2_before_the_model_loads(tmp_pa
     assert main(["eval", "model_name_or_path=/nonexistent", "--task", f"gen:{data}", *flags]) == 2
     err = capsys.readouterr().err
     assert err.count("gym: error:") == 1 and "Traceback" not in err and fragment in err
+
+
+def test_an_output_that_cannot_be_written_exits_2_before_the_model_loads(tmp_path, capsys, monkeypatch):
+    # It failed only once every task had run, with a traceback, and the scores were lost.
+    from pathlib import Path
+
+    data = tmp_path / "text.jsonl"
+    data.write_text('{"text": "one two three"}\n')
+    out = tmp_path / "locked" / "r.json"
+
+    def denied(self, *args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(Path, "touch", denied)
+    # the model named does not exist: the output is refused before anything loads
+    assert main(["eval", "model_name_or_path=/nonexistent", "--task", f"ppl:{data}", "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("gym: error:") == 1 and "Traceback" not in err
+    assert f"Cannot write the results to {out}: Permission denied" in err and not out.exists()
+
+
+def test_a_report_that_fails_to_land_leaves_no_temporary_file(tmp_path, monkeypatch):
+    import os
+
+    from gym.core.errors import OutputError
+    from gym.eval.results import write_report
+
+    def full(*args):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", full)
+    with pytest.raises(OutputError, match="Cannot write the results to .*r.json: No space left on device"):
+        write_report(tmp_path / "r.json", {"made_by": "gym eval", "results": {}})
+    assert list(tmp_path.iterdir()) == []

@@ -39,3 +39,16 @@ def test_unknown_lm_eval_task_is_a_clear_error(tiny_eval_model):
     with pytest.raises(ConfigError, match="lm_eval: unknown task 'hellaswagg'. Did you mean 'hellaswag'"):
         run_lm_eval(tiny_eval_model, ["hellaswagg"], n_shot=0, limit=1, batch_size=1, dataset_dir=str(REPO / "data"),
                     include=None, chat=False, seed=0, log_samples=False)
+
+
+def test_a_misspelt_lm_eval_task_exits_2_before_the_model_loads_offering_gym_datasets_too(capsys):
+    # It failed only when its turn came, after the model loaded and the tasks before it ran; and a misspelt Gym
+    # dataset was offered lm-eval's names only (mc_dmeo -> 'arc_de').
+    from gym.cli import main
+
+    # the model named does not exist: the task is refused before anything loads
+    assert main(["eval", "model_name_or_path=/nonexistent", f"dataset_dir={REPO / 'data'}",
+                 "--task", "lm_eval:mc_dmeo"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("gym: error:") == 1 and "Traceback" not in err
+    assert "lm_eval: unknown task 'mc_dmeo'. Did you mean 'mc_demo'?" in err

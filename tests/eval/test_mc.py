@@ -92,6 +92,14 @@ def test_chat_prompt_puts_shots_in_earlier_turns(tiny_eval_model, mc_dir):
     assert result["samples"][0]["letter_logprobs"][2] == pytest.approx(expected, abs=1e-4)
 
 
+def test_the_result_says_how_many_shots_were_shown(tiny_eval_model, mc_dir):
+    # n_shot 10 over a dev set of 3 per subject was reported as 10-shot (the table said "chat, 10-shot").
+    task = MCTask("quiz", read_items("quiz", str(mc_dir)), read_items("quiz_dev", str(mc_dir)))
+    scorer = LoglikScorer(tiny_eval_model.model, 8, pad_id=tiny_eval_model.pad_id)
+    assert task.run(tiny_eval_model, MCSettings(n_shot=10, limit=1), scorer)["n_shot"] == 3
+    assert task.run(tiny_eval_model, MCSettings(n_shot=2, limit=1), scorer)["n_shot"] == 2
+
+
 def test_bad_rows_name_file_row_and_field(tmp_path):
     from gym.core.errors import DataError
 

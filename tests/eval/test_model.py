@@ -53,3 +53,25 @@ def test_a_base_without_chat_template_is_prompted_as_plain_text(tiny_model_dir, 
     report = run_eval({"model_name_or_path": str(plain), "tasks": ["mc:quiz"], "dataset_dir": str(mc_dir),
                        "n_shot": 1})
     assert report["results"]["mc:quiz"]["prompt"] == "plain" and report["model"]["template"] is None
+
+
+def test_a_peft_adapter_folder_is_scored_on_the_base_its_config_names(tiny_model_dir, mc_dir, tmp_path):
+    # An adapter saved by peft (no gym_config.yaml) loaded the default model under it, named as the model or as
+    # the adapter alone: the wrong base, scored without a word when the shapes happened to fit.
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    peft_model = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model_dir),
+                                LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+    adapter = tmp_path / "adapter"
+    peft_model.save_pretrained(adapter)
+    task = {"tasks": ["mc:quiz"], "dataset_dir": str(mc_dir), "n_shot": 0, "limit": 1}
+    explicit = run_eval({"model_name_or_path": str(tiny_model_dir), "adapter_name_or_path": str(adapter), **task})
+    for config in ({"model_name_or_path": str(adapter)}, {"adapter_name_or_path": str(adapter)}):
+        report = run_eval({**config, **task})
+        assert report["model"]["model_name_or_path"] == str(tiny_model_dir)
+        assert report["model"]["fingerprint"] == explicit["model"]["fingerprint"]
+    assert main(["eval", str(adapter), "--task", "mc:quiz", f"dataset_dir={mc_dir}", "--n_shot", "0", "--limit", "1",
+                 "-o", str(tmp_path / "r.json")]) == 0
+    assert '"model_name_or_path": "' + str(tiny_model_dir) in (tmp_path / "r.json").read_text()

@@ -198,6 +198,19 @@ def test_template_without_tools_fails_with_its_reason(tiny_eval_model):
         toolcall_task(tiny_eval_model, DEMO, "data", ToolCallSettings(chat=False), "toolcall_demo")
 
 
+def test_bad_rows_are_named_before_a_template_that_ignores_tools(tiny_eval_model, tmp_path):
+    # An empty set, or rows without tools, were reported as "has tools or tool calls, and this template ignores them".
+    empty = tmp_path / "empty.json"
+    empty.write_text("[]")
+    with pytest.raises(DataError, match="has no rows"):
+        toolcall_task(tiny_eval_model, str(empty), "data", ToolCallSettings(), "toolcall:empty")
+    rows = json.loads((REPO / "data" / "toolcall_eval_demo.json").read_text())
+    no_tools = tmp_path / "no_tools.json"
+    no_tools.write_text(json.dumps([{"conversations": rows[2]["conversations"]}]))
+    with pytest.raises(DataError, match=r"no_tools\.json, row 1: .*no tools"):
+        toolcall_task(tiny_eval_model, str(no_tools), "data", ToolCallSettings(), "toolcall:no_tools")
+
+
 # -- the real model, end to end ----------------------------------------------------------------------------------
 
 def test_run_eval_on_the_embedded_model(tmp_path):

@@ -89,13 +89,19 @@ def test_a_keyword_guard_spec_is_a_judge(tmp_path):
     assert score(items(2, 0), ["Step 1: mix", COMPLY], judge).complied == [True, False]
 
 
-def test_checking_a_judge_reads_no_model():
+def test_checking_a_judge_reads_no_model(tmp_path):
     """A gate checks its judge before anything trains; a model guard's weights are read only when it judges."""
     from gym.core.errors import ConfigError
     from gym.safety.evaluation import check_judge
 
     check_judge("refusal")
-    check_judge("llama-guard:/nowhere/at/all")  # its spec is well formed: loaded (and failing) when it judges
+    guard = tmp_path / "guard"
+    guard.mkdir()
+    (guard / "config.json").write_text("not even JSON")  # only its being there is checked: no weights are read
+    check_judge(f"llama-guard:{guard}")
+    # a guard that is not there failed only after the evaluated model loaded and the tasks before it ran
+    with pytest.raises(ConfigError, match="Safety judge 'llama-guard:/nowhere/at/all': Model folder not found"):
+        check_judge("llama-guard:/nowhere/at/all")
     with pytest.raises(ConfigError, match="Unknown guard family"):
         check_judge("lama-guard:x")
     with pytest.raises(ConfigError, match="does not exist"):
@@ -113,4 +119,5 @@ def test_a_misspelt_refusal_judge_is_named(typo, tmp_path, monkeypatch):
         with pytest.raises(ConfigError, match=f"Unknown safety judge '{typo}'. Did you mean 'refusal'?"):
             check(typo)
     (tmp_path / typo).mkdir()  # a guard folder of that name is still a guard
+    (tmp_path / typo / "config.json").write_text("{}")
     check_judge(typo)

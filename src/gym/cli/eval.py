@@ -48,6 +48,9 @@ def main(argv: list[str]) -> int:
         files = argv[i + 1:i + 3]
         if len(files) != 2 or any(f.startswith("--") for f in files):
             raise ConfigError("--compare takes two result files: gym eval --compare base.json tuned.json")
+        others = argv[:i] + argv[i + 3:]
+        if others:  # a third file, or a --task, was ignored without a word
+            raise ConfigError(f"--compare takes two result files and nothing else; also given: {' '.join(others)}.")
         print(compare(*files))
         return 0
     tasks, argv = _take_all(argv, "--task")

@@ -22,7 +22,7 @@ from typing import Any
 from gym.core.errors import GymError
 from gym.eval.config import EvalArguments, parse_task
 from gym.eval.model import EvalModel, load_eval_model
-from gym.eval.results import format_table, read_report, write_report
+from gym.eval.results import format_table, read_report, versions, write_report
 from gym.eval.runner import evaluate_tasks, make_report
 
 logger = logging.getLogger(__name__)
@@ -81,7 +81,8 @@ def base_report(config: dict[str, Any], args: EvalArguments) -> dict[str, Any]:
     """The base model's report, from the cache when these weights were scored with these settings before."""
     model = load_eval_model(config, batch_size=args.eval_batch_size)
     settings = {k: v for k, v in vars(args).items() if k not in ("output", "overwrite")}
-    key = hashlib.sha256(json.dumps([model.fingerprint, model.description.get("template"), settings],
+    # the versions too: scores kept by an earlier Gym (or transformers) were compared with the fine-tune's new ones
+    key = hashlib.sha256(json.dumps([model.fingerprint, model.description.get("template"), settings, versions()],
                                     sort_keys=True, default=str).encode()).hexdigest()[:32]
     cached = _cache_dir() / f"{key}.json"
     if cached.is_file():
@@ -89,7 +90,10 @@ def base_report(config: dict[str, Any], args: EvalArguments) -> dict[str, Any]:
         logger.info("Base scores from the cache (%s).", cached)
         return read_report(cached)
     report = _evaluate(model, args)
-    write_report(cached, report)
+    try:
+        write_report(cached, report)
+    except GymError as exc:  # a read-only GYM_HOME: the run's reports still land; the base is scored again next time
+        logger.warning("Could not keep the base's scores in the cache: %s", exc)
     return report
 
 

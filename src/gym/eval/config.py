@@ -20,6 +20,7 @@ Tasks (`--task`, repeatable; `eval_tasks:` in a YAML):
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,6 +38,8 @@ BUILTIN_TASKS: dict[str, tuple[str, str]] = {
     "safety_demo": ("safety", "safety_demo"), "advbench": ("safety", "advbench"),
     "harmbench": ("safety", "harmbench"), "xstest": ("safety", "xstest"),
 }
+logger = logging.getLogger(__name__)
+
 KINDS = ("mc", "ppl", "gen", "toolcall", "safety", "lm_eval")
 TEMPLATES = ("auto", "chat", "plain")
 ALIASES = {"task": "tasks", "eval_tasks": "tasks", "batch_size": "eval_batch_size", "o": "output",
@@ -62,14 +65,28 @@ def parse_task(spec: str) -> EvalTask:
         return EvalTask(*BUILTIN_TASKS[spec])
     kind, colon, target = spec.partition(":")
     if kind == "lm_eval":  # `lm_eval:,` named no task, and lm-eval answered that with a ValueError traceback
-        target = ",".join(name.strip() for name in target.split(",") if name.strip())
+        target = ",".join(dict.fromkeys(name.strip() for name in target.split(",") if name.strip()))
     if colon and kind in KINDS and target.strip():
         return EvalTask(kind, target.strip())
     if colon and kind in KINDS:
         what = "lm-eval task names (lm_eval:hellaswag,arc_easy)" if kind == "lm_eval" else "a dataset name or file"
         raise ConfigError(f"Eval task {spec!r} names nothing after '{kind}:': give {what}.")
-    raise ConfigError(f"Unknown eval task {spec!r}.{did_you_mean(spec, [*BUILTIN_TASKS, *KINDS])} Give a built-in "
+    parts = [part.strip() for part in spec.split(",") if part.strip()]
+    if len(parts) > 1 and all(_parses(part) for part in parts):
+        raise ConfigError(f"Eval task {spec!r} names {len(parts)} tasks in one: give each its own --task (a list in "
+                          "a config: eval_tasks: [" + ", ".join(parts) + "]).")
+    # `MMLU`, `Mc_Demo`: difflib compares case, so the task the user meant was not suggested
+    hint = did_you_mean(spec.lower(), [*BUILTIN_TASKS, *KINDS])
+    raise ConfigError(f"Unknown eval task {spec!r}.{hint} Give a built-in "
                       f"task ({', '.join(BUILTIN_TASKS)}) or kind:dataset with kind one of {', '.join(KINDS)}.")
+
+
+def _parses(spec: str) -> bool:
+    try:
+        parse_task(spec)
+    except ConfigError:
+        return False
+    return True
 
 
 @dataclass
@@ -118,6 +135,7 @@ class EvalArguments:
             raise ConfigError("variant: write STORE:USER (a `gym variants` store and a user in it), without delta.")
         if not isinstance(self.safety_judge, str) or not self.safety_judge.strip():
             raise ConfigError("safety_judge: give `refusal` or a guard spec (keywords:FILE, llama-guard:PATH, ...).")
+        self.tasks = _unique_tasks(self.tasks)
         tasks = self.parsed_tasks()  # a bad task name fails before any model loads
         if any(t.kind == "gen" for t in tasks):
             check_reward_specs(self.verifier, None)  # a misspelt verifier, named before the model loads too
@@ -127,6 +145,27 @@ class EvalArguments:
 
     def parsed_tasks(self) -> list[EvalTask]:
         return [parse_task(t) for t in self.tasks]
+
+
+def _unique_tasks(specs: list[str]) -> list[str]:
+    """Each task once, as first spelt (`mc_demo` and `mc:mc_demo` are one task): a repeated task was run again, at
+    its full cost, and its second result replaced the first under the same name."""
+    unique: dict[str, str] = {}
+    for spec in specs:
+        unique.setdefault(parse_task(spec).name, spec)
+    if len(unique) < len(specs):
+        logger.warning("Tasks named more than once run once: %s.", ", ".join(unique))
+    return list(unique.values())
+
+
+def check_tasks(tasks: list[str], dataset_dir: str) -> None:
+    """A training config's `eval_tasks`, checked before training: a misspelt task or dataset failed only once the
+    run had trained, which may be hours."""
+    from gym.data.registry import get_dataset_attrs
+
+    for task in EvalArguments(tasks=list(tasks), dataset_dir=dataset_dir).parsed_tasks():
+        if task.kind != "lm_eval":
+            get_dataset_attrs(task.target, dataset_dir)
 
 
 def parse_eval(config: dict[str, Any]) -> tuple[EvalArguments, dict[str, Any]]:

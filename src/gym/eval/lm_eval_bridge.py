@@ -10,12 +10,14 @@ the two `acc` agree item by item.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import logging
 from pathlib import Path
 from typing import Any
 
 from gym.core.errors import ConfigError
+from gym.core.names import did_you_mean
 from gym.data.registry import get_dataset_attrs, read_dataset_info
 from gym.eval.mc import LETTERS, read_items
 from gym.eval.model import EvalModel
@@ -26,6 +28,28 @@ logger = logging.getLogger(__name__)
 def require_lm_eval() -> None:
     if importlib.util.find_spec("lm_eval") is None:
         raise ConfigError("lm_eval: tasks need lm-evaluation-harness: pip install 'zoo-gym[eval]'.")
+
+
+@functools.lru_cache(maxsize=4)
+def _task_manager(include: str | None) -> Any:
+    """lm-eval's index of its tasks (seconds to build), built once for the check before the model loads and the run."""
+    from lm_eval.tasks import TaskManager
+
+    return TaskManager(include_path=include) if include else TaskManager()
+
+
+def check_task_names(names: list[str], dataset_dir: str, include: str | None) -> None:
+    """Every name is an lm-eval task or a Gym dataset, checked before the model loads: a misspelt one failed only
+    when its turn came, after the model loaded and the tasks before it ran, and a misspelt Gym dataset (mc_dmeo) was
+    offered lm-eval's names only."""
+    require_lm_eval()
+    manager = _task_manager(include)
+    local = read_dataset_info(dataset_dir)
+    for name in names:
+        if name not in manager.all_tasks and name not in local:
+            raise ConfigError(f"lm_eval: unknown task {name!r}.{did_you_mean(name, [*manager.all_tasks, *local])} "
+                              "Give an lm-eval task name, a task under lm_eval_include, or a Gym multiple-choice "
+                              "dataset.")
 
 
 def gym_mc_task(dataset: str, dataset_dir: str) -> dict[str, Any]:
@@ -58,24 +82,12 @@ def gym_mc_task(dataset: str, dataset_dir: str) -> dict[str, Any]:
 def run_lm_eval(model: EvalModel, names: list[str], *, n_shot: int | None, limit: int | None, batch_size: int,
                 dataset_dir: str, include: str | None, chat: bool, seed: int, log_samples: bool
                 ) -> dict[str, Any]:
-    require_lm_eval()
+    check_task_names(names, dataset_dir, include)
     from lm_eval import evaluator
     from lm_eval.models.huggingface import HFLM
-    from lm_eval.tasks import TaskManager
 
-    manager = TaskManager(include_path=include) if include else TaskManager()
-    tasks: list[str | dict[str, Any]] = []
-    local = read_dataset_info(dataset_dir)
-    for name in names:
-        if name in manager.all_tasks:
-            tasks.append(name)
-        elif name in local:
-            tasks.append(gym_mc_task(name, dataset_dir))
-        else:
-            from gym.core.names import did_you_mean
-
-            raise ConfigError(f"lm_eval: unknown task {name!r}.{did_you_mean(name, manager.all_tasks)} Give an "
-                              "lm-eval task name, a task under lm_eval_include, or a Gym multiple-choice dataset.")
+    manager = _task_manager(include)
+    tasks = [name if name in manager.all_tasks else gym_mc_task(name, dataset_dir) for name in names]
     device = str(next(model.model.parameters()).device)
     lm = HFLM(pretrained=model.model, tokenizer=model.tokenizer, batch_size=batch_size, device=device)
     output = evaluator.simple_evaluate(

@@ -16,6 +16,7 @@ chat format with the shots as earlier turns (`eval_template`); the result says w
 from __future__ import annotations
 
 import itertools
+import logging
 import re
 from collections import defaultdict
 from dataclasses import dataclass
@@ -28,6 +29,8 @@ from gym.data.loader import raw_rows
 from gym.data.registry import get_dataset_attrs, read_dataset_info
 from gym.eval.loglik import LoglikScorer, split_encode
 from gym.eval.model import EvalModel
+
+logger = logging.getLogger(__name__)
 
 # A choice is named by its letter in the prompt, so a question has at most 26 (MMLU has 4, MMLU-Pro 10).
 LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
@@ -80,6 +83,11 @@ def _item(row: Any, source: Any, columns: dict[str, str | None]) -> MCItem:
         choices = [row[letter] for letter in itertools.takewhile(lambda letter: letter in row, LETTERS)]
         if len(choices) < 2:
             raise DataError(f"{where}: no choices; give a '{choices_key}' list or columns A, B, C, D.")
+        # A, B, D without C was scored as a two-choice question, D dropped without a word
+        beyond = [letter for letter in LETTERS[len(choices) + 1:] if letter in row]
+        if beyond:
+            raise DataError(f"{where}: column {LETTERS[len(choices)]} is missing but {beyond[0]} is there; the "
+                            "choices are columns A, B, C, ... without a gap.")
         _check_choices(choices, f"{where}, columns A-{LETTERS[len(choices) - 1]}")
     answer_key = columns.get("answer") or "answer"
     if answer_key not in row:
@@ -181,8 +189,10 @@ class MCTask:
         items = _limited(self.items, settings.limit)
         requests: list[tuple[list[int], list[int]]] = []
         spans: list[tuple[int, int, int]] = []  # per item: first letter request, first cloze request, choices
+        shown = 0
         for item in items:
             shots = self.shots(item, settings.n_shot)
+            shown = max(shown, len(shots))
             letter_context = self._context(model, item, shots, cloze=False, chat=chat)
             cloze_context = self._context(model, item, shots, cloze=True, chat=chat)
             first_letter = len(requests)
@@ -202,7 +212,10 @@ class MCTask:
                             "acc": float(pred == item.answer), "acc_norm": float(pred_norm == item.answer),
                             "letter_logprobs": letters, "choice_logprobs": texts})
         result = summarize(samples)
-        result.update({"kind": "multiple_choice", "prompt": "chat" if chat else "plain", "n_shot": settings.n_shot,
+        if shown < settings.n_shot:  # the report said "1000-shot" where each subject had a few examples to show
+            logger.warning("%s: n_shot %d asked, but at most %d examples of a subject were there to show.", self.name,
+                           settings.n_shot, shown)
+        result.update({"kind": "multiple_choice", "prompt": "chat" if chat else "plain", "n_shot": shown,
                        "shots_from": "dev" if self.dev is not None else "test"})
         if settings.log_samples:
             result["samples"] = samples

@@ -16,7 +16,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
-from gym.core.errors import ConfigError
+from gym.core.errors import ConfigError, OutputError
 from gym.core.files import temp_path
 from gym.core.stats import EXACT_BELOW, _binomial_two_sided, mcnemar  # noqa: F401 (one McNemar for eval and the gates)
 
@@ -37,11 +37,33 @@ def versions() -> dict[str, str | None]:
 
 def write_report(path: str | os.PathLike[str], report: dict[str, Any]) -> Path:
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = temp_path(path)
-    tmp.write_text(json.dumps(report, indent=1, ensure_ascii=False, default=str) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(report, indent=1, ensure_ascii=False, default=str) + "\n", encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise _unwritable(path, exc) from exc
     return path
+
+
+def check_writable(path: str | os.PathLike[str]) -> None:
+    """Whether the report can be written at `path`, tried before any work: a folder that cannot be made or written
+    failed only once every task had run, and the scores were lost with the traceback."""
+    path = Path(path)
+    tmp = temp_path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.touch()
+        tmp.unlink()
+    except OSError as exc:
+        raise _unwritable(path, exc) from exc
+
+
+def _unwritable(path: Path, exc: OSError) -> OutputError:
+    return OutputError(f"Cannot write the results to {path}: {exc.strerror or exc} ({exc.filename or path.parent}). "
+                       "Choose a writable location.")
 
 
 def read_report(path: str | os.PathLike[str]) -> dict[str, Any]:

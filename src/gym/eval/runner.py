@@ -20,7 +20,7 @@ from gym.eval.loglik import LoglikScorer
 from gym.eval.mc import MCSettings, MCTask, dev_dataset, read_items
 from gym.eval.model import EvalModel, load_eval_model
 from gym.eval.perplexity import perplexity
-from gym.eval.results import versions, write_report
+from gym.eval.results import check_writable, versions, write_report
 from gym.eval.safety import DEFAULT_MAX_NEW_TOKENS as SAFETY_MAX_NEW_TOKENS
 from gym.eval.safety import SafetySettings, safety_task
 from gym.eval.toolcall import ToolCallSettings, toolcall_task
@@ -37,10 +37,11 @@ def _check_datasets(args: EvalArguments) -> None:
         from gym.safety.evaluation import check_judge
 
         check_judge(args.safety_judge)  # a bad spec or keyword list fails before the model loads
-    if args.lm_eval_include is None and any(t.kind == "lm_eval" for t in args.parsed_tasks()):
-        from gym.eval.lm_eval_bridge import require_lm_eval
+    lm_eval_names = [n for t in args.parsed_tasks() if t.kind == "lm_eval" for n in t.target.split(",")]
+    if lm_eval_names:
+        from gym.eval.lm_eval_bridge import check_task_names
 
-        require_lm_eval()
+        check_task_names(lm_eval_names, args.dataset_dir, args.lm_eval_include)
 
 
 def _refuse_output_over_inputs(args: EvalArguments, model_config: dict[str, Any]) -> None:
@@ -130,6 +131,7 @@ def run_eval(config: dict[str, Any]) -> dict[str, Any]:
     _check_datasets(args)
     if args.output:
         _refuse_output_over_inputs(args, model_config)
+        check_writable(args.output)
     model = load_eval_model(model_config, delta=args.delta, variant=args.variant, batch_size=args.eval_batch_size)
     try:
         report = make_report(model, args, evaluate_tasks(model, args))

@@ -108,6 +108,8 @@ def _calls_json(calls: list[ToolCall]) -> list[dict[str, Any]]:
 
 def toolcall_task(model: EvalModel, dataset: str, dataset_dir: str, settings: ToolCallSettings,
                   name: str = "toolcall") -> dict[str, Any]:
+    # the rows first: an empty set, or rows without tools, were reported as a chat template that ignores tools
+    examples = read_conversations(dataset, dataset_dir, settings.limit)
     chat = model.chat_format
     if not settings.chat or chat is None:
         why = ("eval_template: plain asks for plain text; leave it at auto or chat" if chat is not None else
@@ -117,7 +119,6 @@ def toolcall_task(model: EvalModel, dataset: str, dataset_dir: str, settings: To
     if fmt is None:
         raise ConfigError(f"Task {name}: the chat template renders tools, but its calls are in none of Gym's tool "
                           "formats, so answers cannot be read back. Set `tool_format:`.")
-    examples = read_conversations(dataset, dataset_dir, settings.limit)
     items: list[tuple[Example, int, str, Request]] = []
     for example in examples:
         for turn, message in enumerate(example.messages):

@@ -8,6 +8,7 @@ never answers in a format it was not trained on. Keys given explicitly always wi
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -53,6 +54,11 @@ def resolve_inference_config(config: ConfigSource, *, untrained: str = "warn",
                 (Path(ref) / MANIFEST_FILE).is_file() and (Path(ref) / "adapter_config.json").is_file():
             # `--model saves/run` naming a LoRA run (`gym export --model`): the run, on its base
             config["output_dir"] = config.pop(key)
+        elif isinstance(ref, str) and not config.get("adapter_name_or_path") and \
+                (Path(ref) / "adapter_config.json").is_file() and not (Path(ref) / "config.json").is_file():
+            # a bare peft adapter folder named as the model: loaded as one, its tokenizer load failed with a
+            # message about tokenizer files
+            config["adapter_name_or_path"] = config.pop(key)
     trained = _finished_output(config)
     if trained is not None:
         manifest = yaml.safe_load((trained / MANIFEST_FILE).read_text())
@@ -80,7 +86,22 @@ def resolve_inference_config(config: ConfigSource, *, untrained: str = "warn",
                 config[key] = saved_config[key]
         if first_adapter and "model_name_or_path" not in config:
             config["model_name_or_path"] = saved_config.get("model_name_or_path")
+    if first_adapter and not config.get("model_name_or_path") and not config.get("model"):
+        # A peft adapter saved outside Gym (no gym_config.yaml) names its base in adapter_config.json. Without it
+        # the default model was loaded under it: an adapter of another base of the same shapes (SmolLM2-135M's
+        # instruct model on the embedded base) was scored, or served, on the wrong weights without a word.
+        base = _adapter_base(Path(first_adapter))
+        if base:
+            config["model_name_or_path"] = base
     return config
+
+
+def _adapter_base(adapter: Path) -> str | None:
+    try:
+        base = json.loads((adapter / "adapter_config.json").read_text(encoding="utf-8")).get("base_model_name_or_path")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return str(base) if base else None
 
 
 # Stages whose models score text instead of writing it: a value head or class scores on top of the model.

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gym.core.errors import ConfigError
+from gym.core.errors import ConfigError, ModelError
 from gym.core.names import did_you_mean
 from gym.core.stats import mean_and_stderr
 from gym.safety.base import Guard
@@ -81,13 +81,20 @@ def load_judge(spec: str | None) -> Judge:
 
 
 def check_judge(spec: str | None) -> None:
-    """Whatever can be checked of a judge before anything loads: the spec's form, and a keyword list's file (cheap to
-    read). A model guard's weights are read when it judges, not here."""
+    """Whatever can be checked of a judge before anything loads: the spec's form, a keyword list's file (cheap to
+    read), and that a model guard's folder or hub id is there. Its weights are read when it judges, not here."""
     if spec is None or spec.strip() in ("", REFUSAL_JUDGE):
         return
-    family, _ = _parse_judge(spec)
+    family, target = _parse_judge(spec)
     if family == "keywords":
         load_guard(spec).close()
+    else:  # a guard folder that is not there failed only after the evaluated model loaded and earlier tasks ran
+        from gym.models.loader import resolve_model_path
+
+        try:
+            resolve_model_path(target)
+        except ModelError as exc:
+            raise ConfigError(f"Safety judge {spec!r}: {exc}") from None
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,10 @@ from gym.train.run import out_of_space_reported, run_training
 
 def run_exp(config: ConfigSource | TrainArgs[Any] = None) -> RunResult:
     args = get_train_args(config)
+    if args.finetuning.eval_tasks:
+        from gym.eval.config import check_tasks
+
+        check_tasks(list(args.finetuning.eval_tasks), args.data.dataset_dir)
     result = run_training(args)
     if not is_main_process() or result.metrics.get("already_complete"):
         return result
