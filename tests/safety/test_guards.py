@@ -104,6 +104,18 @@ def test_the_tokenizers_own_template_wins(tiny_model_dir, tmp_path, tokenizer):
     assert detect_family(str(folder), tok, {"architectures": ["LlamaForCausalLM"]}) == "llama-guard"
 
 
+def test_a_model_of_no_known_family_is_refused_naming_the_spec_not_one_flag(tmp_path):
+    """gym eval's --safety_judge and a gate's judge were told to pass --guard, gym api's flag."""
+    import pytest
+
+    from gym.core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="is not a guard Gym recognises") as refused:
+        detect_family(str(tmp_path / "chat-model"), None, {"architectures": ["LlamaForCausalLM"]})
+    assert "Name the family in the guard spec (gym api's --guard, gym eval's --safety_judge, a gate's judge): " \
+        "llama-guard:PATH" in str(refused.value)
+
+
 def test_families_without_a_public_format_need_their_template(tiny_model_dir, tmp_path, tokenizer):
     import shutil
 

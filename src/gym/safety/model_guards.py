@@ -85,8 +85,8 @@ def detect_family(folder: str, tokenizer: Any | None, config: dict[str, Any]) ->
             return family
     raise ConfigError(f"{folder} is not a guard Gym recognises: neither a sequence-classification model nor one of "
                       "Llama Guard, ShieldGemma, Qwen3Guard or Granite Guardian (by its chat template or name). Name "
-                      "the family: --guard llama-guard:PATH (or shieldgemma:, qwen3guard:, granite-guardian:, "
-                      "classifier:).")
+                      "the family in the guard spec (gym api's --guard, gym eval's --safety_judge, a gate's judge): "
+                      "llama-guard:PATH (or shieldgemma:, qwen3guard:, granite-guardian:, classifier:).")
 
 
 def load_model_guard(family: str | None, target: str, *, spec: str, threshold: float) -> Guard:
