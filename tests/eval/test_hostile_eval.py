@@ -201,6 +201,18 @@ def test_a_task_that_names_nothing_exits_2_before_the_model_loads(capsys, task, 
     assert err.count("gym: error:") == 1 and "Traceback" not in err and fragment in err
 
 
+@pytest.mark.parametrize(("content", "fragment"), [(None, "Delta file not found"),
+                                                   (b"\x00" * 64, "is not a readable delta file")])
+def test_a_missing_or_damaged_delta_exits_2_before_the_model_loads(tmp_path, capsys, content, fragment):
+    # it was read only after the base model had loaded (here the model does not exist, which was the error)
+    delta = tmp_path / "d.safetensors"
+    if content is not None:
+        delta.write_bytes(content)
+    assert main(["eval", "model_name_or_path=/nonexistent", "--task", "mc_demo", "--delta", str(delta)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("gym: error:") == 1 and "Traceback" not in err and fragment in err
+
+
 def test_lm_eval_task_lists_drop_empty_names():
     from gym.eval.config import parse_task
 

@@ -29,7 +29,12 @@ logger = logging.getLogger(__name__)
 
 
 def _check_datasets(args: EvalArguments) -> None:
-    """Unknown dataset names fail before the model loads (reading the rows waits for the task)."""
+    """Unknown dataset names fail before the model loads (reading the rows waits for the task); so does a missing
+    or damaged --delta (its header alone is read here), which failed only after the base model had loaded."""
+    if args.delta is not None:
+        from gym.delta.format import read_header
+
+        read_header(args.delta)
     for task in args.parsed_tasks():
         if task.kind != "lm_eval":
             get_dataset_attrs(task.target, args.dataset_dir)
