@@ -59,6 +59,21 @@ class ModelArguments(BaseQuantizationArguments):
         metadata={"help": "Load and wrap the model with Unsloth's patched kernels (LoRA/QLoRA on a CUDA GPU with the "
                   "unsloth package)."},
     )
+    upcast_layernorm: bool = field(
+        default=False,
+        metadata={"help": "Keep the norm weights in float32 where the base is loaded in bf16 (LoRA under bf16 mixed "
+                  "precision); elsewhere they are float32 already."},
+    )
+    upcast_lmhead_output: bool = field(
+        default=False,
+        metadata={"help": "Return the LM head's logits in float32 (the loss upcasts them anyway; this also covers "
+                  "what reads the logits directly)."},
+    )
+    print_param_status: bool = field(
+        default=False,
+        metadata={"help": "Log every parameter's name, dtype, device and whether it trains, once the model is set "
+                  "up for training."},
+    )
     infer_dtype: Literal["auto", "float32", "float16", "bfloat16", "int8", "int4"] = field(
         default="auto",
         metadata={"help": "Weights for inference: float32, bfloat16, float16, or int8/int4 (blocks of 32 with a "
@@ -125,6 +140,9 @@ class ModelArguments(BaseQuantizationArguments):
             if args.data.packing or args.data.neat_packing:
                 raise ConfigError("'shift_attn' attends within groups of each row and cannot keep packed samples "
                                   "apart; turn packing off.")
+        if self.upcast_layernorm and args.training.pure_bf16:
+            raise ConfigError("'upcast_layernorm' keeps norms in float32 under autocast; pure_bf16 runs without "
+                              "autocast, where a float32 norm would feed float32 into bf16 layers. Keep one.")
         if self.use_unsloth:
             variants = [k for k in ("use_dora", "pissa_init", "loftq_init") if getattr(args.finetuning, k)]
             if args.finetuning.finetuning_type not in ("lora", "full") or self.shift_attn or variants:
