@@ -169,6 +169,9 @@ class FinetuningArguments(OptimizerArguments):
                        "full": "; full trains every module already"}.get(self.finetuning_type, "")
             raise ConfigError(f"'additional_target' trains whole modules beside a LoRA adapter: it needs "
                               f"finetuning_type: lora (got '{self.finetuning_type}'){instead}.")
+        if self.pissa_iter < -1:
+            raise ConfigError(f"'pissa_iter' is a number of fast-SVD iterations (0 or more), or -1 for a full SVD; "
+                              f"got {self.pissa_iter}.")
         if not self.pissa_convert:
             raise ConfigError("'pissa_convert: false' would save a PiSSA adapter that only applies to the residual "
                               "model, which Gym does not keep; leave it true (then it applies to the original base).")
