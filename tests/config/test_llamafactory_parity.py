@@ -111,3 +111,11 @@ def test_llamafactorys_spellings_of_gym_keys():
 def test_upcast_layernorm_is_refused_under_pure_bf16():
     with pytest.raises(ConfigError, match="'upcast_layernorm' .* pure_bf16 runs without autocast"):
         get_train_args({"upcast_layernorm": True, "pure_bf16": True, "finetuning_type": "full"})
+
+
+def test_model_revision_of_a_local_folder_is_refused(tiny_model_dir):
+    """transformers ignores a revision for a local folder: the run loaded whatever the folder held."""
+    with pytest.raises(ConfigError, match=r"'model_revision: v1.0' picks a branch, tag or commit of a hub model; .* is "
+                                          r"a local folder, which has none"):
+        get_train_args({"model_name_or_path": str(tiny_model_dir), "model_revision": "v1.0"})
+    assert get_train_args({"model_name_or_path": str(tiny_model_dir), "model_revision": "main"}).model.model_revision

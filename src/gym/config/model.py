@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from gym.config.base_quantization import BaseQuantizationArguments
@@ -152,6 +153,12 @@ class ModelArguments(BaseQuantizationArguments):
     def check_environment(self, args: TrainArgs[Any]) -> None:
         """What this machine must have for the kernels asked for; checked when a run starts (a config object
         can be written anywhere, e.g. on a laptop for a GPU box)."""
+        local = Path(self.model_name_or_path or "").expanduser()
+        if self.model_revision != "main" and self.model_name_or_path and (local.is_dir() or local.suffix == ".gguf"):
+            # transformers ignores a revision for a local folder: the run would load whatever the folder holds
+            raise ConfigError(f"'model_revision: {self.model_revision}' picks a branch, tag or commit of a hub model; "
+                              f"{self.model_name_or_path} is a local {'file' if local.suffix == '.gguf' else 'folder'}"
+                              ", which has none. Remove it, or name the hub model.")
         if self.flash_attn not in ("fa2", "fa3") and not self.use_unsloth:
             return  # nothing machine-specific asked for: no torch import just to read a config
         import torch
