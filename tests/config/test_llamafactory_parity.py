@@ -108,6 +108,11 @@ def test_llamafactorys_spellings_of_gym_keys():
         get_train_args({"disable_gradient_checkpointing": True, "gradient_checkpointing": True})
 
 
+def test_llamafactorys_other_engines_say_what_gym_serves_through():
+    with pytest.raises(ConfigError, match="'infer_backend: sglang' .* not supported: Gym serves through fast"):
+        get_train_args({"infer_backend": "sglang"})
+
+
 def test_upcast_layernorm_is_refused_under_pure_bf16():
     with pytest.raises(ConfigError, match="'upcast_layernorm' .* pure_bf16 runs without autocast"):
         get_train_args({"upcast_layernorm": True, "pure_bf16": True, "finetuning_type": "full"})

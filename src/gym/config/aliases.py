@@ -113,6 +113,9 @@ def canonical(config: dict[str, Any]) -> dict[str, Any]:
             value = not coerce(key, value, bool)
         elif key == "infer_backend" and str(value).lower() == "huggingface":
             value = "hf"  # LLaMA-Factory's name for the transformers engine
+        elif key == "infer_backend" and str(value).lower() in ("sglang", "ktransformers"):
+            raise ConfigError(f"'infer_backend: {value}' (LLaMA-Factory's) is not supported: Gym serves through "
+                              "fast (its own engine), hf (transformers), vllm or llamacpp; use auto to let it choose.")
         elif key == "warmup_ratio":
             value = coerce(key, value, float)
             if not 0 <= value < 1:
