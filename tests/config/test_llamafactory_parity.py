@@ -12,7 +12,7 @@ import yaml
 
 from gym.config.aliases import KEY_ALIASES
 from gym.config.parser import get_train_args, known_keys
-from gym.config.unsupported import READ_ELSEWHERE, UNSUPPORTED
+from gym.config.unsupported import ONE_WAY, READ_ELSEWHERE, UNSUPPORTED
 from gym.core.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -48,7 +48,7 @@ def _config(name: str, model_dir: Path, out: Path) -> dict:
 
 def test_the_fixtures_cover_llamafactorys_examples():
     assert len(ALL) == 41 and set(REFUSED) <= set(ALL)
-    accepted = set(known_keys()) | set(KEY_ALIASES) | set(UNSUPPORTED) | set(READ_ELSEWHERE)
+    accepted = set(known_keys()) | set(KEY_ALIASES) | set(UNSUPPORTED) | set(READ_ELSEWHERE) | set(ONE_WAY)
     for name in ALL:
         keys = set(yaml.safe_load((FIXTURES / name).read_text()))
         assert keys <= accepted, (name, keys - accepted)  # no key meets "Unknown config key"
@@ -69,3 +69,58 @@ def test_what_runs_here_trains_one_step(name, tiny_model_dir, tmp_path):
     out = Path(result.output_dir)
     assert result.global_step == 1
     assert (out / "adapter_model.safetensors").is_file() or (out / "model.safetensors").is_file()
+
+
+@pytest.mark.parametrize(("key", "on", "reason"), [
+    ("resize_vocab", True, "does not add tokens"),
+    ("new_special_tokens", "<think>,</think>", "does not add tokens"),
+    ("add_tokens", ["foo", "bar"], "does not add tokens"),
+    ("add_special_tokens", "<tool>", "does not add tokens"),
+    ("split_special_tokens", "true", "read each as one token"),
+    ("compute_accuracy", True, "token accuracy at evaluation is not computed"),
+    ("create_new_adapter", True, "merge them first"),
+    ("low_cpu_mem_usage", False, "always loads weights straight into place"),
+])
+def test_llamafactory_keys_gym_runs_one_way(key, on, reason):
+    """These met "Unknown config key": the value Gym runs with is accepted as written in a pasted config, the other
+    refused with the reason."""
+    off = ONE_WAY[key][0] if isinstance(on, bool) else ("" if isinstance(on, str) else [])
+    get_train_args({key: off, "stage": "sft"})
+    with pytest.raises(ConfigError, match=rf"^'{key}: .*' \(a LLaMA-Factory key\) is not supported: .*{reason}"):
+        get_train_args({key: on})
+
+
+@pytest.mark.parametrize(("method", "reason"), [
+    ("gptq", "already quantized with it: give that checkpoint as model_name_or_path without quantization_bit"),
+    ("awq", "already quantized"), ("eetq", "need a CUDA GPU and the eetq package"), ("quanto", "not offered"),
+])
+def test_llamafactorys_other_quantization_methods_say_why(method, reason):
+    with pytest.raises(ConfigError, match=f"'quantization_method: {method}' \\(LLaMA-Factory's\\) is not supported: "
+                                          f".*{reason}"):
+        get_train_args({"quantization_bit": 8, "quantization_method": method})
+
+
+def test_llamafactorys_spellings_of_gym_keys():
+    args = get_train_args({"disable_gradient_checkpointing": True, "infer_backend": "huggingface"})
+    assert args.training.gradient_checkpointing is False and args.model.infer_backend == "hf"
+    assert get_train_args({"disable_gradient_checkpointing": "false"}).training.gradient_checkpointing is True
+    with pytest.raises(ConfigError, match="'disable_gradient_checkpointing' and 'gradient_checkpointing' both set"):
+        get_train_args({"disable_gradient_checkpointing": True, "gradient_checkpointing": True})
+
+
+def test_llamafactorys_other_engines_say_what_gym_serves_through():
+    with pytest.raises(ConfigError, match="'infer_backend: sglang' .* not supported: Gym serves through fast"):
+        get_train_args({"infer_backend": "sglang"})
+
+
+def test_upcast_layernorm_is_refused_under_pure_bf16():
+    with pytest.raises(ConfigError, match="'upcast_layernorm' .* pure_bf16 runs without autocast"):
+        get_train_args({"upcast_layernorm": True, "pure_bf16": True, "finetuning_type": "full"})
+
+
+def test_model_revision_of_a_local_folder_is_refused(tiny_model_dir):
+    """transformers ignores a revision for a local folder: the run loaded whatever the folder held."""
+    with pytest.raises(ConfigError, match=r"'model_revision: v1.0' picks a branch, tag or commit of a hub model; .* is "
+                                          r"a local folder, which has none"):
+        get_train_args({"model_name_or_path": str(tiny_model_dir), "model_revision": "v1.0"})
+    assert get_train_args({"model_name_or_path": str(tiny_model_dir), "model_revision": "main"}).model.model_revision

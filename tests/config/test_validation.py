@@ -32,6 +32,13 @@ ONLINE = {"reward_funcs": ["accuracy"], "per_device_train_batch_size": 4}
     ({"stage": "rm", "delta_compression": "bitdelta"}, "delta_compression applies to language models"),
     ({"finetuning_type": "full", "use_dora": True}, "'use_dora' needs finetuning_type: lora"),
     ({"finetuning_type": "freeze", "adapter_name_or_path": "a"}, "continues training an adapter"),
+    # Keys of another finetuning type, which nothing read (the run trained without what they asked for):
+    ({"freeze_trainable_layers": 1}, "'freeze_trainable_layers' picks what trains under finetuning_type: freeze, "
+                                     "and this run is lora .*additional_target"),
+    ({"finetuning_type": "full", "freeze_extra_modules": "embed_tokens"}, "'freeze_extra_modules' picks what"),
+    ({"finetuning_type": "freeze", "additional_target": "embed_tokens"},
+     "'additional_target' .* needs finetuning_type: lora .*freeze_extra_modules"),
+    ({"finetuning_type": "oft", "additional_target": "embed_tokens"}, "'additional_target' .* needs finetuning_type"),
     ({"use_dora": True, "pissa_init": True}, "'use_dora' and 'pissa_init' cannot be combined"),
     ({"lora_rank": 0}, "'lora_rank' must be positive"),
     ({"cutoff_len": 0}, "'cutoff_len' must be positive"),

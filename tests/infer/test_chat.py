@@ -111,6 +111,29 @@ def test_a_training_config_whose_run_is_missing_says_the_base_answers(tmp_path, 
     assert resolved["adapter_name_or_path"] == str(trained_run) and "holds no finished run" not in caplog.text
 
 
+def test_an_fp4_qlora_run_served_unquantized_leaves_its_quantization_options_behind(tmp_path, tiny_model_dir):
+    """`quantization_bit: null` serves a QLoRA adapter on the unquantized base: the saved run's quantization_type and
+    double_quantization describe the base it replaced, and would be refused as options without quantization_bit."""
+    import json
+
+    import yaml
+
+    from gym.config.parser import get_infer_args
+    from gym.infer.config import resolve_inference_config
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "gym_manifest.json").write_text(json.dumps({"what": "lora-adapter", "stage": "sft"}))
+    (run / "gym_config.yaml").write_text(yaml.safe_dump({
+        "model_name_or_path": str(tiny_model_dir), "quantization_bit": 4, "quantization_type": "fp4",
+        "double_quantization": False, "template": "llama3"}))
+    resolved = resolve_inference_config({"adapter_name_or_path": str(run), "quantization_bit": None})
+    assert resolved["template"] == "llama3" and "quantization_type" not in resolved
+    assert get_infer_args(resolved)[0].quantization_bit is None
+    kept = resolve_inference_config({"adapter_name_or_path": str(run)})
+    assert (kept["quantization_bit"], kept["quantization_type"]) == (4, "fp4")
+
+
 @pytest.mark.parametrize("stage, what", [("rm", "reward model"), ("cls", "classifier")])
 def test_a_scoring_run_is_refused_as_a_chat_model_saying_what_it_is_for(stage, what, tmp_path):
     # Loaded as a chat model, a reward model "answered" from a head it was never trained to write with.

@@ -27,8 +27,29 @@ def test_freeze_negative_means_first_layers(tiny):
 def test_freeze_bad_values_are_config_errors(tiny):
     with pytest.raises(ConfigError, match="freeze_trainable_layers"):
         setup_freeze(tiny, FinetuningArguments(freeze_trainable_layers=5))
-    with pytest.raises(ConfigError, match="matched no parameters"):
+    with pytest.raises(ConfigError, match="'freeze_trainable_modules': no module of the model is named 'nonexistent'"):
         setup_freeze(tiny, FinetuningArguments(freeze_trainable_modules="nonexistent"))
+
+
+@pytest.mark.parametrize(("key", "names", "typo", "closest"), [
+    ("freeze_extra_modules", "embed_tokenz", "embed_tokenz", "embed_tokens"),
+    ("freeze_trainable_modules", "mlp,self_atn", "self_atn", "self_attn"),
+])
+def test_a_misspelt_freeze_module_is_refused_not_skipped(tiny, key, names, typo, closest):
+    """Each list is OR-ed: a typo beside a good name (or alone, in the extras) trained silently without it."""
+    with pytest.raises(ConfigError, match=f"'{key}': no module of the model is named '{typo}'. Did you mean "
+                                          f"'{closest}'"):
+        setup_freeze(tiny, FinetuningArguments(finetuning_type="freeze", freeze_trainable_layers=1, **{key: names}))
+
+
+def test_freeze_extra_modules_match_whole_module_names(tiny):
+    """`norm` is the final norm (model.norm), not every layer's input_layernorm that contains the word; the tiny
+    model's lm_head is tied, so naming it trains the embedding it shares."""
+    setup_freeze(tiny, FinetuningArguments(finetuning_type="freeze", freeze_trainable_layers=1,
+                                           freeze_extra_modules="norm,lm_head"))
+    trainable = {n for n, p in tiny.named_parameters() if p.requires_grad}
+    assert {"model.norm.weight", "model.embed_tokens.weight"} <= trainable
+    assert not any(n.startswith("model.layers.0.") for n in trainable)
 
 
 def test_lora_all_targets_every_linear_but_the_head(tiny):

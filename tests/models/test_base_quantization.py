@@ -93,6 +93,13 @@ def test_torchao_int8_weights(tiny_model_dir):
     ({"loftq_init": True}, "needs quantization_bit: 4 with quantization_method: bnb"),
     ({"loftq_init": True, "quantization_bit": 4, "pissa_init": True}, "cannot be combined"),
     ({"quantization_bit": 4, "adapter_name_or_path": "a,b"}, "several adapters"),
+    # Options the quantizer does not read: the base loaded otherwise than the config said.
+    ({"quantization_type": "fp4"}, "'quantization_type: fp4' applies to quantization_bit: 4 with quantization_method: "
+                                   "bnb; this config has no quantization_bit"),
+    ({"quantization_bit": 8, "quantization_type": "fp4"}, "this config has quantization_bit: 8 with bnb"),
+    ({"double_quantization": False}, "'double_quantization: False' applies to quantization_bit: 4"),
+    ({"quantization_bit": 4, "quantization_group_size": 128}, "'quantization_group_size: 128' applies to "
+                                                              "quantization_method: hqq or torchao"),
 ])
 def test_what_cannot_run_is_a_config_error(tiny_model_dir, keys, message):
     with pytest.raises(ConfigError, match=message):

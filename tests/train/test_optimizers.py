@@ -58,6 +58,22 @@ def test_galore_projects_only_its_targets(train_config, capture_trainer):
     assert all(p.shape == (64, 64) or p.shape == (32, 64) for p in projected[0]["params"])
 
 
+@pytest.mark.parametrize(("keys", "message"), [
+    ({"use_galore": True, "galore_target": "q_proj,v_prj"}, "'galore_target': no linear module of the model is named "
+                                                            "'v_prj'. Did you mean 'v_proj'"),
+    ({"use_apollo": True, "apollo_target": "q_prj"}, "'apollo_target': .* 'q_prj'. Did you mean 'q_proj'"),
+    ({"use_badam": True, "badam_start_block": 2}, r"'badam_start_block' is a block index from 0 to 1 \(this model "
+                                                  r"has 2 layers\), got 2"),
+])
+def test_optimizer_settings_the_model_does_not_have_are_config_errors(train_config, keys, message):
+    """They failed at the first step: the Trainer's ValueError "No target modules found" (and a typo beside a good
+    name projected the good one alone), BAdam's IndexError."""
+    from gym.workflows.training import run_exp
+
+    with pytest.raises(ConfigError, match=message):
+        run_exp(train_config(finetuning_type="full", max_steps=1, **keys))
+
+
 def test_badam_layer_mode_updates_one_block(train_config, capture_trainer, tiny_model_dir):
     optimizer, out = _run(train_config, capture_trainer, use_badam=True, badam_switch_mode="ascending",
                           badam_switch_interval=100)
@@ -110,6 +126,16 @@ def test_muon_takes_the_hidden_matrices_and_adamw_the_rest(train_config, capture
     ({"optim": "adamw_torhc"}, "Did you mean 'adamw_torch'"),
     ({"optim": "grokadamw"}, "needs the grokadamw package"),
     ({"stage": "ppo", "use_muon": True, "reward_funcs": ["length"]}, "stage: ppo trains with AdamW"),
+    ({"use_galore": True, "finetuning_type": "full", "galore_rank": 0}, "'galore_rank' must be at least 1, got 0"),
+    ({"use_apollo": True, "finetuning_type": "full", "apollo_update_interval": 0}, "'apollo_update_interval' must"),
+    ({"use_badam": True, "finetuning_type": "full", "badam_switch_interval": -1}, "'badam_switch_interval' must"),
+    ({"pissa_init": True, "pissa_iter": -2}, "'pissa_iter' is a number of fast-SVD iterations"),
+    # An option of an optimizer the run does not use was read by nothing (the docs once said APOLLO shares
+    # galore_target; its own is apollo_target):
+    ({"galore_rank": 4}, "'galore_rank' tunes use_galore, which this run does not use: set use_galore: true"),
+    ({"use_apollo": True, "finetuning_type": "full", "galore_target": "q_proj"},
+     r"'galore_target' tunes use_galore, which this run does not use \(apollo's own keys are apollo_\*\)"),
+    ({"finetuning_type": "full", "badam_mode": "ratio"}, "'badam_mode' tunes use_badam"),
 ])
 def test_impossible_optimizer_settings_are_config_errors(keys, message):
     with pytest.raises(ConfigError, match=message):

@@ -235,3 +235,19 @@ def test_hub_tokens_never_reach_gym_config_or_trackers(train_config):
 
     config = resolved_config(get_train_args(train_config(hf_hub_token="hf_secret123")), "model")
     assert config["hf_hub_token"] == "<hidden>" and "hf_secret123" not in str(config)
+
+
+def test_wandb_without_a_login_is_one_line_saying_what_to_do(train_config, tmp_path, monkeypatch):
+    """No W&B key and no terminal to ask for one: wandb's UsageError came out of the Trainer's first callback as a
+    traceback. Nothing leaves the machine: wandb stops at the missing key."""
+    _offline_trackers(monkeypatch, tmp_path)
+    for name in ("WANDB_MODE", "WANDB_API_KEY", "WANDB_DISABLED", "WANDB_BASE_URL"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc, no settings holding a key
+    monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
+    import wandb
+
+    wandb.teardown()  # wandb keeps the settings (offline mode) of a run made earlier in this process
+    with pytest.raises(ConfigError, match=r"^'report_to: wandb' could not log in to W&B \(.*\)\. Run `wandb login` "
+                                          r"or set WANDB_API_KEY; or set WANDB_MODE=offline"):
+        run_exp(train_config(report_to="wandb", max_steps=1))

@@ -187,3 +187,27 @@ def test_which_runs_load_the_base_in_bf16(overrides, data_kind, expected):
     args = get_train_args({"stage": "sft", "finetuning_type": "lora", **overrides})
     hf_args = SimpleNamespace(bf16=bool(args.training.bf16), fsdp=fsdp, deepspeed=None)
     assert weights_dtype(args, hf_args, DataKind[data_kind]) is expected
+
+
+def test_upcast_keys_keep_norms_and_logits_float32_on_a_bf16_base(train_config, capture_trainer, caplog):
+    """LLaMA-Factory's upcast_layernorm / upcast_lmhead_output were refused as unknown keys; on a bf16 LoRA base the
+    norms stay bf16 without them. print_param_status logs each parameter once."""
+    import logging
+
+    from gym.train import workflow
+    from gym.workflows.training import run_exp
+
+    seen = capture_trainer(workflow)
+    with caplog.at_level(logging.INFO, logger="gym.train.workflow"):
+        result = run_exp(train_config(bf16=True, max_steps=1, upcast_layernorm=True, upcast_lmhead_output=True,
+                                      print_param_status=True))
+    model = seen["trainer"].model
+    params = dict(model.named_parameters())
+    norms = [p for name, p in params.items() if "norm" in name]
+    assert result.global_step == 1 and norms and all(p.dtype == torch.float32 for p in norms)
+    assert any(p.dtype == torch.bfloat16 for name, p in params.items() if "q_proj.base_layer" in name)
+    ids = torch.tensor([[1, 2, 3]])
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert model(input_ids=ids).logits.dtype == torch.float32
+    logged = [r.getMessage() for r in caplog.records if r.getMessage().endswith(("trains", "frozen"))]
+    assert len(logged) == len(params) and any("lora_A" in line and "trains" in line for line in logged)

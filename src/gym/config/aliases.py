@@ -6,7 +6,9 @@ Key spellings:
 - `model` -> model_name_or_path, `algorithm` -> stage, `group_size` -> num_generations (GRPO's answers per prompt);
 - LLaMA-Factory's `warmup_ratio` -> warmup_steps (transformers 5: a value below 1 is a ratio), `group_by_length` ->
   train_sampling_strategy, `enable_liger_kernel` -> use_liger_kernel;
-- `quantization_method: bitsandbytes` -> bnb.
+- `quantization_method: bitsandbytes` -> bnb; LLaMA-Factory's other methods (gptq, eetq, ...) refused with the
+  reason; `infer_backend: huggingface` -> hf; `disable_gradient_checkpointing: true` -> gradient_checkpointing:
+  false.
 
 Blocks, each replaced by the flat keys it means (a key the config also sets must agree):
 
@@ -48,6 +50,21 @@ KEY_ALIASES: dict[str, str] = {
     "group_by_length": "train_sampling_strategy",
     "enable_liger_kernel": "use_liger_kernel",
     "group_size": "num_generations",
+    "disable_gradient_checkpointing": "gradient_checkpointing",  # the value inverted
+}
+
+# LLaMA-Factory's quantization methods that Gym's quantization_method does not offer, and why.
+_PREQUANTIZED = ("loads a checkpoint already quantized with it: give that checkpoint as model_name_or_path "
+                 "without quantization_bit (transformers reads its quantization from its config.json, where its "
+                 "package is installed). To quantize on load, use quantization_method: bnb.")
+LLAMAFACTORY_QUANTIZERS = {
+    "gptq": _PREQUANTIZED, "awq": _PREQUANTIZED, "aqlm": _PREQUANTIZED,
+    "eetq": "EETQ's 8-bit kernels need a CUDA GPU and the eetq package, and Gym does not offer them; for 8 bits "
+            "use quantization_method: bnb (CPU and CUDA) or torchao.",
+    "quanto": "optimum-quanto is not offered by Gym; use quantization_method: bnb (4 or 8 bits) or torchao (8).",
+    "mxfp4": "MXFP4 loads a checkpoint already quantized that way (gpt-oss): give it without quantization_bit.",
+    "fp8": "FP8 loads a checkpoint already quantized that way: give it without quantization_bit. To quantize on "
+           "load, use quantization_method: bnb.",
 }
 
 SEQUENCE_PARALLEL = (
@@ -73,6 +90,7 @@ def canonical(config: dict[str, Any]) -> dict[str, Any]:
     """The config in Gym's own names: keys renamed, values respelt, the `quantization:` and `serving:` blocks
     expanded. Two spellings of one key must agree."""
     out: dict[str, Any] = {}
+    spelt: dict[str, str] = {}  # target -> the key that set it, for the error naming both
     for raw_key, value in config.items():
         key = str(raw_key).replace("-", "_")
         if key in RECORDED_ONLY or (key.endswith("hub_token") and value == HIDDEN):
@@ -88,13 +106,23 @@ def canonical(config: dict[str, Any]) -> dict[str, Any]:
             raise ConfigError(SEQUENCE_PARALLEL.format(key=key, value=value))
         elif key == "quantization_method" and str(value).lower() == "bitsandbytes":
             value = "bnb"  # the package's own name, as the documents write it
+        elif key == "quantization_method" and str(value).lower() in LLAMAFACTORY_QUANTIZERS:
+            raise ConfigError(f"'quantization_method: {value}' (LLaMA-Factory's) is not supported: "
+                              f"{LLAMAFACTORY_QUANTIZERS[str(value).lower()]}")
+        elif key == "disable_gradient_checkpointing":
+            value = not coerce(key, value, bool)
+        elif key == "infer_backend" and str(value).lower() == "huggingface":
+            value = "hf"  # LLaMA-Factory's name for the transformers engine
+        elif key == "infer_backend" and str(value).lower() in ("sglang", "ktransformers"):
+            raise ConfigError(f"'infer_backend: {value}' (LLaMA-Factory's) is not supported: Gym serves through "
+                              "fast (its own engine), hf (transformers), vllm or llamacpp; use auto to let it choose.")
         elif key == "warmup_ratio":
             value = coerce(key, value, float)
             if not 0 <= value < 1:
                 raise ConfigError(f"'warmup_ratio' expects a number in [0, 1), got {config[raw_key]!r}.")
         if target in out and out[target] != value:
-            raise ConfigError(f"'{key}' and '{target}' both set, to different values; keep one.")
-        out[target] = value
+            raise ConfigError(f"'{spelt[target]}' and '{key}' both set, to values that disagree; keep one.")
+        out[target], spelt[target] = value, key
     return _expand_serving(_expand_delta_block(out))
 
 

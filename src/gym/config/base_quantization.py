@@ -51,6 +51,7 @@ class BaseQuantizationArguments:
     )
 
     def validate(self, args: TrainArgs[Any]) -> None:
+        self._no_options_unused()
         if self.quantization_bit is None:
             return
         package, pip_name, widths = QUANTIZERS[self.quantization_method]
@@ -74,6 +75,22 @@ class BaseQuantizationArguments:
         if args.model.infer_dtype in ("int8", "int4"):
             raise ConfigError(f"'infer_dtype: {args.model.infer_dtype}' quantizes for the fast engine; with "
                               "'quantization_bit' the transformers engine serves the quantized base. Set one.")
+
+
+    def _no_options_unused(self) -> None:
+        """A quantization option the chosen quantizer does not read (or with no quantized base at all) would be
+        ignored: the base loads otherwise than the config says."""
+        bnb4 = (self.quantization_bit, self.quantization_method) == (4, "bnb")
+        grouped = self.quantization_bit is not None and self.quantization_method != "bnb"
+        for key, default, applies, where in (
+                ("quantization_type", "nf4", bnb4, "quantization_bit: 4 with quantization_method: bnb"),
+                ("double_quantization", True, bnb4, "quantization_bit: 4 with quantization_method: bnb"),
+                ("quantization_group_size", 64, grouped, "quantization_method: hqq or torchao")):
+            if getattr(self, key) != default and not applies:
+                now = ("no quantization_bit" if self.quantization_bit is None else
+                       f"quantization_bit: {self.quantization_bit} with {self.quantization_method}")
+                raise ConfigError(f"'{key}: {getattr(self, key)}' applies to {where}; this config has {now}. "
+                                  "Remove it, or quantize the base that way.")
 
 
 def _unavailable_here(method: str, bits: int) -> str | None:

@@ -156,6 +156,22 @@ class FinetuningArguments(OptimizerArguments):
                 lora_only.append("loraplus_lr_ratio")
             if lora_only:
                 raise ConfigError(f"'{lora_only[0]}' needs finetuning_type: lora (got '{self.finetuning_type}').")
+        # Keys of another finetuning type would be read by nothing: the run trained without what they asked for.
+        freeze_keys = [k for k, default in (("freeze_trainable_layers", 2), ("freeze_trainable_modules", "all"),
+                                            ("freeze_extra_modules", None)) if getattr(self, k) != default]
+        if freeze_keys and self.finetuning_type != "freeze":
+            hint = (" (with lora, additional_target trains whole modules beside the adapter)"
+                    if self.finetuning_type == "lora" else "")
+            raise ConfigError(f"'{freeze_keys[0]}' picks what trains under finetuning_type: freeze, and this run is "
+                              f"{self.finetuning_type}{hint}; remove it or set finetuning_type: freeze.")
+        if self.additional_target and self.finetuning_type != "lora":
+            instead = {"freeze": "; with freeze, freeze_extra_modules trains whole modules",
+                       "full": "; full trains every module already"}.get(self.finetuning_type, "")
+            raise ConfigError(f"'additional_target' trains whole modules beside a LoRA adapter: it needs "
+                              f"finetuning_type: lora (got '{self.finetuning_type}'){instead}.")
+        if self.pissa_iter < -1:
+            raise ConfigError(f"'pissa_iter' is a number of fast-SVD iterations (0 or more), or -1 for a full SVD; "
+                              f"got {self.pissa_iter}.")
         if not self.pissa_convert:
             raise ConfigError("'pissa_convert: false' would save a PiSSA adapter that only applies to the residual "
                               "model, which Gym does not keep; leave it true (then it applies to the original base).")

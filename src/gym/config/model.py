@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from gym.config.base_quantization import BaseQuantizationArguments
@@ -58,6 +59,21 @@ class ModelArguments(BaseQuantizationArguments):
         default=False,
         metadata={"help": "Load and wrap the model with Unsloth's patched kernels (LoRA/QLoRA on a CUDA GPU with the "
                   "unsloth package)."},
+    )
+    upcast_layernorm: bool = field(
+        default=False,
+        metadata={"help": "Keep the norm weights in float32 where the base is loaded in bf16 (LoRA under bf16 mixed "
+                  "precision); elsewhere they are float32 already."},
+    )
+    upcast_lmhead_output: bool = field(
+        default=False,
+        metadata={"help": "Return the LM head's logits in float32 (the loss upcasts them anyway; this also covers "
+                  "what reads the logits directly)."},
+    )
+    print_param_status: bool = field(
+        default=False,
+        metadata={"help": "Log every parameter's name, dtype, device and whether it trains, once the model is set "
+                  "up for training."},
     )
     infer_dtype: Literal["auto", "float32", "float16", "bfloat16", "int8", "int4"] = field(
         default="auto",
@@ -125,6 +141,9 @@ class ModelArguments(BaseQuantizationArguments):
             if args.data.packing or args.data.neat_packing:
                 raise ConfigError("'shift_attn' attends within groups of each row and cannot keep packed samples "
                                   "apart; turn packing off.")
+        if self.upcast_layernorm and args.training.pure_bf16:
+            raise ConfigError("'upcast_layernorm' keeps norms in float32 under autocast; pure_bf16 runs without "
+                              "autocast, where a float32 norm would feed float32 into bf16 layers. Keep one.")
         if self.use_unsloth:
             variants = [k for k in ("use_dora", "pissa_init", "loftq_init") if getattr(args.finetuning, k)]
             if args.finetuning.finetuning_type not in ("lora", "full") or self.shift_attn or variants:
@@ -134,6 +153,12 @@ class ModelArguments(BaseQuantizationArguments):
     def check_environment(self, args: TrainArgs[Any]) -> None:
         """What this machine must have for the kernels asked for; checked when a run starts (a config object
         can be written anywhere, e.g. on a laptop for a GPU box)."""
+        local = Path(self.model_name_or_path or "").expanduser()
+        if self.model_revision != "main" and self.model_name_or_path and (local.is_dir() or local.suffix == ".gguf"):
+            # transformers ignores a revision for a local folder: the run would load whatever the folder holds
+            raise ConfigError(f"'model_revision: {self.model_revision}' picks a branch, tag or commit of a hub model; "
+                              f"{self.model_name_or_path} is a local {'file' if local.suffix == '.gguf' else 'folder'}"
+                              ", which has none. Remove it, or name the hub model.")
         if self.flash_attn not in ("fa2", "fa3") and not self.use_unsloth:
             return  # nothing machine-specific asked for: no torch import just to read a config
         import torch

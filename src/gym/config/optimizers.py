@@ -7,6 +7,7 @@ Gym (gym.train.optimizers). Any other Hugging Face optimizer is the plain `optim
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import re
@@ -106,6 +107,7 @@ class OptimizerArguments:
 
     def validate(self, args: TrainArgs[Any]) -> None:
         chosen = self.chosen()
+        self._no_options_of_others(chosen)
         if not chosen:
             return
         if len(chosen) > 1:
@@ -125,12 +127,31 @@ class OptimizerArguments:
         if key == "use_badam" and _zero_stage(args.training.deepspeed) == 3:
             raise ConfigError("'use_badam' cannot run under DeepSpeed ZeRO-3 (the active block's parameters are "
                               "sharded away); use ZeRO stage 0-2 or no DeepSpeed.")
+        # Sizes the optimizers take without a word and then update nothing (rank 0) or fail inside the first step.
+        sizes = {"use_galore": ("galore_rank", "galore_update_interval"),
+                 "use_apollo": ("apollo_rank", "apollo_update_interval"),
+                 "use_badam": ("badam_switch_interval",)}.get(key, ())
+        for size in sizes:
+            if getattr(self, size) < 1:
+                raise ConfigError(f"'{size}' must be at least 1, got {getattr(self, size)}.")
         if self.badam_update_ratio <= 0 or self.badam_update_ratio > 1:
             raise ConfigError(f"'badam_update_ratio' must be in (0, 1], got {self.badam_update_ratio}.")
         package, pip_name = PACKAGES[key]
         if importlib.util.find_spec(package) is None:
             raise ConfigError(f"'{key}' needs the {package} package, which is not installed: pip install {pip_name} "
                               "(or pip install 'zoo-gym[optimizers]').")
+
+    def _no_options_of_others(self, chosen: list[str]) -> None:
+        """An option of an optimizer the run does not use (galore_rank without use_galore; galore_target with
+        use_apollo, whose own is apollo_target) was read by nothing."""
+        for f in dataclasses.fields(OptimizerArguments):
+            prefix = f.name.split("_")[0]
+            if prefix in ("galore", "apollo", "badam") and f"use_{prefix}" not in chosen \
+                    and getattr(self, f.name) != f.default:
+                active = [key.removeprefix("use_") for key in chosen]
+                own = f" ({active[0]}'s own keys are {active[0]}_*)" if active and active[0] != "muon" else ""
+                raise ConfigError(f"'{f.name}' tunes use_{prefix}, which this run does not use{own}: set "
+                                  f"use_{prefix}: true or remove it.")
 
     def check_environment(self, args: TrainArgs[Any]) -> None:
         if self.use_muon:

@@ -28,7 +28,7 @@ from gym.config.model import ModelArguments
 from gym.config.optimizers import check_optim
 from gym.config.stages.registry import Stage, get_stage, option_classes
 from gym.config.training import TrainingArguments
-from gym.config.unsupported import READ_ELSEWHERE, UNSUPPORTED
+from gym.config.unsupported import ONE_WAY, READ_ELSEWHERE, UNSUPPORTED, is_on
 from gym.core.errors import ConfigError, IncompleteConfig
 from gym.core.names import closest
 
@@ -76,7 +76,8 @@ def _build(cls: type, values: dict[str, Any]) -> Any:
 # config/distributed turn into fields, and the LLaMA-Factory keys it answers with a sentence.
 def _read_specially() -> set[str]:
     return {*aliases.KEY_ALIASES, *aliases.RECORDED_ONLY, aliases.SERVING_BLOCK, aliases.DELTA_BLOCK,
-            distributed.BLOCK, "tune", "sequence_parallel", "sequence_parallel_size", *READ_ELSEWHERE, *UNSUPPORTED}
+            distributed.BLOCK, "tune", "sequence_parallel", "sequence_parallel_size", *READ_ELSEWHERE, *UNSUPPORTED,
+            *ONE_WAY}
 
 
 def _unknown_key(key: str, options: Iterable[str] = ()) -> ConfigError:
@@ -118,6 +119,10 @@ def _split_by_concern(config: dict[str, Any], stage: str, options: type | None) 
             raise ConfigError(f"'{key}' {READ_ELSEWHERE[key]}")
         elif key in UNSUPPORTED:
             raise ConfigError(f"'{key}' (a LLaMA-Factory key) is not supported: {UNSUPPORTED[key]}")
+        elif key in ONE_WAY:
+            runs_with, reason = ONE_WAY[key]
+            if is_on(value) != runs_with:
+                raise ConfigError(f"'{key}: {value}' (a LLaMA-Factory key) is not supported: {reason}")
         elif key == "tune":
             raise ConfigError("'tune' declares a hyper-parameter search: run `gym tune CONFIG --trials N` "
                               "(gym train runs one config).")

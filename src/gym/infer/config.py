@@ -81,7 +81,10 @@ def resolve_inference_config(config: ConfigSource, *, untrained: str = "warn",
     saved = saved_dir / CONFIG_FILE if str(saved_dir) else None
     if saved is not None and saved.is_file():
         saved_config = yaml.safe_load(saved.read_text()) or {}
+        unquantized = "quantization_bit" in config and config["quantization_bit"] is None
         for key in _INHERITED:
+            if unquantized and key.startswith(("quantization_", "double_")):
+                continue  # how the saved base was quantized, and the user asked for it unquantized
             if key not in config and key in saved_config:
                 config[key] = saved_config[key]
         if first_adapter and "model_name_or_path" not in config:

@@ -176,20 +176,40 @@ def setup_freeze(model: Any, args: FinetuningArguments) -> Any:
         layers = set(range(num_layers - n, num_layers)) if n > 0 else set(range(-n))
     modules = _split(args.freeze_trainable_modules)
     extra = _split(args.freeze_extra_modules)
+    _check_freeze_names(model, modules, extra, layers)
     if is_sequence_classifier(model):
         extra.append("score")  # a reward model's new head always trains
+    # Every name of a shared weight counts: a tied lm_head is the embedding's parameter under a second name.
+    # `norm` is model.norm, not each layer's input_layernorm that contains the word.
+    extra_ids = {id(param) for name, param in model.named_parameters(remove_duplicate=False)
+                 if any(f".{m}." in f".{name}" for m in extra)}
     trainable = 0
     for name, param in model.named_parameters():
         match = _LAYER_INDEX.search(name)
         in_layer = match is not None and int(match.group(1)) in layers
         in_module = "all" in modules or any(f".{m}." in name or name.endswith(f".{m}") for m in modules)
-        in_extra = any(f"{m}." in name or name.endswith(m) for m in extra)
-        param.requires_grad_((in_layer and in_module) or in_extra)
+        param.requires_grad_((in_layer and in_module) or id(param) in extra_ids)
         trainable += param.numel() if param.requires_grad else 0
     if trainable == 0:
         raise ConfigError(f"freeze_trainable_modules={args.freeze_trainable_modules!r} matched no parameters in "
                           f"the trainable layers; use module names like mlp, self_attn or 'all'.")
     return model
+
+
+def _check_freeze_names(model: Any, modules: list[str], extra: list[str], layers: set[int]) -> None:
+    """Refuse a freeze module name that matches nothing, with the closest one (as LLaMA-Factory refuses it): each
+    list is OR-ed, so a misspelt name beside a good one would train silently without it. Names are matched as
+    setup_freeze matches them, against module names (a tied lm_head has no parameter of its own)."""
+    names = [f"{name}." for name, _ in model.named_modules() if name]
+    in_layers = [name for name in names if (m := _LAYER_INDEX.search(name)) is not None and int(m.group(1)) in layers]
+    for key, wanted, pool in (("freeze_trainable_modules", modules, in_layers), ("freeze_extra_modules", extra, names)):
+        for module in wanted:
+            if key == "freeze_trainable_modules" and module == "all":
+                continue
+            if not any(f".{module}." in f".{name}" for name in pool):
+                parts = {part for name in pool for part in name.split(".") if part and not part.isdigit()}
+                hint = did_you_mean(module, parts, f" Module names there are like {', '.join(sorted(parts)[:8])}.")
+                raise ConfigError(f"'{key}': no module of the model is named '{module}'.{hint}")
 
 
 def is_sequence_classifier(model: Any) -> bool:

@@ -14,6 +14,8 @@ from typing import Any
 import torch
 
 from gym.config.args import TrainArgs
+from gym.core.errors import ConfigError
+from gym.core.names import did_you_mean, split_names
 
 logger = logging.getLogger(__name__)
 
@@ -91,6 +93,11 @@ def badam(model: Any, args: TrainArgs[Any]) -> torch.optim.Optimizer:
     options, training = args.finetuning, args.training
     named = list(model.named_parameters())
     if options.badam_mode == "layer":
+        # BAdam indexes its list of blocks with start_block unchecked: an IndexError deep inside its constructor.
+        blocks = len(BlockOptimizer.infer_param_groups(None, [name for name, _ in named], False, False))
+        if options.badam_start_block is not None and not 0 <= options.badam_start_block < blocks:
+            raise ConfigError(f"'badam_start_block' is a block index from 0 to {blocks - 1} (this model has {blocks} "
+                              f"layers), got {options.badam_start_block}.")
         base = torch.optim.AdamW(_decay_groups(named, training.weight_decay), lr=training.learning_rate,
                                  betas=(training.adam_beta1, training.adam_beta2), eps=training.adam_epsilon)
         return BlockOptimizer(base_optimizer=base, named_parameters_list=named,
@@ -119,10 +126,27 @@ def build(model: Any, args: TrainArgs[Any]) -> torch.optim.Optimizer | None:
     return optimizer
 
 
+def check_targets(model: Any, args: TrainArgs[Any]) -> None:
+    """galore_target / apollo_target: each name must be a linear module of the model. The Trainer says only "No
+    target modules found" (a ValueError traceback, when the first step builds the optimizer), or, for a typo beside
+    a good name, projects the good one alone."""
+    options = args.finetuning
+    key = "galore_target" if options.use_galore else "apollo_target" if options.use_apollo else None
+    if key is None or getattr(options, key) == "all":
+        return
+    linear = [name for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)]
+    for target in split_names(getattr(options, key)):
+        if not any(name == target or name.endswith(f".{target}") for name in linear):
+            parts = {part for name in linear for part in name.split(".") if not part.isdigit()}
+            hint = did_you_mean(target, parts, f" Linear modules here: {', '.join(sorted(parts))}.")
+            raise ConfigError(f"'{key}': no linear module of the model is named '{target}'.{hint}")
+
+
 def install(trainer: Any, args: TrainArgs[Any]) -> None:
     """Give a Trainer Gym's optimizer before it builds its own (it then builds only the schedule)."""
     if trainer.optimizer is not None:
         return
+    check_targets(trainer.model, args)
     trainer.optimizer = build(trainer.model, args)
     if args.finetuning.use_badam:
         from badam import BAdamCallback, clip_grad_norm_old_version

@@ -24,7 +24,7 @@ from gym.config.files import ConfigSource
 from gym.config.parser import get_train_args
 from gym.config.stages.registry import get_stage
 from gym.core.allocator import freed_memory_kept
-from gym.core.errors import OutputError, is_out_of_space
+from gym.core.errors import ConfigError, OutputError, is_out_of_space
 from gym.core.files import OutputLock, human_bytes, remove_stale_temps
 from gym.core.results import RunResult
 from gym.train.checkpoints import remove_incomplete_checkpoints, resume_requested
@@ -58,7 +58,7 @@ def run_training(config: ConfigSource | TrainArgs[Any] = None) -> RunResult:
             logger.info("%s already holds the finished run; nothing to resume.", args.output_dir)
             return done
         trainer = importlib.import_module(get_stage(args.finetuning.stage).trainer)
-        with out_of_space_reported(args.output_dir), freed_memory_kept():
+        with out_of_space_reported(args.output_dir), tracker_login_reported(), freed_memory_kept():
             result: RunResult = trainer.run(args)
     return result
 
@@ -72,6 +72,22 @@ def out_of_space_reported(output_dir: str) -> Iterator[None]:
         if not (is_out_of_space(exc) or _torch_write_failed_on_a_full_disk(exc, output_dir)):
             raise
         raise _out_of_space(output_dir, exc) from None
+
+
+@contextlib.contextmanager
+def tracker_login_reported() -> Iterator[None]:
+    """`report_to: wandb` with no W&B login and no terminal to ask for one: wandb raises inside the Trainer's first
+    callback, after the model has loaded; one line saying what to do instead of its traceback. Told by the
+    exception's module, so wandb is not imported for runs that do not use it."""
+    try:
+        yield
+    except Exception as exc:
+        kind = type(exc)
+        if not (kind.__module__.startswith("wandb.") and kind.__name__ in ("UsageError", "AuthenticationError")):
+            raise
+        raise ConfigError(f"'report_to: wandb' could not log in to W&B ({exc}). Run `wandb login` or set "
+                          "WANDB_API_KEY; or set WANDB_MODE=offline to write the run locally for `wandb sync` later; "
+                          "or take wandb out of report_to.") from None
 
 
 def _torch_write_failed_on_a_full_disk(exc: Exception, output_dir: str) -> bool:

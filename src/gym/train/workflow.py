@@ -132,6 +132,7 @@ def prepare(args: TrainArgs[Any], data_kind: DataKind, *, packing_by_default: bo
             trainable_in_float32(model)
         if pissa_init_dir is not None and resume is None:
             model.save_pretrained(pissa_init_dir)
+    upcast(model, model_args)
     trainable, total = count_parameters(model)
     logger.info("Trainable parameters: %s of %s (%.2f%%)", f"{trainable:,}", f"{total:,}", 100 * trainable / total)
 
@@ -169,6 +170,23 @@ def trainable_in_float32(model: torch.nn.Module) -> None:
     for parameter in model.parameters():
         if parameter.requires_grad and parameter.is_floating_point() and parameter.dtype != torch.float32:
             parameter.data = parameter.data.float()
+
+
+def upcast(model: torch.nn.Module, model_args: Any) -> None:
+    """LLaMA-Factory's upcast_layernorm / upcast_lmhead_output, and its print_param_status."""
+    if model_args.upcast_layernorm:
+        for name, parameter in model.named_parameters():
+            parts = name.split(".")
+            if parameter.ndim == 1 and any("norm" in part or part.startswith("ln") for part in parts[:-1]):
+                parameter.data = parameter.data.float()  # in place, so the optimizer and any tie see it
+    if model_args.upcast_lmhead_output:
+        head = model.get_output_embeddings()  # type: ignore[operator]
+        if head is not None:
+            head.register_forward_hook(lambda module, inputs, output: output.float())
+    if model_args.print_param_status:
+        for name, parameter in model.named_parameters():
+            logger.info("%s: %s, %s, %s", name, str(parameter.dtype).removeprefix("torch."), parameter.device,
+                        "trains" if parameter.requires_grad else "frozen")
 
 
 def _pissa_on_quantized_base(args: TrainArgs[Any], model_path: str, model_loader: Callable[..., Any],
