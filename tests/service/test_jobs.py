@@ -371,7 +371,8 @@ def test_a_job_stopped_by_ctrl_c_is_not_ended_and_resumes_from_its_checkpoint(tm
 
 WORKER = """
 import json, sys, time
-from gym.service.jobs import JobSpec, openai_event, run_job
+from gym.service.events import openai_event
+from gym.service.jobs import JobSpec, run_job
 
 spec = JobSpec(**json.loads(open(sys.argv[1]).read()))
 def on_event(level, message, data):

@@ -15,7 +15,7 @@ What a worker process needs from it: the spec is a plain, picklable dataclass; r
 run killed at any point (even -9) is run again with the same spec and work_dir and resumes from its last complete
 checkpoint (or starts over cleanly), and the variant is published at most once (an existing entry for the job is
 the result); `cancel` stops it between steps and leaves no variant. Events go to `on_event(level, message, data)`;
-`openai_event` gives them OpenAI's object shape.
+gym.service.events.openai_event gives them OpenAI's object shape.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from typing import Any
 
 from gym.core.errors import ConfigError, DataError, GymError, RunStopped, as_gym_error
 from gym.service.db import JobStatus  # OpenAI's states, one definition; run_job returns the last three
-from gym.service.events import EventSink, JobCancelled, cancel_check, hide_server_paths, job_callback, openai_event
+from gym.service.events import EventSink, JobCancelled, cancel_check, hide_server_paths, job_callback
 
 logger = logging.getLogger(__name__)
 
@@ -575,6 +575,6 @@ def _train_and_publish(spec: JobSpec, store: Any, work: Path, emit: EventSink, c
                                                         "trained_tokens": result.trained_tokens})
 
 
-__all__ = ["FineTunedModel", "Hyperparameters", "JobCancelled", "JobResult", "JobSpec", "JobStatus", "Method",
-           "check_job_options", "hide_server_paths", "new_job_id", "openai_event", "parse_fine_tuned_model",
+__all__ = ["FineTunedModel", "Hyperparameters", "JobResult", "JobSpec", "JobStatus", "Method",
+           "check_job_options", "new_job_id", "parse_fine_tuned_model",
            "read_training_file", "run_job", "training_keys"]
