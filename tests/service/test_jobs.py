@@ -20,6 +20,7 @@ import pytest
 
 from gym.core.errors import ConfigError, DataError
 from gym.personalization.store import VariantStore
+from gym.service.events import openai_event
 from gym.service.jobs import (
     MAX_SUFFIX,
     FineTunedModel,
@@ -28,7 +29,6 @@ from gym.service.jobs import (
     JobStatus,
     Method,
     new_job_id,
-    openai_event,
     parse_fine_tuned_model,
     read_training_file,
     run_job,
